@@ -1,0 +1,233 @@
+"""The experiment config: a structured omegaconf schema, presets, dotlist overrides and validation.
+
+It lives in ``clients`` (the bottom of the import graph) because every layer reads it. A resolved
+config is a plain nested dict: every component's ``params`` filled with its defaults, so the
+``config.yaml`` of a run says exactly what ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from clients.registry import ConfigError
+
+ENGINES = ("simulation", "inline", "deployment")
+PARTITIONERS = ("iid", "dirichlet")
+
+
+@dataclass
+class ClientsConfig:
+    num: int = 10
+    fraction: float = 1.0
+    fraction_evaluate: float = 1.0
+    min_clients: int = 2
+    partitioner: str = "iid"
+    alpha: float = 0.5
+    failure_rate: float = 0.0
+    cpus: int = 1
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "adult"
+    path: str | None = None
+    label: str | None = None
+    numeric: list[str] = field(default_factory=list)
+    categorical: list[str] = field(default_factory=list)
+    test_fraction: float = 0.2
+    max_rows: int | None = None
+
+
+@dataclass
+class ComponentConfig:
+    name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"
+    run_dir: str | None = None
+    plots: bool = True
+
+
+@dataclass
+class ExperimentConfig:
+    experiment: str = "quickstart"
+    description: str = ""
+    seed: int = 0
+    rounds: int = 3
+    engine: str = "simulation"
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    workload: ComponentConfig = field(default_factory=lambda: ComponentConfig("tabular-mlp"))
+    strategy: ComponentConfig = field(default_factory=lambda: ComponentConfig("fedavg"))
+    attack: ComponentConfig = field(default_factory=ComponentConfig)
+    defenses: list[ComponentConfig] = field(default_factory=list)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def configs_dir() -> Path:
+    """The ``configs/`` folder at the project root (also inside a Flower FAB)."""
+    return Path(__file__).resolve().parents[1] / "configs"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (configs_dir() / "experiments").glob("*.yaml"))
+
+
+def _one_line(exc: OmegaConfBaseException, where: str) -> str:
+    key = getattr(exc, "full_key", None) or ""
+    key = f"{where}.{key}" if where and key else (key or where)
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError):
+        obj_type = getattr(exc, "object_type", None)
+        allowed = ""
+        if obj_type is not None and dataclasses.is_dataclass(obj_type):
+            allowed = f" (allowed: {', '.join(f.name for f in dataclasses.fields(obj_type))})"
+        return f"unknown key '{key}'{allowed}"
+    if isinstance(exc, ValidationError):
+        first = str(exc).splitlines()[0]
+        return f"wrong type for '{key}': {first}"
+    return f"invalid config at '{key}': {str(exc).splitlines()[0]}"
+
+
+def validate_structured(schema: type, values: dict[str, Any], where: str) -> Any:
+    """Merge ``values`` into the dataclass ``schema``; returns the dataclass instance."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), values)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_one_line(exc, where)) from None
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = configs_dir() / "experiments" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown experiment '{name}' (allowed: {', '.join(preset_names())})")
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    data.setdefault("experiment", name)
+    return data
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
+    """Dotlist ``rounds=5 clients.num=100`` to a nested dict."""
+    if not overrides:
+        return {}
+    if isinstance(overrides, str):
+        overrides = overrides.split()
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. rounds=5)")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from None
+
+
+def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a raw config (preset + overrides) and fill every component's params."""
+    from clients.registry import DATASETS, DEFENSES, WORKLOADS
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_one_line(exc, "")) from None
+    cfg: dict[str, Any] = OmegaConf.to_container(merged, resolve=True)  # type: ignore[assignment]
+    _check_values(cfg)
+    DATASETS.get(cfg["dataset"]["name"])
+    _fill_params(cfg, "workload", WORKLOADS)
+    from strategies import STRATEGIES  # noqa: PLC0415 - registries of upper layers by name only
+
+    _fill_params(cfg, "strategy", STRATEGIES)
+    if cfg["attack"]["name"]:
+        from attacks import ATTACKS  # noqa: PLC0415
+
+        _fill_params(cfg, "attack", ATTACKS)
+    for i, defense in enumerate(cfg["defenses"]):
+        cls = DEFENSES.get(defense["name"] or "")
+        params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
+        defense["params"] = dataclasses.asdict(params)
+    return cfg
+
+
+def _fill_params(cfg: dict[str, Any], section: str, registry: Any) -> None:
+    name = cfg[section]["name"]
+    if not name:
+        raise ConfigError(f"{section}.name is required (allowed: {', '.join(registry.names())})")
+    cls = registry.get(name)
+    params = validate_structured(cls.Params, cfg[section]["params"], f"{section}.params")
+    cfg[section]["params"] = dataclasses.asdict(params)
+
+
+def _check_values(cfg: dict[str, Any]) -> None:
+    clients = cfg["clients"]
+    if cfg["engine"] not in ENGINES:
+        raise ConfigError(f"unknown engine '{cfg['engine']}' (allowed: {', '.join(ENGINES)})")
+    if clients["partitioner"] not in PARTITIONERS:
+        raise ConfigError(
+            f"unknown clients.partitioner '{clients['partitioner']}' "
+            f"(allowed: {', '.join(PARTITIONERS)})"
+        )
+    checks = [
+        (cfg["rounds"] >= 1, "rounds must be >= 1"),
+        (clients["num"] >= 1, "clients.num must be >= 1"),
+        (0 < clients["fraction"] <= 1, "clients.fraction must be in (0, 1]"),
+        (0 <= clients["fraction_evaluate"] <= 1, "clients.fraction_evaluate must be in [0, 1]"),
+        (0 <= clients["failure_rate"] < 1, "clients.failure_rate must be in [0, 1)"),
+        (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
+        (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def load_experiment(
+    name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
+) -> dict[str, Any]:
+    """Preset name (or YAML path) + dotlist overrides -> resolved config dict."""
+    if name_or_path.endswith((".yaml", ".yml")):
+        base = load_config_file(name_or_path)
+        base.setdefault("experiment", Path(name_or_path).stem)
+    else:
+        base = load_preset(name_or_path)
+    extra = parse_overrides(overrides)
+    for key, value in forced.items():
+        if value is not None:
+            extra[key] = value
+    return resolve(base, extra)
+
+
+def to_json(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+def to_yaml(cfg: dict[str, Any]) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(cfg))
+
+
+def as_namespace(cfg: dict[str, Any]) -> DictConfig:
+    """Read-only attribute access (``cfg.clients.num``) over a resolved config dict."""
+    node = OmegaConf.create(cfg)
+    OmegaConf.set_readonly(node, True)
+    return node

@@ -1,0 +1,96 @@
+"""What a ClientApp does with a message, independent of the engine that delivered it.
+
+The resolved experiment config arrives in every message (``config["fb-config"]``, JSON) so a client
+needs nothing but the message and its node config; parsed configs, workloads and partitions are
+cached per process because simulated clients are recreated for every message.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from clients.registry import DEFENSES, WORKLOADS
+from clients.workloads import Workload, client_seed
+
+CONFIG_KEY = "fb-config"
+PARTITION_KEY = "partition-id"
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose by ``clients.failure_rate``; the engine turns it into an error reply."""
+
+
+@functools.lru_cache(maxsize=16)
+def _workload(config_json: str) -> tuple[dict[str, Any], Workload]:
+    cfg = json.loads(config_json)
+    torch.set_num_threads(1)
+    return cfg, WORKLOADS.get(cfg["workload"]["name"])(cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _partition(config_json: str, partition_id: int, num_partitions: int) -> Any:
+    _, workload = _workload(config_json)
+    return workload.load_partition(partition_id, num_partitions)
+
+
+def _defenses(cfg: dict[str, Any]) -> list[Any]:
+    return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]
+
+
+def message_config(msg: Message) -> dict[str, Any]:
+    """The ConfigRecord of a message as a plain dict (without the experiment config)."""
+    records = msg.content.config_records
+    record = records["config"] if "config" in records else ConfigRecord()
+    return {k: v for k, v in record.items() if k != CONFIG_KEY}
+
+
+def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
+    config_json = str(msg.content["config"][CONFIG_KEY])
+    cfg, workload = _workload(config_json)
+    partition_id = int(context.node_config[PARTITION_KEY])
+    num_partitions = int(context.node_config.get("num-partitions", cfg["clients"]["num"]))
+    config = message_config(msg)
+    config[PARTITION_KEY] = partition_id
+    return cfg, workload, config, _partition(config_json, partition_id, num_partitions)
+
+
+def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bool:
+    """Failure injection, a deterministic function of (seed, client, round)."""
+    rate = cfg["clients"]["failure_rate"]
+    if rate <= 0:
+        return False
+    rng = np.random.default_rng(client_seed(cfg["seed"], partition_id, server_round, salt=7))
+    return bool(rng.random() < rate)
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    cfg, workload, config, data = _setup(msg, context)
+    server_round = int(config.get("server-round", 0))
+    if should_fail(cfg, config[PARTITION_KEY], server_round):
+        raise InjectedFailure(
+            f"injected failure (client {config[PARTITION_KEY]}, round {server_round})"
+        )
+    sent = msg.content["arrays"]
+    arrays, metrics = workload.fit(sent, data, config, context.state)
+    for defense in _defenses(cfg):
+        arrays = defense.on_client_update(sent, arrays, metrics, context)
+    metrics[PARTITION_KEY] = config[PARTITION_KEY]
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    _, workload, config, data = _setup(msg, context)
+    metrics = workload.evaluate(msg.content["arrays"], data, config)
+    metrics[PARTITION_KEY] = config[PARTITION_KEY]
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}

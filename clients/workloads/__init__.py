@@ -1,0 +1,77 @@
+"""Client-side workloads: what a client does with its data in a round.
+
+A workload is one class registered with ``@WORKLOADS.register(name, description)`` in its own module
+under ``clients/workloads/``. The base class below is the contract every engine relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from clients.registry import WORKLOADS, NoParams
+
+__all__ = ["WORKLOADS", "Workload", "seed_everything", "client_seed"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch from one integer (the experiment's seed, or one derived from it)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def client_seed(seed: int, partition_id: int, server_round: int, salt: int = 0) -> int:
+    """A per-(client, round) seed derived from the experiment seed; identical on every engine."""
+    return int(
+        np.random.SeedSequence([seed, partition_id, server_round, salt]).generate_state(1)[0]
+    )
+
+
+class Workload:
+    """Contract between the engines and a client-side method.
+
+    ``cfg`` is the resolved experiment config (a plain dict); ``params`` its typed
+    ``workload.params``. Methods receive and return Flower records so nothing is lost in transit.
+    """
+
+    Params: ClassVar[type] = NoParams
+    registry_name: ClassVar[str]
+    description: ClassVar[str]
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.params = self.Params(**cfg["workload"]["params"])
+
+    # -- data -------------------------------------------------------------------------------
+    def load_partition(self, partition_id: int, num_partitions: int) -> Any:
+        """The client's local data, rebuilt from (seed, partition id); no I/O beyond the dataset."""
+        raise NotImplementedError
+
+    # -- model ------------------------------------------------------------------------------
+    def init_arrays(self) -> ArrayRecord:
+        """Initial global model, seeded from the experiment seed."""
+        raise NotImplementedError
+
+    def fit(
+        self, arrays: ArrayRecord, data: Any, config: dict[str, Any], state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
+        """One round of local training. Metrics must include ``num-examples``."""
+        raise NotImplementedError
+
+    def evaluate(self, arrays: ArrayRecord, data: Any, config: dict[str, Any]) -> dict[str, float]:
+        """Local evaluation. Metrics must include ``num-examples``."""
+        raise NotImplementedError
+
+    def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        """Optional centralised evaluation on held-out data (None to skip)."""
+        return None
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        return dataclasses.asdict(cls.Params())

@@ -1,0 +1,157 @@
+"""The run directory: config.yaml, metrics.jsonl, summary.json, report.md and curves.png.
+
+``metrics.jsonl`` is appended a line per (round, scope) as the run goes, so a watcher (the CLI's
+progress bar, a crashed run's post-mortem) always sees whole lines. The summary's ``metrics`` maps
+dotted names (``eval.accuracy``) to final values; docs/metrics.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from clients.config import to_yaml
+
+IGNORED_KEYS = {"num-examples", "partition-id"}
+
+
+def default_run_dir(cfg: dict[str, Any]) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path(cfg["output"]["dir"]).resolve() / f"{stamp}-{cfg['experiment']}"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if key in IGNORED_KEYS or isinstance(value, list | str):
+            continue
+        out[key] = float(value)
+    return out
+
+
+class ResultsWriter:
+    """Owns one run directory."""
+
+    def __init__(self, run_dir: Path, cfg: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.run_dir / "config.yaml", to_yaml(cfg))
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.started = time.perf_counter()
+        self.final: dict[str, float] = {}
+        self.failures: dict[int, int] = {}
+        self.history: list[dict[str, Any]] = []
+
+    def log(self, server_round: int, scope: str, metrics: dict[str, Any]) -> None:
+        clean = _clean(metrics)
+        if not clean:
+            return
+        line = {"round": server_round, "scope": scope, **clean}
+        line["elapsed_s"] = round(time.perf_counter() - self.started, 4)
+        self.history.append(line)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        for key, value in clean.items():
+            self.final[f"{scope}.{key}"] = value
+
+    def count_failures(self, server_round: int, count: int) -> None:
+        self.failures[server_round] = self.failures.get(server_round, 0) + count
+
+    def set_final(self, name: str, value: float) -> None:
+        self.final[name] = float(value)
+
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        rounds = self.cfg["rounds"]
+        summary = {
+            "experiment": self.cfg["experiment"],
+            "engine": self.cfg["engine"],
+            "seed": self.cfg["seed"],
+            "rounds": rounds,
+            "clients": self.cfg["clients"]["num"],
+            "wall_s": round(time.perf_counter() - self.started, 3),
+            "failures": sum(self.failures.values()),
+            "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
+            "metrics": {k: v for k, v in sorted(self.final.items()) if math.isfinite(v)},
+            **(extra or {}),
+        }
+        atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write(self.run_dir / "report.md", render_report(summary, self.history))
+        if self.cfg["output"]["plots"]:
+            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
+        return summary
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:  # a line being written right now
+            break
+    return lines
+
+
+def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str:
+    out = [
+        f"# {summary['experiment']}",
+        "",
+        f"engine `{summary['engine']}`, seed {summary['seed']}, {summary['rounds']} rounds, "
+        f"{summary['clients']} clients, {summary['wall_s']} s, {summary['failures']} failed replies",
+        "",
+        "| metric | final value |",
+        "|---|---|",
+    ]
+    out += [f"| `{k}` | {v:.4g} |" for k, v in summary["metrics"].items()]
+    scopes = sorted({h["scope"] for h in history})
+    for scope in scopes:
+        rows = [h for h in history if h["scope"] == scope]
+        keys = sorted({k for h in rows for k in h} - {"round", "scope", "elapsed_s"})
+        out += ["", f"## {scope} per round", "", "| round | " + " | ".join(keys) + " |"]
+        out.append("|---" * (len(keys) + 1) + "|")
+        for h in rows:
+            cells = [f"{h[k]:.4g}" if k in h else "" for k in keys]
+            out.append(f"| {h['round']} | " + " | ".join(cells) + " |")
+    out += ["", "![curves](curves.png)", ""]
+    return "\n".join(out)
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scopes = sorted({h["scope"] for h in history}) or ["(none)"]
+    fig, axes = plt.subplots(1, len(scopes), figsize=(4.5 * len(scopes), 3.4), squeeze=False)
+    for ax, scope in zip(axes[0], scopes, strict=True):
+        rows = [h for h in history if h["scope"] == scope]
+        keys = sorted({k for h in rows for k in h} - {"round", "scope", "elapsed_s"})
+        for key in keys:
+            pts = [(h["round"], h[key]) for h in rows if key in h]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key)
+        ax.set_title(scope)
+        ax.set_xlabel("round")
+        if keys:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)

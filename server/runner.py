@@ -1,0 +1,139 @@
+"""Drive one experiment on whatever Grid an engine provides; every engine calls this."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from attacks import ATTACKS
+from clients.config import to_json
+from clients.registry import DEFENSES, WORKLOADS
+from clients.runtime import CONFIG_KEY, PARTITION_KEY
+from clients.workloads import seed_everything
+from server.results import ResultsWriter, default_run_dir
+from strategies import STRATEGIES
+from strategies.wrapper import StrategyWrapper
+
+
+class OrderedGrid(Grid):
+    """Delegating Grid that orders replies by partition id and counts failed replies.
+
+    Ordering makes float aggregation independent of node ids and arrival order, so engines
+    agree bit for bit on the same experiment and seed.
+    """
+
+    def __init__(self, inner: Grid, on_failures: Callable[[int, int], None]) -> None:
+        self.inner = inner
+        self.on_failures = on_failures
+
+    def set_run(self, run: Any) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self.inner.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: ANN001
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return sorted(self.inner.get_node_ids())
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
+        messages = list(messages)
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        failed = [r for r in replies if r.has_error()]
+        missing = len(messages) - len(replies)
+        if messages and messages[0].metadata.message_type.startswith("train"):
+            self.on_failures(int(messages[0].metadata.group_id or 0), len(failed) + missing)
+        return sorted(replies, key=_reply_order)
+
+
+def _reply_order(msg: Message) -> tuple[int, int]:
+    if msg.has_error():
+        return (1, msg.metadata.src_node_id)
+    for record in msg.content.metric_records.values():
+        if PARTITION_KEY in record:
+            return (0, int(record[PARTITION_KEY]))
+    return (0, msg.metadata.src_node_id)
+
+
+class MetricsTap(StrategyWrapper):
+    """Records the aggregated train/evaluate metrics of each round for the results writer."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.train: dict[int, dict[str, Any]] = {}
+        self.evaluate: dict[int, dict[str, Any]] = {}
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        self.train[server_round] = dict(metrics or {})
+        return arrays, metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        metrics = self.inner.aggregate_evaluate(server_round, replies)
+        self.evaluate[server_round] = dict(metrics or {})
+        return metrics
+
+
+def build_strategy(cfg: dict[str, Any], writer: ResultsWriter) -> Any:
+    """Base strategy from the registry, wrapped by defenses, then by the attack's observer."""
+    strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
+    for entry in cfg["defenses"]:
+        strategy = DEFENSES.get(entry["name"])(cfg, entry["params"]).wrap_strategy(strategy)
+    if cfg["attack"]["name"]:
+        strategy = ATTACKS.get(cfg["attack"]["name"]).wrap(strategy, cfg, writer)
+    return strategy
+
+
+def run_experiment(
+    grid: Grid,
+    cfg: dict[str, Any],
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` to completion on ``grid``; returns the summary (also written to disk)."""
+    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
+    cfg["output"]["run_dir"] = str(run_dir)
+    writer = ResultsWriter(run_dir, cfg)
+    seed_everything(cfg["seed"])
+    random.seed(cfg["seed"])  # Flower's client sampling uses the random module
+    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    strategy = MetricsTap(build_strategy(cfg, writer))
+    round_started = [time.perf_counter()]
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        central = workload.server_evaluate(server_round, arrays) or {}
+        if server_round > 0:
+            writer.log(server_round, "train", strategy.train.get(server_round, {}))
+            writer.log(server_round, "eval", strategy.evaluate.get(server_round, {}))
+            now = time.perf_counter()
+            writer.log(server_round, "time", {"round_s": now - round_started[0]})
+            round_started[0] = now
+        writer.log(server_round, "central", central)
+        if on_round is not None:
+            on_round(server_round, writer.final)
+        return MetricRecord(central) if central else None
+
+    config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
+    strategy.start(
+        grid=OrderedGrid(grid, writer.count_failures),
+        initial_arrays=workload.init_arrays(),
+        num_rounds=cfg["rounds"],
+        train_config=config,
+        evaluate_config=config,
+        evaluate_fn=evaluate_fn,
+    )
+    return writer.finish()
