@@ -57,8 +57,15 @@ class OrderedGrid(Grid):
         failed = [r for r in replies if r.has_error()]
         missing = len(messages) - len(replies)
         if messages and messages[0].metadata.message_type.startswith("train"):
-            self.on_failures(int(messages[0].metadata.group_id or 0), len(failed) + missing)
+            self.on_failures(_round_of(messages[0]), len(failed) + missing)
         return sorted(replies, key=_reply_order)
+
+
+def _round_of(msg: Message) -> int:
+    for record in msg.content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    return int(msg.metadata.group_id or 0)
 
 
 def _reply_order(msg: Message) -> tuple[int, int]:

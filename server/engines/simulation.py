@@ -1,0 +1,141 @@
+"""The ``simulation`` engine: Flower's Simulation Engine on Ray, driven exactly as ``flwr run .`` does.
+
+Each run gets a private FLWR_HOME, RAY_TMPDIR and free SuperLink ports, so runs never share the
+detached local SuperLink; when the run ends that SuperLink (and everything below it) is stopped by
+PID. Progress is read from the run's ``metrics.jsonl`` while ``flwr run --stream`` is going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from clients.config import configs_dir, to_yaml
+from server.results import atomic_write, default_run_dir, read_history
+
+
+def app_dir() -> Path:
+    """The Flower App (the project root, where pyproject.toml declares the components)."""
+    return configs_dir().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    """Environment for Flower processes: private home, Ray temp dir, no telemetry or installs."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["FLWR_HOME"] = str(home / "flwr")
+    env["RAY_TMPDIR"] = str(home / "ray")
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    env["PYTHONPATH"] = str(app_dir()) + os.pathsep + env.get("PYTHONPATH", "")
+    (home / "ray").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM a process and its descendants, then SIGKILL what is left."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = [root, *root.children(recursive=True)]
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def superlinks_on_port(port: int) -> list[int]:
+    """PIDs of local SuperLinks serving ``port`` (found by command line, as flwr finds none)."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if any("flower-superlink" in part for part in cmd) and str(port) in cmd:
+            pids.append(proc.info["pid"])
+    return pids
+
+
+def run_simulation(
+    cfg: dict[str, Any],
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """Run a resolved config on Ray through ``flwr run``; returns the summary."""
+    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
+    cfg["output"]["run_dir"] = str(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / "config.yaml", to_yaml(cfg))
+    home = Path(tempfile.mkdtemp(prefix="fb-"))  # short: Ray's socket paths are length-limited
+    env = flower_env(home)
+    http_port, control_port = free_port(), free_port()
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    federation = (
+        f"num-supernodes={cfg['clients']['num']} client-resources-num-cpus={cfg['clients']['cpus']}"
+    )
+    command = [
+        str(Path(sys.executable).parent / "flwr"), "run", str(app_dir()), "--stream",
+        "--run-config", f"config-path='{run_dir / 'config.yaml'}'",
+        "--federation-config", federation,
+    ]  # fmt: skip
+    log_path = run_dir / "flower.log"
+    seen = -1
+    try:
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            while proc.poll() is None:
+                time.sleep(0.5)
+                seen = _report_progress(run_dir, seen, on_round)
+            _report_progress(run_dir, seen, on_round)
+    finally:
+        for pid in superlinks_on_port(http_port):
+            stop_process_tree(pid)
+        shutil.rmtree(home, ignore_errors=True)
+    summary_path = run_dir / "summary.json"
+    if proc.returncode != 0 or not summary_path.is_file():
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"simulation failed (flwr run exit {proc.returncode}):\n{tail}")
+    if verbose:
+        print(log_path.read_text())
+    return json.loads(summary_path.read_text())
+
+
+def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001
+    if on_round is None:
+        return seen
+    final: dict[str, float] = {}
+    latest = seen
+    for line in read_history(run_dir):
+        for key, value in line.items():
+            if key not in ("round", "scope"):
+                final[f"{line['scope']}.{key}"] = value
+        latest = max(latest, line["round"])
+    if latest > seen:
+        on_round(latest, final)
+    return latest
