@@ -121,6 +121,12 @@ def run(
         Path | None, typer.Option("--out", help="run directory (default runs/<time>-<experiment>)")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="experiment seed")] = None,
+    superlink: Annotated[
+        str | None, typer.Option(help="deployment engine: HOST:PORT of a SuperLink")
+    ] = None,
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="deployment engine: CA certificate")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
     """Run one experiment and print its summary table."""
@@ -128,6 +134,10 @@ def run(
         forced = {"engine": engine, "seed": seed}
         if out_dir is not None:
             forced["output"] = {"run_dir": str(out_dir.resolve())}
+        if superlink is not None:
+            forced["deployment"] = {"superlink": superlink}
+            if root_certificates is not None:
+                forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
         cfg = prepare(experiment, overrides or [], **forced)
         summary = execute(cfg, verbose)
     except ConfigError as exc:
@@ -182,6 +192,114 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     if not path.is_file():
         fail(f"no summary.json in {run_dir} (not a finished run directory)")
     out.print(summary_table(json.loads(path.read_text())))
+
+
+deploy_app = typer.Typer(
+    no_args_is_help=True, help="A loopback federation (SuperLink + SuperNodes)."
+)
+app.add_typer(deploy_app, name="deploy")
+DEPLOY_DIR = typer.Option("--dir", help="where certificates, keys, logs and PIDs are kept")
+
+
+@deploy_app.command("up")
+def deploy_up(
+    nodes: Annotated[int, typer.Option(help="number of SuperNodes (partition ids 0..N-1)")] = 2,
+    insecure: Annotated[bool, typer.Option(help="no TLS and no SuperNode authentication")] = False,
+    directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
+) -> None:
+    """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
+    from server.deploy import up
+
+    if nodes < 1:
+        fail("--nodes must be >= 1")
+    try:
+        state = up(nodes, directory, insecure=insecure)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    mode = "insecure" if insecure else "TLS + SuperNode auth"
+    out.print(f"SuperLink {state['address']} ({mode}), {nodes} SuperNodes; state in {state['dir']}")
+    out.print(f"run on it: flowerbed run quickstart clients.num={nodes} --engine deployment")
+
+
+@deploy_app.command("status")
+def deploy_status(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
+    """Show which processes are alive and the SuperNodes the SuperLink knows."""
+    from server.deploy import status
+
+    try:
+        info = status(directory)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    for name, alive in info["alive"].items():
+        out.print(
+            f"{name:12s} pid {info['state']['pids'][name]:>7}  {'alive' if alive else 'stopped'}"
+        )
+    out.print(info["supernodes"])
+
+
+@deploy_app.command("down")
+def deploy_down(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
+    """Stop everything `deploy up` started, by PID."""
+    from server.deploy import down
+
+    stopped = down(directory)
+    out.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+@deploy_app.command("certs")
+def deploy_certs(
+    nodes: Annotated[int, typer.Option(help="node keys to generate")] = 2,
+    certs: Annotated[Path, typer.Option(help="folder for ca.crt, server.pem, server.key")] = Path(
+        "certs"
+    ),
+    keys: Annotated[Path, typer.Option(help="folder for supernodeN / supernodeN.pub")] = Path(
+        "keys"
+    ),
+    host: Annotated[
+        list[str] | None, typer.Option(help="SuperLink names/IPs for the certificate")
+    ] = None,
+) -> None:
+    """Write a CA, a SuperLink certificate and SuperNode keys (used by docker-compose.yml)."""
+    from server.deploy import make_certificates, make_node_key
+
+    if (certs / "ca.crt").is_file():
+        out.print(f"{certs}/ca.crt exists; keeping the existing certificates and keys")
+        return
+    make_certificates(certs, tuple(host or ["127.0.0.1", "::1", "localhost"]))
+    for i in range(nodes):
+        make_node_key(keys / f"supernode{i}")
+    out.print(f"wrote {certs}/ca.crt, server.pem, server.key and {nodes} node keys in {keys}")
+
+
+@deploy_app.command("register")
+def deploy_register(
+    public_keys: Annotated[
+        list[Path], typer.Argument(help="SuperNode public keys (OpenSSH, ECDSA P-384)")
+    ],
+    superlink: Annotated[str, typer.Option(help="HOST:PORT of the SuperLink")] = "127.0.0.1:8000",
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="CA certificate (omit for --insecure)")
+    ] = None,
+    retries: Annotated[int, typer.Option(help="attempts while the SuperLink starts")] = 30,
+) -> None:
+    """Register SuperNode public keys with a SuperLink's Control API."""
+    import tempfile
+    import time
+
+    from server.deploy import register_keys
+
+    with tempfile.TemporaryDirectory() as home:
+        for attempt in range(retries):
+            try:
+                register_keys(Path(home), superlink, root_certificates, public_keys)
+                out.print(f"registered {len(public_keys)} SuperNode keys with {superlink}")
+                return
+            except RuntimeError as exc:
+                if attempt == retries - 1:
+                    fail(str(exc).splitlines()[0])
+                time.sleep(2)
 
 
 def main() -> None:

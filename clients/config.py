@@ -7,6 +7,7 @@ config is a plain nested dict: every component's ``params`` filled with its defa
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -65,6 +66,16 @@ class OutputConfig:
 
 
 @dataclass
+class DeploymentConfig:
+    """Where the ``deployment`` engine submits: a loopback federation dir or any SuperLink."""
+
+    dir: str = ".flowerbed/deploy"
+    superlink: str | None = None
+    root_certificates: str | None = None
+    insecure: bool = False
+
+
+@dataclass
 class ExperimentConfig:
     experiment: str = "quickstart"
     description: str = ""
@@ -78,6 +89,7 @@ class ExperimentConfig:
     attack: ComponentConfig = field(default_factory=ComponentConfig)
     defenses: list[ComponentConfig] = field(default_factory=list)
     output: OutputConfig = field(default_factory=OutputConfig)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
 
 
 def configs_dir() -> Path:
@@ -216,6 +228,15 @@ def load_experiment(
         if value is not None:
             extra[key] = value
     return resolve(base, extra)
+
+
+def encode_config(cfg: dict[str, Any]) -> str:
+    """Base64 JSON: survives Flower's flat, TOML-quoted run config on any transport."""
+    return base64.b64encode(to_json(cfg).encode()).decode()
+
+
+def decode_config(encoded: str) -> dict[str, Any]:
+    return json.loads(base64.b64decode(encoded.encode()).decode())
 
 
 def to_json(cfg: dict[str, Any]) -> str:

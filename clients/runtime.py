@@ -50,8 +50,16 @@ def message_config(msg: Message) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != CONFIG_KEY}
 
 
+@functools.lru_cache(maxsize=16)
+def _without_output(config_json: str) -> str:
+    """Cache key: what a client computes never depends on where the server writes results."""
+    cfg = json.loads(config_json)
+    cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
+    return json.dumps(cfg, sort_keys=True)
+
+
 def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
-    config_json = str(msg.content["config"][CONFIG_KEY])
+    config_json = _without_output(str(msg.content["config"][CONFIG_KEY]))
     cfg, workload = _workload(config_json)
     partition_id = int(context.node_config[PARTITION_KEY])
     num_partitions = int(context.node_config.get("num-partitions", cfg["clients"]["num"]))

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from clients.config import configs_dir, to_yaml
+from clients.config import configs_dir, encode_config, to_yaml
 from server.results import atomic_write, default_run_dir, read_history
 
 
@@ -101,7 +101,7 @@ def run_simulation(
     )
     command = [
         str(Path(sys.executable).parent / "flwr"), "run", str(app_dir()), "--stream",
-        "--run-config", f"config-path='{run_dir / 'config.yaml'}'",
+        "--run-config", f"config='{encode_config(cfg)}'",
         "--federation-config", federation,
     ]  # fmt: skip
     log_path = run_dir / "flower.log"
