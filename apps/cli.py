@@ -34,6 +34,9 @@ def fail(message: str) -> None:
 
 
 def _quiet_flower(verbose: bool) -> None:
+    import flwr.clientapp  # noqa: F401 - configure Flower's logger before adjusting it
+    import flwr.serverapp  # noqa: F401
+
     level = logging.INFO if verbose else logging.WARNING
     logging.getLogger("flwr").setLevel(level)
     for handler in logging.getLogger("flwr").handlers:
@@ -192,6 +195,43 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     if not path.is_file():
         fail(f"no summary.json in {run_dir} (not a finished run directory)")
     out.print(summary_table(json.loads(path.read_text())))
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[
+        str, typer.Argument(help="sweep YAML (or a preset name from configs/sweeps)")
+    ],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="sweep directory (default sweeps-out/<name>)")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="skip the cells already finished in --out")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
+) -> None:
+    """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
+    from server.sweep import cells_of, finished_ids, load_sweep, run_sweep
+
+    try:
+        spec = load_sweep(sweep_file)
+        out_path = (out_dir or Path("sweeps-out") / spec.name).resolve()
+        total = len(cells_of(spec))
+        done = len(finished_ids(out_path)) if resume else 0
+        _quiet_flower(verbose)
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
+            TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console, transient=True,
+        ) as progress:  # fmt: skip
+            task = progress.add_task(spec.name, total=total, completed=done, info="")
+
+            def on_cell(row: dict) -> None:
+                progress.update(task, advance=1, info=f"{row['id']} {row['status']}")
+
+            run_sweep(spec, out_path, resume=resume, on_cell=on_cell)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    out.print((out_path / "results.md").read_text())
+    out.print(f"sweep directory: {out_path}")
 
 
 deploy_app = typer.Typer(

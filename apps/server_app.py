@@ -6,11 +6,15 @@ machines) or ``experiment`` + ``overrides`` (what ``flwr run . --run-config "exp
 gives).
 """
 
+import json
+from pathlib import Path
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients.config import decode_config, load_experiment, resolve
 from server.runner import run_experiment
+from server.sweep import run_cells
 
 app = ServerApp()
 
@@ -26,4 +30,9 @@ def config_from_run_config(run_config: dict) -> dict:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    sweep_dir = str(context.run_config.get("sweep-dir", "") or "")
+    if sweep_dir:  # a sweep: every cell on this one federation (server/sweep.py)
+        todo = json.loads((Path(sweep_dir) / "todo.json").read_text())
+        run_cells(grid, [(cell, resolve(cfg)) for cell, cfg in todo], Path(sweep_dir))
+        return
     run_experiment(grid, config_from_run_config(dict(context.run_config)))

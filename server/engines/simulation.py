@@ -91,44 +91,74 @@ def run_simulation(
     cfg["output"]["run_dir"] = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
+    watch = (lambda seen: _report_progress(run_dir, seen, on_round)) if on_round else None
+    code = flwr_run_local(
+        cfg["clients"], f"config='{encode_config(cfg)}'", run_dir / "flower.log", watch
+    )
+    summary_path = run_dir / "summary.json"
+    if code != 0 or not summary_path.is_file():
+        tail = "".join((run_dir / "flower.log").read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"simulation failed (flwr run exit {code}):\n{tail}")
+    if verbose:
+        print((run_dir / "flower.log").read_text())
+    return json.loads(summary_path.read_text())
+
+
+def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell=None) -> None:  # noqa: ANN001
+    """All cells in one ``flwr run``: the ServerApp loops over them on one Ray cluster."""
+    atomic_write(out / "todo.json", json.dumps([[c, f] for c, f in zip(cells, cfgs, strict=True)]))
+    seen_rows = [0]
+
+    def watch(seen: int) -> int:
+        path = out / "cells.jsonl"
+        rows = path.read_text().splitlines() if path.is_file() else []
+        for raw in rows[seen_rows[0] :]:
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError:
+                break
+            seen_rows[0] += 1
+            if on_cell is not None:
+                on_cell(row)
+        return seen
+
+    code = flwr_run_local(cfgs[0]["clients"], f"sweep-dir='{out}'", out / "flower.log", watch)
+    if code != 0:
+        raise RuntimeError(
+            f"sweep simulation failed (flwr run exit {code}); see {out / 'flower.log'}"
+        )
+
+
+def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -> int:  # noqa: ANN001
+    """``flwr run`` on a private local SuperLink, stopped by PID afterwards; returns the exit code."""
     home = Path(tempfile.mkdtemp(prefix="fb-"))  # short: Ray's socket paths are length-limited
     env = flower_env(home)
     http_port, control_port = free_port(), free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
-    federation = (
-        f"num-supernodes={cfg['clients']['num']} client-resources-num-cpus={cfg['clients']['cpus']}"
-    )
+    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
     command = [
         str(Path(sys.executable).parent / "flwr"), "run", str(app_dir()), "--stream",
-        "--run-config", f"config='{encode_config(cfg)}'",
-        "--federation-config", federation,
+        "--run-config", run_config, "--federation-config", federation,
     ]  # fmt: skip
-    log_path = run_dir / "flower.log"
     seen = -1
     try:
         with log_path.open("w") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             while proc.poll() is None:
                 time.sleep(0.5)
-                seen = _report_progress(run_dir, seen, on_round)
-            _report_progress(run_dir, seen, on_round)
+                if watch is not None:
+                    seen = watch(seen)
+            if watch is not None:
+                watch(seen)
     finally:
         for pid in superlinks_on_port(http_port):
             stop_process_tree(pid)
         shutil.rmtree(home, ignore_errors=True)
-    summary_path = run_dir / "summary.json"
-    if proc.returncode != 0 or not summary_path.is_file():
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"simulation failed (flwr run exit {proc.returncode}):\n{tail}")
-    if verbose:
-        print(log_path.read_text())
-    return json.loads(summary_path.read_text())
+    return proc.returncode
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001
-    if on_round is None:
-        return seen
     final: dict[str, float] = {}
     latest = seen
     for line in read_history(run_dir):
