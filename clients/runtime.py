@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.registry import DEFENSES, WORKLOADS
+from clients.registry import WORKLOADS
 from clients.workloads import Workload, client_seed
 
 CONFIG_KEY = "fb-config"
@@ -37,10 +37,6 @@ def _workload(config_json: str) -> tuple[dict[str, Any], Workload]:
 def _partition(config_json: str, partition_id: int, num_partitions: int) -> Any:
     _, workload = _workload(config_json)
     return workload.load_partition(partition_id, num_partitions)
-
-
-def _defenses(cfg: dict[str, Any]) -> list[Any]:
-    return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]
 
 
 def message_config(msg: Message) -> dict[str, Any]:
@@ -78,6 +74,19 @@ def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bo
 
 
 def handle_train(msg: Message, context: Context) -> Message:
+    """Train, with the configured defenses' Flower mods around it (e.g. ``LocalDpMod``)."""
+    _, workload, _, _ = _setup(msg, context)
+    call: Any = _train
+    for mod in reversed([m for d in workload.defenses for m in d.mods()]):
+        call = functools.partial(_through_mod, mod, call)
+    return call(msg, context)
+
+
+def _through_mod(mod: Any, call_next: Any, msg: Message, context: Context) -> Message:
+    return mod(msg, context, call_next)
+
+
+def _train(msg: Message, context: Context) -> Message:
     cfg, workload, config, data = _setup(msg, context)
     server_round = int(config.get("server-round", 0))
     if should_fail(cfg, config[PARTITION_KEY], server_round):
@@ -86,8 +95,8 @@ def handle_train(msg: Message, context: Context) -> Message:
         )
     sent = msg.content["arrays"]
     arrays, metrics = workload.fit(sent, data, config, context.state)
-    for defense in _defenses(cfg):
-        arrays = defense.on_client_update(sent, arrays, metrics, context)
+    for defense in workload.defenses:
+        arrays = defense.on_client_update(sent, arrays, config, context.state)
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
