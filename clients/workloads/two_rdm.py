@@ -77,7 +77,9 @@ def teacher_data(
 # ---------------------------------------------------------------------------------------------
 
 
-def init_dln(dim: int, hidden: int, scale: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def init_dln(
+    dim: int, hidden: int, scale: float, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """Small initialisation puts the network at the saddle where no mode is learned yet."""
     return {
         "w1": scale * rng.normal(size=(hidden, dim)),
@@ -382,12 +384,12 @@ def dln_loss_gradients(
 @dataclass
 class GrokConfig:
     modulus: int = 23
-    train_fraction: float = 0.4
-    embed: int = 32
-    hidden: int = 128
-    lr: float = 1e-3
+    train_fraction: float = 0.5
+    embed: int = 16
+    hidden: int = 64
+    lr: float = 1e-2
     weight_decay: float = 1.0
-    steps: int = 6000
+    steps: int = 3000
     stride: int = 20
     window: int = 20
     probes: int = 64  # held-out pairs used as the probe set
@@ -401,7 +403,9 @@ class ModAddMLP(nn.Module):
     def __init__(self, modulus: int, embed: int, hidden: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(modulus, embed)
-        self.net = nn.Sequential(nn.Linear(2 * embed, hidden), nn.ReLU(), nn.Linear(hidden, modulus))
+        self.net = nn.Sequential(
+            nn.Linear(2 * embed, hidden), nn.ReLU(), nn.Linear(hidden, modulus)
+        )
 
     def forward(self, pairs: torch.Tensor) -> torch.Tensor:
         return self.net(self.embed(pairs).flatten(1))
@@ -462,7 +466,9 @@ class DLNShard:
     probe_y: np.ndarray
 
 
-@WORKLOADS.register("two-rdm", "2RDM phase-transition observables of a deep linear network (FedAvg)")
+@WORKLOADS.register(
+    "two-rdm", "2RDM phase-transition observables of a deep linear network (FedAvg)"
+)
 class TwoRDM(Workload):
     """Clients train ``W2 W1`` on teacher data; each reports the 2RDM of its local steps.
 
@@ -498,7 +504,9 @@ class TwoRDM(Workload):
 
     def load_partition(self, partition_id: int, num_partitions: int) -> DLNShard:
         rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=21))
-        x, y = teacher_data(self.teacher, self.params.samples_per_client, self.params.label_noise, rng)
+        x, y = teacher_data(
+            self.teacher, self.params.samples_per_client, self.params.label_noise, rng
+        )
         probe_x, probe_y = teacher_data(self.teacher, self.params.probes, 0.0, rng)
         return DLNShard(x, y, probe_x, probe_y)
 
