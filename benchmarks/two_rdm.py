@@ -75,10 +75,40 @@ def plot(steps, loss, log_trace, pr, marks, title, path, extra=None) -> None:  #
     plt.close(fig)
 
 
+def federated() -> None:
+    """The ``two-rdm`` preset on the inline engine: server-side 2RDM with rounds as checkpoints."""
+    import tempfile
+
+    from clients.config import load_experiment
+    from server.engines.inline import run_inline
+
+    rows: list[str] = []
+
+    def on_round(r: int, m: dict) -> None:  # noqa: ANN001
+        if r > 0 and r % 4 == 0:
+            rows.append(
+                f"| {r} | {m['central.loss']:.3f} | "
+                + " / ".join(f"{m[f'central.mode{i}_strength']:.2f}" for i in range(3))
+                + f" | {m.get('central.rounds_log_trace', float('nan')):.2f} | "
+                f"{m.get('central.rounds_pr', float('nan')):.2f} | "
+                f"{m.get('central.rounds_top_eig_corr', float('nan')):.2f} "
+                f"(mode {int(m.get('central.rounds_top_eig_mode', -1))}) | "
+                f"{m['train.dyn_pr']:.2f} | {m['train.gauss_pr']:.2f} |"
+            )
+
+    with tempfile.TemporaryDirectory() as out:
+        run_inline(load_experiment("two-rdm", ["engine=inline", f"output.dir={out}"]), on_round)
+    print("\n| round | loss | mode strengths | rounds log10 tr C | rounds PR | rounds top-eigvec "
+          "|corr| | client dyn PR | client Gaussian PR |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--grokking", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--federated", action="store_true")
     args = parser.parse_args()
     IMG.mkdir(parents=True, exist_ok=True)
     print("| seed | mode | transition step | log10 tr C rise when loss moved 5 % (decades) | "
@@ -90,6 +120,8 @@ def main() -> None:
         if seed == 0:
             plot(trace.steps, trace.loss, trace.log_trace, trace.participation_ratio, steps,
                  "deep linear network (teacher s = 4, 2, 1)", IMG / "two_rdm_dln.png")  # fmt: skip
+    if args.federated:
+        federated()
     if args.grokking:
         cfg = GrokConfig()
         grok = run_grokking(cfg)
