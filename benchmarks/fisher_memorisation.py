@@ -73,11 +73,11 @@ def linear(args: argparse.Namespace) -> None:
         "| k | test acc | memorisation | noise share (numeric) | noise share (closed) | k/n | max |fit - PCR| |"
     )
     print("|---|---|---|---|---|---|---|")
-    for k in (1200, 400, 200, 100, 50, 20):
+    for k in (1200, 400, 100, 20):
         c = linear_check(feats[tr], noisy, y[tr], k, feats[te], y[te])
         err = float(np.abs(c.numeric_fit - c.closed_fit).max())
         print(f"| {k} | {c.test_accuracy:.3f} | {c.memorisation:.3f} | {c.numeric_noise_share:.4f} | "
-              f"{c.closed_noise_share:.4f} | {k / 1200:.3f} | {err:.1e} |")  # fmt: skip
+              f"{c.closed_noise_share:.4f} | {k / 1200:.3f} | {err:.1e} |", flush=True)  # fmt: skip
 
 
 def main() -> None:
