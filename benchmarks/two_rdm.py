@@ -127,7 +127,6 @@ def main() -> None:
         grok = run_grokking(cfg)
         ph = grok.phase
         half = int(ph.full_steps[np.argmax(grok.test_accuracy >= 0.5)])
-        first = int(np.searchsorted(ph.full_steps, ph.steps[0]))
         extra = {"train acc": (ph.full_steps, grok.train_accuracy),
                  "test acc": (ph.full_steps, grok.test_accuracy)}  # fmt: skip
         plot(ph.steps, ph.loss, ph.log_trace, ph.participation_ratio, [half],
@@ -138,7 +137,6 @@ def main() -> None:
               f"PR median over run {np.median(ph.participation_ratio):.2f}, at test-acc 0.5 "
               f"{ph.participation_ratio[i]:.2f}; log10 tr C at start {ph.log_trace[0]:.2f}, "
               f"at test-acc 0.5 {ph.log_trace[i]:.2f}, end {ph.log_trace[-1]:.2f}")  # fmt: skip
-        assert first >= 0
 
 
 if __name__ == "__main__":
