@@ -70,7 +70,7 @@ def linear(args: argparse.Namespace) -> None:
     feats = random_relu_features(x, 2000, seed=args.seed)
     noisy = flip_labels(y[tr], args.noise, 10, rng)
     print(
-        "| k | test acc | memorisation | noise share (numeric) | noise share (closed) | k/n | max |fit - PCR| |"
+        "| k | test acc | memorisation | noise share (numeric) | noise share (closed) | k/n | max \\|fit − PCR\\| |"
     )
     print("|---|---|---|---|---|---|---|")
     for k in (1200, 400, 100, 20):
