@@ -177,19 +177,25 @@ def sample_coverage(
     exclude: list[int] | tuple[int, ...] = (),
 ) -> np.ndarray:
     """Each client evaluates ``max(1, round(coverage * M))`` models, cheap ones more likely
-    (P ~ price^-bias); resampled until every model (but the excluded) is covered by someone."""
+    (P ~ price^-bias); then every uncovered model (but the excluded) is swapped in for a model
+    another client also covers, so that each model is evaluated by someone when possible."""
     num_models = len(prices)
     allowed = np.setdiff1d(np.arange(num_models), np.asarray(exclude, dtype=int))
     size = int(min(max(1, round(coverage * num_models)), len(allowed)))
     weights = prices[allowed] ** (-bias)
-    weights = weights / weights.sum()
-    for _ in range(10_000):
-        cov = np.zeros((num_clients, num_models), dtype=bool)
-        for k in range(num_clients):
-            cov[k, rng.choice(allowed, size=size, replace=False, p=weights)] = True
-        if cov[:, allowed].any(axis=0).all() or num_clients * size < len(allowed):
-            return cov
-    raise RuntimeError("could not cover every model; raise coverage or the number of clients")
+    cov = np.zeros((num_clients, num_models), dtype=bool)
+    for k in range(num_clients):
+        cov[k, rng.choice(allowed, size=size, replace=False, p=weights / weights.sum())] = True
+    for m in rng.permutation(allowed):
+        if cov[:, m].any():
+            continue
+        spare = [(k, j) for k in range(num_clients) for j in np.flatnonzero(cov[k])]
+        spare = [(k, j) for k, j in spare if cov[:, j].sum() > 1]
+        if not spare:
+            break  # fewer slots than models: nothing more can be covered
+        k, j = spare[rng.integers(len(spare))]
+        cov[k, j], cov[k, m] = False, True
+    return cov
 
 
 def _observe(data: RouterData, models: np.ndarray) -> RouterData:
