@@ -737,18 +737,18 @@ class _RoutingWorkload(Workload):
             "coverage": self.bench.coverage[partition_id],
         }
 
-    def _predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
         """The global router on the client's own test distribution (every model evaluated)."""
         test = data["test"]
-        score = score_router(*self._predict(arrays, test.emb), test, size=self.params.lambdas)
+        score = score_router(*self.predict(arrays, test.emb), test, size=self.params.lambdas)
         return score_metrics(score, len(test))
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         test = self.bench.global_test
-        score = score_router(*self._predict(arrays, test.emb), test, size=self.params.lambdas)
+        score = score_router(*self.predict(arrays, test.emb), test, size=self.params.lambdas)
         metrics = score_metrics(score, len(test))
         metrics.pop("num-examples")
         return metrics
@@ -791,7 +791,7 @@ class RoutingMLP(_RoutingWorkload):
         }
         return ArrayRecord(model.state_dict()), metrics
 
-    def _predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return mlp_predict(self._load(arrays), emb)
 
 
@@ -839,7 +839,7 @@ class RoutingKMeans(_RoutingWorkload):
         metrics = {"num-examples": len(train)}
         return ArrayRecord({k: _array(v) for k, v in out.items()}), metrics
 
-    def _predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = {k: v.numpy() for k, v in arrays.items()}
         return kmeans_predict(a["router-centroids"], a["acc"], a["cost"], emb)
 
