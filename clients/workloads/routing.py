@@ -578,21 +578,19 @@ def pool(parts: list[RouterData]) -> RouterData:
 
 @dataclass
 class MLPConfig:
-    hidden: int = 64
-    lr: float = 3e-3
-    batch_size: int = 32
-    local_epochs: int = 2
+    hidden: int = 128
+    lr: float = 1e-3
+    batch_size: int = 64
+    local_epochs: int = 1
     cost_weight: float = 0.5
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01
 
 
 def fit_mlp_router(data: RouterData, cfg: MLPConfig, epochs: int, seed: int) -> RouterMLP:
     """One MLP router trained on ``data`` alone (centralised when ``data`` is the pool)."""
     torch.manual_seed(seed)
     model = RouterMLP(data.emb.shape[1], cfg.hidden, data.mask.shape[1])
-    train_mlp(
-        model, data, epochs, cfg.lr, cfg.batch_size, cfg.cost_weight, cfg.weight_decay, seed
-    )
+    train_mlp(model, data, epochs, cfg.lr, cfg.batch_size, cfg.cost_weight, cfg.weight_decay, seed)
     return model
 
 

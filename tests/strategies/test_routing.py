@@ -77,9 +77,7 @@ def test_federated_lloyd_through_flower_equals_centralised_lloyd() -> None:
     start = seen[1]["centroids"]  # after the init round
     assert seen[1]["ready"][0] == 0 and np.abs(start).sum() > 0
     final = seen[5]
-    np.testing.assert_allclose(
-        final["centroids"], lloyd(pooled.emb, start, 4), rtol=0, atol=1e-10
-    )
+    np.testing.assert_allclose(final["centroids"], lloyd(pooled.emb, start, 4), rtol=0, atol=1e-10)
     np.testing.assert_allclose(
         final["router-centroids"], lloyd(pooled.emb, start, 3), rtol=0, atol=1e-10
     )
@@ -113,8 +111,12 @@ def test_model_no_client_evaluated_keeps_its_prior_head_through_flower() -> None
     overrides += ["workload.params.weight_decay=0.1", "workload.params.local_epochs=1"]
     overrides += ["workload.params.hidden=16"]
     fed = run_flower(load_experiment("routing-synthetic-mlp", overrides))
-    plain = run_flower(load_experiment("routing-synthetic-mlp", overrides + ["strategy.name=fedavg"]))
-    assert not benchmark_for(load_experiment("routing-synthetic-mlp", overrides)).coverage[:, 10].any()
+    plain = run_flower(
+        load_experiment("routing-synthetic-mlp", overrides + ["strategy.name=fedavg"])
+    )
+    assert (
+        not benchmark_for(load_experiment("routing-synthetic-mlp", overrides)).coverage[:, 10].any()
+    )
     for key in ("acc_head.weight", "acc_head.bias", "cost_head.weight", "cost_head.bias"):
         np.testing.assert_array_equal(fed[2][key][10], fed[0][key][10])
         assert np.abs(plain[2][key][10] - plain[0][key][10]).max() > 1e-4
