@@ -197,8 +197,34 @@ def table(results: list[dict]) -> str:
                 f"| {alpha} | {coverage} | {kind} | {rel.mean():+.2f} ± {rel.std():.2f} | "
                 f"{(fed - loc).mean():+.4f} ± {(fed - loc).std():.4f} |"
             )
+    learned = ["fed-mlp", "central-mlp", "local-mlp", "fed-kmeans", "central-kmeans"]
+    learned += ["local-kmeans"]
+    sub = ["| alpha | coverage | " + " | ".join(learned) + " |", "|---" * (len(learned) + 2) + "|"]
+    fed_central = ["fed-mlp", "central-mlp", "fed-kmeans", "central-kmeans"]
+    glob = ["| alpha | coverage | " + " | ".join(fed_central) + " |"]
+    glob.append("|---" * (len(fed_central) + 2) + "|")
+    for alpha, coverage in settings:
+        runs = [r for r in results if (r["alpha"], r["coverage"]) == (alpha, coverage)]
+
+        def mean(name: str, key: str, runs: list = runs) -> float:
+            return float(np.mean([r["routers"][name][key] for r in runs]))
+
+        sub.append(
+            f"| {alpha} | {coverage} | "
+            + " | ".join(f"{mean(n, 'subopt'):.4f}" for n in learned)
+            + " |"
+        )
+        glob.append(
+            f"| {alpha} | {coverage} | "
+            + " | ".join(
+                f"{mean(n, 'global_auc'):.4f} ({mean(n, 'global_norm'):.2f})" for n in fed_central
+            )
+            + " |"
+        )
     return "\n".join(
         ["AUC (client-averaged):", "", *lines, "", "Normalised AUC:", "", *norm_lines, "", *gaps]
+        + ["", "Routing suboptimality (client-averaged, mean over seeds):", "", *sub]
+        + ["", "Global test set, AUC (normalised), mean over seeds:", "", *glob]
     )
 
 
@@ -239,14 +265,26 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--plot", type=Path, default=None, help="curves of the first setting")
+    parser.add_argument("--from-json", type=Path, default=None, help="re-print saved results")
     args = parser.parse_args()
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+        print(table(results))
+        if args.plot:
+            plot(results[0], args.plot)
+        return
     settings = [(s, a, c) for a in args.alphas for c in args.coverages for s in args.seeds]
     started = time.perf_counter()
-    if args.jobs > 1:
-        with Pool(args.jobs) as workers:
-            results = workers.map(run_setting, settings)
-    else:
-        results = [run_setting(s) for s in settings]
+    results = []
+    with Pool(args.jobs) as workers:
+        for result in workers.imap(run_setting, settings):
+            results.append(result)
+            fed = {k: round(result["routers"][k]["auc"], 4) for k in ROUTERS}
+            print(
+                f"seed {result['seed']} alpha {result['alpha']} coverage {result['coverage']}:"
+                f" {fed} ({result['wall_s']:.0f} s)",
+                flush=True,
+            )
     print(table(results))
     print(f"\n{len(settings)} settings in {time.perf_counter() - started:.0f} s")
     if args.json:
