@@ -109,7 +109,8 @@ def test_model_no_client_evaluated_keeps_its_prior_head_through_flower() -> None
     rows at their initial value, stock FedAvg (the ablation) does not."""
     overrides = SMALL + ["rounds=2", "workload.params.exclude_models=[10]"]
     overrides += ["workload.params.weight_decay=0.1", "workload.params.local_epochs=1"]
-    overrides += ["workload.params.hidden=16"]
+    overrides += ["workload.params.hidden=16", "workload.params.lr=0.01"]
+    overrides += ["workload.params.batch_size=16"]
     fed = run_flower(load_experiment("routing-synthetic-mlp", overrides))
     plain = run_flower(
         load_experiment("routing-synthetic-mlp", overrides + ["strategy.name=fedavg"])
