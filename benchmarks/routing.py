@@ -68,19 +68,21 @@ def run_federated(cfg: dict) -> ArrayRecord:
     return result.arrays
 
 
-def _cfg(preset: str, seed: int, alpha: float, coverage: float) -> dict:
+def _cfg(preset: str, seed: int, alpha: float, coverage: float, extra: list[str]) -> dict:
     overrides = [f"seed={seed}", f"clients.alpha={alpha}", f"workload.params.coverage={coverage}"]
-    return load_experiment(preset, overrides + ["engine=inline", "clients.fraction_evaluate=0"])
+    overrides += ["engine=inline", "clients.fraction_evaluate=0"]
+    return load_experiment(preset, overrides + extra)
 
 
-def run_setting(args: tuple[int, float, float]) -> dict:
-    """All routers on one (seed, alpha, coverage); per-client scores and global-test scores."""
-    seed, alpha, coverage = args
+def run_setting(args: tuple[int, float, float, list[str]]) -> dict:
+    """All routers on one (seed, alpha, coverage); per-client scores and global-test scores.
+    The fourth item holds extra overrides of the MLP preset (e.g. ``rounds=20``)."""
+    seed, alpha, coverage, mlp_extra = args
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     started = time.perf_counter()
-    mlp_cfg = _cfg("routing-synthetic-mlp", seed, alpha, coverage)
-    km_cfg = _cfg("routing-synthetic-kmeans", seed, alpha, coverage)
+    mlp_cfg = _cfg("routing-synthetic-mlp", seed, alpha, coverage, mlp_extra)
+    km_cfg = _cfg("routing-synthetic-kmeans", seed, alpha, coverage, [])
     bench = benchmark_for(mlp_cfg)
     mp, kp = mlp_cfg["workload"]["params"], km_cfg["workload"]["params"]
     mlp_conf = MLPConfig(**{k: mp[k] for k in MLPConfig.__dataclass_fields__})
@@ -265,6 +267,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--plot", type=Path, default=None, help="curves of the first setting")
+    parser.add_argument("--mlp-rounds", type=int, default=None, help="override the MLP preset")
     parser.add_argument("--from-json", type=Path, default=None, help="re-print saved results")
     args = parser.parse_args()
     if args.from_json:
@@ -273,7 +276,8 @@ def main() -> None:
         if args.plot:
             plot(results[0], args.plot)
         return
-    settings = [(s, a, c) for a in args.alphas for c in args.coverages for s in args.seeds]
+    extra = [] if args.mlp_rounds is None else [f"rounds={args.mlp_rounds}"]
+    settings = [(s, a, c, extra) for a in args.alphas for c in args.coverages for s in args.seeds]
     started = time.perf_counter()
     results = []
     with Pool(args.jobs) as workers:

@@ -727,6 +727,7 @@ class _RoutingWorkload(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         self.bench = benchmark_for(cfg)
+        self.dim = int(self.bench.global_test.emb.shape[1])  # an encoder may differ from params.dim
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {
@@ -761,7 +762,7 @@ class RoutingMLP(_RoutingWorkload):
         pass
 
     def _model(self) -> RouterMLP:
-        return RouterMLP(self.params.dim, self.params.hidden, self.bench.num_models)
+        return RouterMLP(self.dim, self.params.hidden, self.bench.num_models)
 
     def _load(self, arrays: ArrayRecord) -> RouterMLP:
         model = self._model()
@@ -805,7 +806,7 @@ class RoutingKMeans(_RoutingWorkload):
 
     def init_arrays(self) -> ArrayRecord:
         """Empty router: ``ready`` is 0 until the first statistics round."""
-        k, d, m = self.params.clusters, self.params.dim, self.bench.num_models
+        k, d, m = self.params.clusters, self.dim, self.bench.num_models
         zeros = {
             "centroids": np.zeros((k, d)),
             "router-centroids": np.zeros((k, d)),
