@@ -1,6 +1,6 @@
 """FlowLeak: edge/agent recall vs query budget for the three attackers and the ablation.
 
-    python benchmarks/flowleak.py [--mas 20] [--seed 0] [--plot docs/img/flowleak_recall.png]
+python benchmarks/flowleak.py [--mas 20] [--seed 0] [--plot docs/img/flowleak_recall.png]
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ def main() -> None:
     args = parser.parse_args()
     rows = {b: compare(args.mas, b, args.seed) for b in BUDGETS}
     arms = list(rows[BUDGETS[0]])
-    print("| budget | " + " | ".join(f"{a} edge / agent recall" for a in arms) + " | flowleak / random |")
+    print(
+        "| budget | "
+        + " | ".join(f"{a} edge / agent recall" for a in arms)
+        + " | flowleak / random |"
+    )
     print("|---" * (len(arms) + 2) + "|")
     for b, r in rows.items():
         cells = [f"{r[a]['edge_recall']:.3f} / {r[a]['agent_recall']:.3f}" for a in arms]
-        print(f"| {b} | " + " | ".join(cells) + f" | {r['flowleak']['edge_recall'] / r['random']['edge_recall']:.2f}x |")
+        print(
+            f"| {b} | "
+            + " | ".join(cells)
+            + f" | {r['flowleak']['edge_recall'] / r['random']['edge_recall']:.2f}x |"
+        )
     print("redundant queries at budget 20:", {a: rows[20][a]["redundant"] for a in arms})
     if args.plot:
         import matplotlib

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from clients.registry import ConfigError
-from server.engines.simulation import flower_env, free_port, stop_process_tree
+from server.engines.simulation import flower_env, free_port, stop_process_tree, wait_for_port
 
 CONNECTION = "flowerbed"
 
@@ -130,20 +129,6 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> int:
     return proc.pid
 
 
-def _wait_for_port(port: int, pid: int, timeout: float = 60.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid):
-            raise RuntimeError("the SuperLink exited during start-up (see superlink.log)")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"the SuperLink did not open port {port} within {timeout:.0f} s")
-
-
 def supernode_command(
     state: dict[str, Any], index: int, key: Path | None, insecure: bool
 ) -> list[str]:
@@ -202,7 +187,7 @@ def up(
     try:
         state["pids"]["superlink"] = _spawn(link, env, directory / "superlink.log")
         _save(state)
-        _wait_for_port(port, state["pids"]["superlink"])
+        wait_for_port(port, state["pids"]["superlink"])
         for i in range(nodes):
             key = None
             if not insecure:

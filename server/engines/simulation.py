@@ -1,8 +1,7 @@
 """The ``simulation`` engine: Flower's Simulation Engine on Ray, driven exactly as ``flwr run .`` does.
 
-Each run gets a private FLWR_HOME, RAY_TMPDIR and free SuperLink ports, so runs never share the
-detached local SuperLink; when the run ends that SuperLink (and everything below it) is stopped by
-PID. Progress is read from the run's ``metrics.jsonl`` while ``flwr run --stream`` is going.
+Each run starts its own SuperLink (``--simulation``) on a free port with a private FLWR_HOME and
+RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything below it) by PID. Progress is read from the run's ``metrics.jsonl`` while ``flwr run --stream`` is going.
 """
 
 from __future__ import annotations
@@ -71,16 +70,6 @@ def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
             pass
 
 
-def superlinks_on_port(port: int) -> list[int]:
-    """PIDs of local SuperLinks serving ``port`` (found by command line, as flwr finds none)."""
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if any("flower-superlink" in part for part in cmd) and str(port) in cmd:
-            pids.append(proc.info["pid"])
-    return pids
-
-
 def run_simulation(
     cfg: dict[str, Any],
     on_round: Callable[[int, dict[str, float]], None] | None = None,
@@ -130,19 +119,35 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
 
 
 def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -> int:  # noqa: ANN001
-    """``flwr run`` on a private local SuperLink, stopped by PID afterwards; returns the exit code."""
+    """``flwr run`` on a SuperLink this function starts and stops by PID; returns the exit code.
+
+    Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
+    one) gives a start-up wait we control and a PID we own.
+    """
     home = Path(tempfile.mkdtemp(prefix="fb-"))  # short: Ray's socket paths are length-limited
     env = flower_env(home)
-    http_port, control_port = free_port(), free_port()
-    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    port = free_port()
+    flwr_home = home / "flwr"
+    flwr_home.mkdir(parents=True)
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    bin_dir = Path(sys.executable).parent
+    link_cmd = [
+        str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+        "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
+    ]  # fmt: skip
     federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
     command = [
-        str(Path(sys.executable).parent / "flwr"), "run", str(app_dir()), "--stream",
+        str(bin_dir / "flwr"), "run", str(app_dir()), "sim", "--stream",
         "--run-config", run_config, "--federation-config", federation,
     ]  # fmt: skip
     seen = -1
+    link = None
     try:
+        with (home / "superlink.log").open("w") as link_log:
+            link = subprocess.Popen(link_cmd, env=env, stdout=link_log, stderr=subprocess.STDOUT)
+        wait_for_port(port, link.pid, timeout=180)
         with log_path.open("w") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             while proc.poll() is None:
@@ -152,10 +157,24 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
             if watch is not None:
                 watch(seen)
     finally:
-        for pid in superlinks_on_port(http_port):
-            stop_process_tree(pid)
+        if link is not None:
+            stop_process_tree(link.pid)
+            link.wait()
         shutil.rmtree(home, ignore_errors=True)
     return proc.returncode
+
+
+def wait_for_port(port: int, pid: int, timeout: float = 60.0) -> None:
+    """Until ``port`` accepts connections; fails fast if process ``pid`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            raise RuntimeError(f"the SuperLink (pid {pid}) exited during start-up")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"the SuperLink did not open port {port} within {timeout:.0f} s")
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001
