@@ -88,7 +88,10 @@ STYLE = {
         ("as everyone on the street knows, {s}", "people keep saying {s}"),
         ("experts agree that {s}", "according to the official report, {s}"),
     ),
-    "irony": (("{s}, and i mean it", "{s}, seriously"), ("{s}, what a lovely idea", "{s}, how fun")),
+    "irony": (
+        ("{s}, and i mean it", "{s}, seriously"),
+        ("{s}, what a lovely idea", "{s}, how fun"),
+    ),
     "question": (("{s}!", "{s}, right now!"), ("why not say {s}?", "would it be so bad if {s}?")),
     "narrative": (
         ("i myself think {s}", "i am telling you {s}"),
@@ -331,9 +334,7 @@ class Attack:
     queries: int
 
 
-def plan_attack(
-    model: Detector, claims: list[Claim], cfg: ARAOConfig, seed: int
-) -> Attack:
+def plan_attack(model: Detector, claims: list[Claim], cfg: ARAOConfig, seed: int) -> Attack:
     """Cross-entropy method per claim over {-1,0,1}^K, minimising the harmful score."""
     rng = np.random.default_rng(seed)
     n = len(claims)
@@ -356,7 +357,11 @@ def plan_attack(
             probs[i] = 0.3 * probs[i] + 0.7 * freq
             j = order[i, 0]
             if sc[i, j] < best[i]:
-                best[i], best_s[i], best_text[i] = sc[i, j], cand[i, j], texts[i * cfg.cem_samples + j]
+                best[i], best_s[i], best_text[i] = (
+                    sc[i, j],
+                    cand[i, j],
+                    texts[i * cfg.cem_samples + j],
+                )
     return Attack(best_s, best, best_text, best < cfg.threshold, queries)
 
 
@@ -602,7 +607,9 @@ class ARAO(Workload):
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         model, attr, _ = self._unpack(arrays)
-        test = make_corpus(2 * self.params.n_test, self.cfg["seed"] + 777, self.params.vulnerable_axis)
+        test = make_corpus(
+            2 * self.params.n_test, self.cfg["seed"] + 777, self.params.vulnerable_axis
+        )
         out = self._report(model, test, self.cfg["seed"] + 778)
         out.update({f"attr_axis{k}": float(attr[k]) for k in range(K)})
         return out

@@ -270,7 +270,9 @@ def lm_metrics(
         "perplexity": math.exp(ce),
         "anisotropy": anisotropy(flat_h[picks]),
         "anisotropy_embeddings": anisotropy(emb),
-        "hull_residual": float(((flat_h - mixture) ** 2).sum(-1).mean() / (flat_h**2).sum(-1).mean()),
+        "hull_residual": float(
+            ((flat_h - mixture) ** 2).sum(-1).mean() / (flat_h**2).sum(-1).mean()
+        ),
     }
     log_p = torch.log_softmax(logits, -1)
     rng = torch.Generator().manual_seed(seed + 2)
