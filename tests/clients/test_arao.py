@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
 
 from clients.config import load_experiment
 from clients.workloads.arao import (
@@ -23,6 +24,7 @@ from clients.workloads.arao import (
     plan_attack,
     rewrite,
     run_local,
+    score,
     train_detector,
 )
 from server.engines.inline import run_inline
@@ -58,6 +60,15 @@ def test_attribution_recovers_the_planted_axis(planted: int) -> None:
     assert attr[planted] > 3 * others.max()
 
 
+def test_neural_detector_option_learns_the_task() -> None:
+    torch.set_num_threads(1)
+    cfg = ARAOConfig(hidden=16, lr=0.02)
+    train, test = make_corpus(600, seed=5, label_noise=0.05), make_corpus(300, seed=6)
+    model = Detector(cfg.n_features, cfg.hidden)
+    train_detector(model, train.texts, train.labels, cfg, seed=5)
+    assert roc_auc_score(test.labels, score(model, test.texts, cfg.n_features)) > 0.9
+
+
 def _check_repair(result: dict) -> None:
     rows = result["rows"]
     base, untargeted, targeted = rows["base"], rows["untargeted"], rows["targeted"]
@@ -77,7 +88,7 @@ def test_targeted_repair_beats_untargeted_one_seed() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_targeted_repair_beats_untargeted_more_seeds(seed: int) -> None:
     _check_repair(run_local(seed))
 
