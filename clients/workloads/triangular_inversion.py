@@ -113,7 +113,12 @@ def forward_substitution(lower: torch.Tensor) -> torch.Tensor:
     """Row forward substitution ``X_i = e_i - sum_{j<i} L_ij X_j`` (C sequential matvecs)."""
     n = lower.shape[-1]
     eye = _eye(n, lower).expand(*lower.shape[:-2], n, n)
-    rows = [eye[..., 0:1, :]]
+    if not (torch.is_grad_enabled() and lower.requires_grad):
+        x = eye.clone()  # in place, row by row (what a kernel does)
+        for i in range(1, n):
+            x[..., i, :] -= (lower[..., i : i + 1, :i] @ x[..., :i, :]).squeeze(-2)
+        return x
+    rows = [eye[..., 0:1, :]]  # differentiable: rows are never overwritten
     for i in range(1, n):
         done = torch.cat(rows, dim=-2)
         rows.append(eye[..., i : i + 1, :] - lower[..., i : i + 1, :i] @ done)
@@ -361,6 +366,7 @@ class DeltaNetLM(nn.Module):
             for _ in range(layers)
         )
         self.norm = nn.LayerNorm(dim)
+        nn.init.normal_(self.embed.weight, std=dim**-0.5)  # tied head: logits start at O(1)
 
     def forward(self, tokens: torch.Tensor, kernel: dict[str, Any]) -> torch.Tensor:
         x = self.embed(tokens)
@@ -431,8 +437,8 @@ class TriangularInversion(Workload):
         train_size: int = 256
         test_size: int = 64
         batch_size: int = 32
-        local_steps: int = 20
-        lr: float = 3e-3
+        local_steps: int = 30
+        lr: float = 1e-2
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
