@@ -403,7 +403,7 @@ class Chamfer(Workload):
     def _cloud(self, data: ClientCloud, partition_id: int, server_round: int) -> np.ndarray:
         rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, server_round))
         pr = self.params
-        scale = 1.0 + 0.1 * rng.standard_normal()
+        scale = 1.0 + 0.03 * rng.standard_normal()
         return scale * make_shape(SHAPES[data.family], pr.points, pr.dim, rng, pr.noise)
 
     def init_arrays(self) -> ArrayRecord:
