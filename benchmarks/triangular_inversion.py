@@ -89,9 +89,9 @@ def federated_table(rounds: int, out_dir: str) -> list[str]:
     from server.engines.inline import run_inline
 
     lines = [
-        "| method | precision | gated | recall acc. | loss | inv. error (median / max) "
+        "| method | precision | gated | recall acc. | acc. exact kernel | acc. Neumann-bf16 kernel | loss | inv. error (median / max) "
         "| growth max | flagged | kernel / solve |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     runs = [(m, "bf16", False) for m in ("fwd", "blocked", "blocked-neumann8", "neumann")]
     runs += [("blocked", "fp32", False), ("neumann", "fp16", False), ("neumann", "bf16", True)]
@@ -105,7 +105,9 @@ def federated_table(rounds: int, out_dir: str) -> list[str]:
         m = run_inline(cfg)["metrics"]
         get = lambda key, m=m: m.get(f"eval.{key}", float("nan"))  # noqa: E731
         lines.append(
-            f"| {method} | {precision} | {gated} | {get('recall_accuracy'):.3f} | {get('loss'):.3f} "
+            f"| {method} | {precision} | {gated} | {get('recall_accuracy'):.3f} "
+            f"| {get('recall_accuracy_exact_kernel'):.3f} "
+            f"| {get('recall_accuracy_probe_kernel'):.3f} | {get('loss'):.3f} "
             f"| {get('inv_err_median'):.1e} / {get('inv_err_max'):.1e} | {get('growth_max'):.1e} "
             f"| {get('growth_flagged'):.2f} | {get('kernel_vs_solve'):.2f} |"
         )
