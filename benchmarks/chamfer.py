@@ -20,7 +20,11 @@ import numpy as np
 import torch
 
 from clients.workloads.chamfer import (
+    add_outliers,
     chamfer_estimate,
+    chamfer_exact,
+    chamfer_uniform,
+    crude_estimates,
     make_clustered,
     nearest_l2,
     nearest_lp,
@@ -59,6 +63,36 @@ def run(n: int, d: int, p: float, eps: float, reps: int, brute_queries: int) -> 
     )
 
 
+def accuracy() -> None:
+    """The accuracy numbers of docs/workloads.md (the claims tests/clients/test_chamfer.py asserts)."""
+    rng = np.random.default_rng(0)
+    a, b = make_clustered(5000, 32, rng), make_clustered(5000, 32, rng)
+    for p in (1.5, 2.0):
+        exact = chamfer_exact(a, b, p)
+        errs = [
+            abs(chamfer_estimate(a, b, p, eps=0.05, seed=s).estimate / exact - 1) for s in range(10)
+        ]
+        within = sum(e <= 0.05 for e in errs)
+        print(f"n 5000 d 32 p {p}: within 5 % in {within}/10 seeds, max error {max(errs):.4f}")
+        for cands in (1, 2, 4):
+            crude = crude_estimates(a, b, p, np.random.default_rng(1), candidates=cands)
+            print(f"  sum D / CH with {cands} candidate(s) per cell: {crude.sum() / exact:.3f}")
+    rng = np.random.default_rng(0)
+    a, b = make_clustered(1000, 16, rng), make_clustered(1000, 16, rng)
+    exact = chamfer_exact(a, b, 1.5)
+    ratios = [chamfer_estimate(a, b, 1.5, samples=100, seed=s).estimate / exact for s in range(50)]
+    print(f"n 1000 d 16 p 1.5, T 100: mean estimate / exact over 50 seeds {np.mean(ratios):.4f}")
+    rng = np.random.default_rng(3)
+    a = add_outliers(make_clustered(2000, 16, rng), 0.01, 20.0, rng)
+    b = make_clustered(2000, 16, rng)
+    exact = chamfer_exact(a, b, 1.5)
+    imp = [chamfer_estimate(a, b, 1.5, samples=100, seed=s).estimate / exact for s in range(20)]
+    uni = [chamfer_uniform(a, b, 1.5, samples=100, seed=s) / exact for s in range(20)]
+    print(
+        f"1 % far outliers, T 100, 20 seeds: std importance {np.std(imp):.4f}, uniform {np.std(uni):.4f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20000, 100000])
@@ -67,8 +101,12 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=0.02)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--brute-queries", type=int, default=1000)
+    parser.add_argument("--accuracy", action="store_true", help="only the accuracy numbers")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.accuracy:
+        accuracy()
+        return
     print(
         "| n | d | p | eps | exact | exact [CPU s] | estimate [CPU s] | speed-up | max rel. error | T | sum D / CH |"
     )
