@@ -1,6 +1,7 @@
 """Approximate CV for graph recovery: F1 per criterion x (p, n) and timings (docs/workloads.md).
 
-Run: ``PYTHONPATH=. python benchmarks/acv_graph.py`` (about 2 min of one core). Times are printed
+Run: ``PYTHONPATH=. python benchmarks/acv_graph.py`` (about 3 min of one core;
+``--federated-only`` for the last table). Times are printed
 with their ratio to a baseline measured in the same process.
 """
 
@@ -58,8 +59,37 @@ def alo_timing(n: int = 300) -> None:
           f"median {np.median(err):.4f}, max {err.max():.4f}")  # fmt: skip
 
 
+def federated_table(seeds: range = range(5)) -> None:
+    """The ``acv-graph`` preset (5 clients x 60 samples, chain p = 20) through the inline engine:
+    F1 of the voted graph at the federated lambda vs the clients' own lambda and graph."""
+    import logging
+
+    from clients.config import load_experiment
+    from server.engines.inline import run_inline
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    print("\n| criterion | federated lambda + vote F1 | client graph at federated lambda F1 |"
+          " client graph at local lambda F1 |")  # fmt: skip
+    print("|---|---|---|---|")
+    for criterion in ("acv", "ebic", "alo"):
+        rows = []
+        for seed in seeds:
+            overrides = ["engine=inline", "rounds=1", "output.dir=/tmp/acv-graph-bench",
+                         f"seed={seed}", f"workload.params.criterion={criterion}"]  # fmt: skip
+            rows.append(run_inline(load_experiment("acv-graph", overrides))["metrics"])
+        mean = {k: np.mean([r[k] for r in rows]) for k in rows[0]}
+        print(
+            f"| {criterion} | {mean['central.global_f1']:.3f} |"
+            f" {mean['eval.f1_at_global_lambda']:.3f} | {mean['train.local_f1']:.3f} |"
+        )
+
+
 if __name__ == "__main__":
+    import sys
+
     torch.set_num_threads(1)
     with threadpool_limits(1):
-        f1_table()
-        alo_timing()
+        if "--federated-only" not in sys.argv:
+            f1_table()
+            alo_timing()
+        federated_table()
