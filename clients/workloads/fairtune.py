@@ -101,10 +101,13 @@ def make_domains(
 HIDDEN = 32
 
 
-def init_mlp(seed: int, d_in: int = 64, hidden: int = HIDDEN, classes: int = 10):
-    """Parameters of one MLP as a dict of tensors (w1, b1, w2, b2)."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+def init_mlp(
+    seed: int, d_in: int = 64, hidden: int = HIDDEN, classes: int = 10
+) -> dict[str, torch.Tensor]:
+    """Parameters of one MLP as a dict of tensors (w1, b1, w2, b2); leaves torch's RNG alone."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
     return {
         "w1": model[0].weight.detach().clone(),
         "b1": model[0].bias.detach().clone(),
