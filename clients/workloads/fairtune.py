@@ -411,27 +411,6 @@ def build_market(
     return measure_market(checkpoints, base, buyers, seed + 2, target, max_steps, eval_every)
 
 
-def market_table(data: MarketData, kappa: float = 200.0) -> dict[str, dict[str, float]]:
-    """Honest, FairTune at equilibrium, kappa = 0 ablation, report-priced baseline, oracle."""
-    fair = Mechanism("fairtune", kappa=kappa)
-    rows = {
-        "honest sellers, FairTune payments": market_outcome(data, data.q.copy(), fair),
-        "FairTune, strategic (best response)": market_outcome(
-            data, best_response_equilibrium(data, fair), fair
-        ),
-        "FairTune with kappa = 0": market_outcome(
-            data,
-            best_response_equilibrium(data, Mechanism("fairtune", kappa=0.0)),
-            Mechanism("fairtune", kappa=0.0),
-        ),  # fmt: skip
-    }
-    base = Mechanism("report-priced")
-    rows["report-priced, strategic (best response)"] = market_outcome(
-        data, best_response_equilibrium(data, base), base
-    )
-    return rows
-
-
 # -- 5. registration -----------------------------------------------------------------------------
 @dataclass
 class LinearSchedule:
