@@ -90,8 +90,11 @@ def default_lambdas(num: int = 30) -> np.ndarray:
 # -- 2. model: nodewise lasso paths -------------------------------------------------------------
 def node_path(x: np.ndarray, j: int, lambdas: np.ndarray) -> np.ndarray:
     """Lasso path of node j on the others; coefficients (L, p - 1) in the order of ``lambdas``."""
-    others = np.delete(x, j, axis=1)
-    _, coefs, _ = lasso_path(others, x[:, j], alphas=lambdas, max_iter=5000, tol=1e-6)
+    others = np.asfortranarray(np.delete(x, j, axis=1))
+    y = np.ascontiguousarray(x[:, j])
+    _, coefs, _ = lasso_path(
+        others, y, alphas=lambdas, max_iter=5000, tol=1e-4, check_input=False
+    )  # inputs built here, so skip scikit-learn's per-call validation (its main cost at this size)
     return coefs.T
 
 
