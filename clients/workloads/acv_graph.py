@@ -88,14 +88,19 @@ def default_lambdas(num: int = 30) -> np.ndarray:
 
 
 # -- 2. model: nodewise lasso paths -------------------------------------------------------------
+def fast_path(others: np.ndarray, y: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
+    """Lasso path coefficients (p - 1, L); inputs are made contiguous here, so scikit-learn's
+    per-call validation (its main cost at this size) is skipped."""
+    _, coefs, _ = lasso_path(
+        np.asfortranarray(others), np.ascontiguousarray(y), alphas=lambdas, max_iter=5000,
+        tol=1e-4, check_input=False,
+    )  # fmt: skip
+    return coefs
+
+
 def node_path(x: np.ndarray, j: int, lambdas: np.ndarray) -> np.ndarray:
     """Lasso path of node j on the others; coefficients (L, p - 1) in the order of ``lambdas``."""
-    others = np.asfortranarray(np.delete(x, j, axis=1))
-    y = np.ascontiguousarray(x[:, j])
-    _, coefs, _ = lasso_path(
-        others, y, alphas=lambdas, max_iter=5000, tol=1e-4, check_input=False
-    )  # inputs built here, so skip scikit-learn's per-call validation (its main cost at this size)
-    return coefs.T
+    return fast_path(np.delete(x, j, axis=1), x[:, j], lambdas).T
 
 
 def alo_residuals(xs: np.ndarray, y: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -233,7 +238,7 @@ def exact_kfold_criterion(
         others = np.delete(x, j, axis=1)
         for f in range(folds):
             train, test = fold_of != f, fold_of == f
-            _, coefs, _ = lasso_path(others[train], x[train, j], alphas=lambdas, max_iter=5000)
+            coefs = fast_path(others[train], x[train, j], lambdas)
             total += ((x[test, j][:, None] - others[test] @ coefs) ** 2).sum(0) / n
     return total
 
