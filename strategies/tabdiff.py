@@ -46,7 +46,9 @@ class TabDiffFedAvg(FedAvg):
         if self.learnable_k:
             ok = [r for r in replies if not r.has_error()]
             weights = np.array([float(r.content["metrics"]["num-examples"]) for r in ok])
-            ks = torch.stack([k_from_raw(torch.from_numpy(r.content["arrays"][K_KEY].numpy())) for r in ok])
+            ks = torch.stack(
+                [k_from_raw(torch.from_numpy(r.content["arrays"][K_KEY].numpy())) for r in ok]
+            )
             w = torch.from_numpy(weights / weights.sum()).float()[:, None]
             raw = k_to_raw((w * ks).sum(0))
         else:
@@ -57,7 +59,9 @@ class TabDiffFedAvg(FedAvg):
         return arrays, metrics
 
 
-@STRATEGIES.register("tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)")
+@STRATEGIES.register(
+    "tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)"
+)
 class TabDiffEntry:
     @staticmethod
     def build(cfg: dict[str, Any]) -> TabDiffFedAvg:

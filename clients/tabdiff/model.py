@@ -265,7 +265,9 @@ def loss_grad(
 ) -> dict[str, torch.Tensor]:
     """Gradient of ``diffusion_loss`` w.r.t. the trainable parameters (zeros for frozen ones)."""
     names = [n for n in params if n != "k_raw" or model.spec.learnable_k]
-    live = {n: (p if p.requires_grad else p.detach().requires_grad_(True)) for n, p in params.items()}
+    live = {
+        n: (p if p.requires_grad else p.detach().requires_grad_(True)) for n, p in params.items()
+    }
     loss = diffusion_loss(model, live, rows, latents)
     grads = torch.autograd.grad(loss, [live[n] for n in names], create_graph=create_graph)
     out = dict(zip(names, grads, strict=True))

@@ -8,7 +8,9 @@ from scipy.stats import ks_2samp
 from sklearn.ensemble import HistGradientBoostingClassifier
 
 
-def _encoded(frame: pd.DataFrame, numeric: list[str], categorical: list[str], cats: dict) -> np.ndarray:
+def _encoded(
+    frame: pd.DataFrame, numeric: list[str], categorical: list[str], cats: dict
+) -> np.ndarray:
     cols = [frame[numeric].to_numpy(np.float64)]
     for c in categorical:
         cols.append(pd.Categorical(frame[c].astype(str), categories=cats[c]).codes[:, None])
@@ -60,7 +62,15 @@ def quality_report(
     out["corr_diff"] = float(np.abs(cr - cs)[np.triu_indices_from(cr, 1)].mean())
     n = min(len(real), len(synthetic))
     real_sub = real.sample(n=n, random_state=seed) if len(real) > n else real
-    args = (test, list(numeric) + list(categorical), label, list(numeric), list(categorical), categories, seed)
+    args = (
+        test,
+        list(numeric) + list(categorical),
+        label,
+        list(numeric),
+        list(categorical),
+        categories,
+        seed,
+    )
     out["efficacy_real"] = _efficacy(real_sub, *args)
     out["efficacy_synthetic"] = _efficacy(synthetic, *args)
     out["efficacy_gap"] = out["efficacy_real"] - out["efficacy_synthetic"]

@@ -65,7 +65,9 @@ def sample_rows(
         onehot = torch.cat(
             [F.one_hot(codes[:, j], kj).float() for j, kj in enumerate(spec.cat_sizes)], 1
         )
-        f_num, logits = net(torch.cat([c_in * x, masked_input(onehot, masked, spec.cat_sizes)], 1), t)
+        f_num, logits = net(
+            torch.cat([c_in * x, masked_input(onehot, masked, spec.cat_sizes)], 1), t
+        )
         denoised = c_skip * x + c_out * f_num
         sigma_s = edm_sigma(torch.tensor(s)) if s > 0 else torch.tensor(0.0)
         x = x + (sigma_s - sigma) * (x - denoised) / sigma

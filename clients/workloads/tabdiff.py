@@ -23,8 +23,8 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from clients.datasets import Table, load_table
 from clients.datasets.partition import partition_indices
 from clients.tabdiff.model import (
-    DiffusionSpec,
     Denoiser,
+    DiffusionSpec,
     Latents,
     Rows,
     build_model,
@@ -98,7 +98,9 @@ def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
 
 
 # -- workload -----------------------------------------------------------------------------------
-@WORKLOADS.register("tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality")
+@WORKLOADS.register(
+    "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
+)
 class TabDiff(Workload):
     @dataclass
     class Params:
@@ -128,7 +130,9 @@ class TabDiff(Workload):
             hidden=p.hidden, layers=p.layers, learnable_k=p.learnable_k,
             c_lambda=p.c_lambda, d_lambda=p.d_lambda,
         )  # fmt: skip
-        self.protocol = Protocol(p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps)
+        self.protocol = Protocol(
+            p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps
+        )
         self.model = build_model(self.spec, cfg["seed"])
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
@@ -157,7 +161,9 @@ class TabDiff(Workload):
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
         losses: list[float] = []
         start = time.perf_counter()
-        new = local_update(self.model, params, batches, latents, self.protocol, on_loss=losses.append)
+        new = local_update(
+            self.model, params, batches, latents, self.protocol, on_loss=losses.append
+        )
         elapsed = time.perf_counter() - start
         used = sorted({int(data["ids"][j]) for idx in plan for j in idx})
         if ROWS_KEY not in state.config_records:
@@ -172,17 +178,23 @@ class TabDiff(Workload):
         return to_arrays(self.model, new), metrics
 
     # -- metrics --------------------------------------------------------------------------------
-    def _heldout_loss(self, params: dict[str, torch.Tensor], num: np.ndarray, codes: np.ndarray) -> dict[str, float]:
+    def _heldout_loss(
+        self, params: dict[str, torch.Tensor], num: np.ndarray, codes: np.ndarray
+    ) -> dict[str, float]:
         n = min(self.params.eval_rows, len(num))
         gen = torch.Generator().manual_seed(self.cfg["seed"] + 12345)
         idx = torch.randperm(len(num), generator=gen)[:n].numpy()
-        rows = onehot_rows(torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes)
+        rows = onehot_rows(
+            torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes
+        )
         latents = sample_latents(self.spec, params, n, gen)
         with torch.no_grad():
             terms = loss_terms(self.model, params, rows, latents)
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
+    def evaluate(
+        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]
+    ) -> dict[str, float]:
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 
     def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:

@@ -88,7 +88,9 @@ def test_preprocessing_round_trip(name: str) -> None:
     back = prep.decode(num, codes)
     for c in prep.categorical:
         assert (back[c].astype(str).to_numpy() == frame[c].astype(str).to_numpy()).all()
-    err = np.abs(back[list(prep.numeric)].to_numpy(float) - frame[list(prep.numeric)].to_numpy(float))
+    err = np.abs(
+        back[list(prep.numeric)].to_numpy(float) - frame[list(prep.numeric)].to_numpy(float)
+    )
     assert err.max() < 1e-6
     assert np.abs(num).max() < 5.3 and abs(float(np.median(num[:, 0]))) < 0.3  # normal space
 
@@ -108,13 +110,23 @@ def test_mask_density_tracks_move_chance(k: float) -> None:
         assert abs(z) < 4.5, (lo, z)
     # The schedule matters: under the other exponent, the same draw is rejected.
     other = move_chance(lat.t, torch.tensor(4.0 - k)).numpy()
-    assert abs(dens.mean() - other.mean()) > 0.05 or abs(
-        np.corrcoef(dens, t)[0, 1] - np.corrcoef(other, t)[0, 1]
-    ) > 0.01
+    assert (
+        abs(dens.mean() - other.mean()) > 0.05
+        or abs(np.corrcoef(dens, t)[0, 1] - np.corrcoef(other, t)[0, 1]) > 0.01
+    )
 
 
 def test_federated_run_lowers_loss(tmp_path) -> None:
-    cfg = _cfg("mixed", "fedavg", ["rounds=3", f"output.dir={tmp_path}", "workload.params.local_epochs=3", "workload.params.lr=0.005"])
+    cfg = _cfg(
+        "mixed",
+        "fedavg",
+        [
+            "rounds=3",
+            f"output.dir={tmp_path}",
+            "workload.params.local_epochs=3",
+            "workload.params.lr=0.005",
+        ],
+    )
     summary = run_inline(cfg)
     lines = [json.loads(x) for x in open(f"{cfg['output']['run_dir']}/metrics.jsonl")]
     central = {x["round"]: x["loss"] for x in lines if x["scope"] == "central"}
