@@ -362,7 +362,7 @@ def _signatures(cols: torch.Tensor, gb: torch.Tensor, groups: list[list[int]], b
 
 def analytic_mixed(
     know: Knowledge, target: dict[str, torch.Tensor], batch: int
-) -> tuple[Rows, torch.Tensor, torch.Tensor] | None:
+) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Closed-form inversion of a FedSGD update in the mixed regime, any small B.
 
     One-hot inputs are exactly 0/1, so each input column of the projection gradient is a sum of a
@@ -448,11 +448,13 @@ def analytic_mixed(
         blocks.append(torch.where(m[:, None] > 0.5, from_target, vals))
         masks.append(m)
     cat = torch.cat(blocks, 1)
+    eps = (x_t - num) / sigma
     num, cat, t, mask = num.float(), cat.float(), t.float(), torch.stack(masks, 1).float()
+    eps = eps.float()
     if len(num) < batch:  # rows with identical signatures merged: repeat to fill the batch
         rep = torch.arange(batch) % len(num)
-        num, cat, t, mask = num[rep], cat[rep], t[rep], mask[rep]
-    return Rows(num.clamp(-BOUND, BOUND), cat), t, mask
+        num, cat, t, mask, eps = num[rep], cat[rep], t[rep], mask[rep], eps[rep]
+    return Rows(num.clamp(-BOUND, BOUND), cat), t, mask, eps
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -525,7 +527,7 @@ def _t_grid_search(
                 for cand in torch.cat([grid, v.t()[s, i : i + 1]]):
                     v.a[s, i] = torch.logit((cand - T_MIN) / (1 - T_MIN))
                     with torch.enable_grad():
-                        val = float(_objective(know, v, target, cfg, create_graph=False))
+                        val = float(_objective(know, v, target, cfg, create_graph=False).detach())
                     if best is None or val < best:
                         best, best_a = val, float(v.a[s, i])
                 v.a[s, i] = best_a
@@ -551,13 +553,13 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
     v = Variables(know.spec, steps, batch, cfg, gen, support)
     mixed = know.spec.regime == "mixed"
     if closed is not None and cfg.analytic_init:  # partial closed form (some rows merged)
-        rows, t0, m0 = closed
+        rows, t0, m0, e0 = closed
         v.set_num(rows.num)
         v.set_cat(rows.cat)
         v.set_t(t0[None])
         with torch.no_grad():
             v.l.copy_(m0[None] * 8 - 4)
-            v.e.zero_()
+            v.e.copy_(e0[None])
     elif cfg.analytic_init and batch == 1 and steps == 1:
         rows, t, mask = analytic_b1(know, target)
         v.set_num(rows.num)
@@ -665,8 +667,8 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     if cfg.analytic_init and cfg.latents != "oracle" and batch > 1:
         closed = analytic_mixed(know, target, batch)
         if closed is not None:  # exact when every row was separated: keep it if it matches
-            rows, t0, m0 = closed
-            lats = [Latents(t0, torch.zeros(batch, know.spec.eps_dim), m0)]
+            rows, t0, m0, e0 = closed
+            lats = [Latents(t0, e0, m0)]
             score = float(match_loss(_simulate(know, rows, lats, False), target, know.spec,
                                      replace(cfg, objective="goliath")))  # fmt: skip
             if score < 1e-3:
