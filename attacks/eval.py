@@ -102,12 +102,12 @@ def run_attack(name: str, case: Case, budget: dict[str, int], seed: int, margina
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
              attacks: list[str], budget: dict[str, int], protocol: str = "fedsgd",
-             log: Any = print) -> pd.DataFrame:  # fmt: skip
+             log: Any = print, overrides: list[str] | None = None) -> pd.DataFrame:  # fmt: skip
     torch.set_num_threads(1)
     rows = []
     for ds in datasets:
         for regime in regimes:
-            cfg = experiment(ds, regime, protocol)
+            cfg = experiment(ds, regime, protocol, overrides)
             data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
             train = data.table.train
             stds = {c: float(train[c].std()) for c in data.prep.numeric}
@@ -161,10 +161,14 @@ def main() -> None:
     ap.add_argument("--protocol", default="fedsgd")
     ap.add_argument("--out", default="")
     ap.add_argument("--csv", default="")
+    ap.add_argument(
+        "overrides", nargs="*", help="dotlist overrides, e.g. workload.params.hidden=64"
+    )
     args = ap.parse_args()
     start = time.perf_counter()
     df = evaluate(args.datasets, args.regimes, args.batch_sizes, args.batches, args.attacks,
-                  {"iterations": args.iterations, "restarts": args.restarts}, args.protocol)  # fmt: skip
+                  {"iterations": args.iterations, "restarts": args.restarts}, args.protocol,
+                  overrides=args.overrides)  # fmt: skip
     md = table(df)
     print(md)
     print(f"total {time.perf_counter() - start:.0f} s")

@@ -168,10 +168,10 @@ def test_attack_code_never_touches_client_data() -> None:
 def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
     """Through run_inline: the attack runs on real replies, is scored, and no client data is read
     while it runs (load_partition / round_plan calls are recorded with an 'inside attack' flag)."""
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
     import attacks.observer as observer_mod
     import clients.workloads.tabdiff as td
+    from clients.config import load_experiment
+    from server.engines.inline import run_inline
 
     inside = {"flag": False, "violations": 0, "calls": 0}
     real_invert, real_plan, real_load = (
