@@ -295,7 +295,7 @@ def analytic_b1(
                 for b in split_blocks(x0[None, n:], spec.cat_sizes)
             ]
         )
-        return Rows(num[None], cat[None]), float(t), None
+        return Rows(num[None], cat[None]), float(t), None, eps[None]
     sigma = edm_sigma(tt)
     _, _, c_in = edm_coefficients(sigma)
     x_t = x_in[:n] / c_in
@@ -313,7 +313,8 @@ def analytic_b1(
         code = int(g_cat[j][0].argmin()) if masked else int(vals.argmax())
         blocks.append(F.one_hot(torch.tensor(code), k).float())
         mask.append(1.0 if masked else 0.0)
-    return Rows(num[None], torch.cat(blocks)[None]), float(t), torch.tensor([mask])
+    eps = (x_t - num) / sigma
+    return Rows(num[None], torch.cat(blocks)[None]), float(t), torch.tensor([mask]), eps[None]
 
 
 def _signatures(cols: torch.Tensor, gb: torch.Tensor, groups: list[list[int]], batch: int,
@@ -561,15 +562,14 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
             v.l.copy_(m0[None] * 8 - 4)
             v.e.copy_(e0[None])
     elif cfg.analytic_init and batch == 1 and steps == 1:
-        rows, t, mask = analytic_b1(know, target)
+        rows, t, mask, eps = analytic_b1(know, target)
         v.set_num(rows.num)
         v.set_cat(rows.cat)
         v.set_t(torch.tensor([[t]]))
         with torch.no_grad():
             if mask is not None:
                 v.l.copy_(mask[None] * 8 - 4)
-            if mixed:
-                v.e.zero_()
+            v.e.copy_(eps[None].float())
     if cfg.latents == "oracle" and oracle is not None:  # upper bound: the true latents
         with torch.no_grad():
             v.set_t(torch.stack([x.t for x in oracle[:steps]]))
@@ -664,20 +664,26 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     torch.set_num_threads(1)
     start = time.perf_counter()
     closed = None
-    if cfg.analytic_init and cfg.latents != "oracle" and batch > 1:
-        closed = analytic_mixed(know, target, batch)
+    if cfg.analytic_init and cfg.latents != "oracle" and local_steps(know.protocol, batch) == 1:
+        if batch == 1:
+            rows, t1, m1, e1 = analytic_b1(know, target)
+            closed = (rows, torch.tensor([t1]), m1, e1.float())
+        else:
+            closed = analytic_mixed(know, target, batch)
         if closed is not None:  # exact when every row was separated: keep it if it matches
             rows, t0, m0, e0 = closed
             lats = [Latents(t0, e0, m0)]
+            rows = Rows(rows.num.float(), rows.cat.float())
             score = float(match_loss(_simulate(know, rows, lats, False), target, know.spec,
                                      replace(cfg, objective="goliath")))  # fmt: skip
             if score < 1e-3:
-                rec = Reconstruction(rows.num, rows.cat, t0.numpy(), m0.numpy(), score)
+                mask0 = None if m0 is None else m0.numpy()
+                rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
                 rec.frame = decode(know, rec.num, rec.cat)
                 rec.seconds = time.perf_counter() - start
                 return rec
     runs = [
-        invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 else None)
+        invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
         for r in range(cfg.restarts)
     ]
     scores = [s for _, s in runs]
