@@ -26,6 +26,9 @@ def _reply(msg: Message, w: float, k: float, n: int) -> Message:
 
 
 def _round(learnable: bool) -> tuple[ArrayRecord, MetricRecord]:
+    from flwr.supercore.task_identity import TaskIdentity  # a Message needs a task identity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
     strategy = TabDiffFedAvg(learnable_k=learnable, min_available_nodes=2, min_train_nodes=2)
     sent = ArrayRecord({"w": Array(np.zeros(2, np.float32)),
                         "k_raw": Array(k_to_raw(torch.full((2,), 1.5)).numpy())})  # fmt: skip
