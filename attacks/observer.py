@@ -78,7 +78,7 @@ class AttackObserver(StrategyWrapper):
         self.scorer = TruthScorer(cfg)  # ground truth lives here only
         self._sent: ArrayRecord | None = None
         self.history: dict[int, list[Reconstruction]] = {}
-        self.scores: list[dict[str, float]] = []
+        self.scores: list[dict[str, Any]] = []
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -114,9 +114,10 @@ class AttackObserver(StrategyWrapper):
         truth = self.scorer.truth(pid, rnd, sent)
         scores = self.scorer.score(truth, rec)
         scores["seconds"] = rec.seconds
-        self.scores.append(scores)
+        self.scores.append({"prefix": prefix, **scores})
         self.writer.log(rnd, "attack", {f"{prefix}{k}": v for k, v in scores.items()})
-        self.writer.set_final(f"attack.{prefix}cell_accuracy", scores["accuracy"])
+        mine = [s["accuracy"] for s in self.scores if s["prefix"] == prefix]
+        self.writer.set_final(f"attack.{prefix}cell_accuracy", sum(mine) / len(mine))
 
 
 def with_config(icfg: InversionConfig, params: dict[str, Any], seed: int) -> InversionConfig:
