@@ -1,0 +1,223 @@
+"""Federated tabular diffusion (TabDDPM-Gaussian or TabDiff-style mixed regime).
+
+Clients train a shared denoiser on their rows with FedSGD or FedAvg; the ``tabdiff`` strategy
+aggregates; the final global model samples synthetic rows whose quality is reported centrally
+(KS / TVD marginals, correlation difference, ML efficacy vs real data). The math (schedules,
+denoiser, the one pure loss, protocols, sampler) lives in ``clients.tabdiff`` because the Goliath
+attacker uses the very same functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from clients.datasets import Table, load_table
+from clients.datasets.partition import partition_indices
+from clients.tabdiff.model import (
+    Denoiser,
+    DiffusionSpec,
+    Latents,
+    Rows,
+    build_model,
+    loss_terms,
+    onehot_rows,
+    sample_latents,
+)
+from clients.tabdiff.preprocess import TablePreprocessor
+from clients.tabdiff.quality import quality_report
+from clients.tabdiff.sampler import sample_rows
+from clients.tabdiff.training import Protocol, batch_plan, local_update
+from clients.workloads import WORKLOADS, Workload, client_seed
+
+ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
+
+
+# -- data ---------------------------------------------------------------------------------------
+@dataclass
+class Encoded:
+    table: Table
+    prep: TablePreprocessor
+    num: np.ndarray  # train numerics, normal space, float32
+    codes: np.ndarray  # train categorical codes (label last)
+    test_num: np.ndarray
+    test_codes: np.ndarray
+
+
+@functools.lru_cache(maxsize=4)
+def encoded(dataset_key: str) -> Encoded:
+    """The dataset in model space; the preprocessor is fitted once per schema on the train split."""
+    table = load_table(json.loads(dataset_key))
+    prep = TablePreprocessor.fit(table.schema, table.train)
+    num, codes = prep.encode(table.train)
+    test_num, test_codes = prep.encode(table.test)
+    return Encoded(
+        table, prep, num.astype(np.float32), codes, test_num.astype(np.float32), test_codes
+    )
+
+
+def client_row_ids(cfg: dict[str, Any], partition_id: int, num_partitions: int) -> np.ndarray:
+    """Train-row positions a client holds (a function of the config and partition id only)."""
+    data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+    clients = cfg["clients"]
+    labels = data.table.train[data.table.schema.label].astype(str).to_numpy()
+    return partition_indices(
+        labels, partition_id, num_partitions, clients["partitioner"], clients["alpha"], cfg["seed"]
+    )
+
+
+def round_plan(
+    cfg: dict[str, Any], spec: DiffusionSpec, protocol: Protocol, params: dict[str, torch.Tensor],
+    partition_id: int, server_round: int, n_rows: int,
+) -> tuple[list[np.ndarray], list[Latents]]:  # fmt: skip
+    """The local positions of each step's batch and its latents, from (seed, client, round)."""
+    gen = torch.Generator().manual_seed(client_seed(cfg["seed"], partition_id, server_round))
+    plan = batch_plan(n_rows, protocol, gen)
+    if protocol.kind == "fedsgd":
+        plan = plan[:1]
+    latents = [sample_latents(spec, params, len(idx), gen) for idx in plan]
+    return plan, latents
+
+
+# -- model --------------------------------------------------------------------------------------
+def to_params(arrays: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in arrays.to_torch_state_dict().items()}
+
+
+def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
+    names = [n for n, _ in model.named_parameters()]
+    return ArrayRecord(OrderedDict((n, params[n].detach().clone()) for n in names))
+
+
+# -- workload -----------------------------------------------------------------------------------
+@WORKLOADS.register(
+    "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
+)
+class TabDiff(Workload):
+    @dataclass
+    class Params:
+        regime: str = "mixed"
+        hidden: int = 256
+        layers: int = 3
+        learnable_k: bool = False
+        c_lambda: float = 1.0
+        d_lambda: float = 1.0
+        protocol: str = "fedavg"
+        batch_size: int = 256
+        lr: float = 2e-3
+        optimizer: str = "adam"
+        local_epochs: int = 1
+        max_steps: int = 0
+        eval_rows: int = 1024
+        quality_rows: int = 0
+        sample_steps: int = 50
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        p = self.params
+        self._key = json.dumps(cfg["dataset"], sort_keys=True)
+        data = encoded(self._key)
+        self.spec = DiffusionSpec(
+            n_num=data.num.shape[1], cat_sizes=data.prep.cat_sizes, regime=p.regime,
+            hidden=p.hidden, layers=p.layers, learnable_k=p.learnable_k,
+            c_lambda=p.c_lambda, d_lambda=p.d_lambda,
+        )  # fmt: skip
+        self.protocol = Protocol(
+            p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps
+        )
+        self.model = build_model(self.spec, cfg["seed"])
+
+    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+        ids = client_row_ids(self.cfg, partition_id, num_partitions)
+        data = encoded(self._key)
+        return {
+            "ids": ids,
+            "num": torch.from_numpy(data.num[ids]),
+            "codes": torch.from_numpy(data.codes[ids]),
+        }
+
+    def init_arrays(self) -> ArrayRecord:
+        model = build_model(self.spec, self.cfg["seed"])
+        return to_arrays(model, dict(model.named_parameters()))
+
+    # -- local step -----------------------------------------------------------------------------
+    def fit(
+        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
+        torch.set_num_threads(1)
+        params = to_params(arrays)
+        pid, rnd = int(config["partition-id"]), int(config["server-round"])
+        plan, latents = round_plan(
+            self.cfg, self.spec, self.protocol, params, pid, rnd, len(data["ids"])
+        )
+        batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
+        losses: list[float] = []
+        start = time.perf_counter()
+        new = local_update(
+            self.model, params, batches, latents, self.protocol, on_loss=losses.append
+        )
+        elapsed = time.perf_counter() - start
+        used = sorted({int(data["ids"][j]) for idx in plan for j in idx})
+        if ROWS_KEY not in state.config_records:
+            state.config_records[ROWS_KEY] = ConfigRecord()
+        state.config_records[ROWS_KEY][f"round-{rnd}"] = used
+        rows_seen = sum(len(i) for i in plan)
+        metrics = {
+            "num-examples": len(used),
+            "loss": float(np.mean(losses)),
+            "rows_per_s": rows_seen / max(elapsed, 1e-9),
+        }
+        return to_arrays(self.model, new), metrics
+
+    # -- metrics --------------------------------------------------------------------------------
+    def _heldout_loss(
+        self, params: dict[str, torch.Tensor], num: np.ndarray, codes: np.ndarray
+    ) -> dict[str, float]:
+        n = min(self.params.eval_rows, len(num))
+        gen = torch.Generator().manual_seed(self.cfg["seed"] + 12345)
+        idx = torch.randperm(len(num), generator=gen)[:n].numpy()
+        rows = onehot_rows(
+            torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes
+        )
+        latents = sample_latents(self.spec, params, n, gen)
+        with torch.no_grad():
+            terms = loss_terms(self.model, params, rows, latents)
+        return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
+
+    def evaluate(
+        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]
+    ) -> dict[str, float]:
+        return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
+
+    def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:
+        """N synthetic rows (original units) from the global model."""
+        params = to_params(arrays)
+        num, codes = sample_rows(self.model, params, n, self.params.sample_steps, seed)
+        return encoded(self._key).prep.decode(num.double().numpy(), codes.numpy())
+
+    def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
+        torch.set_num_threads(1)
+        data = encoded(self._key)
+        out = self._heldout_loss(to_params(arrays), data.test_num, data.test_codes)
+        out.pop("num-examples")
+        if self.params.quality_rows and server_round == self.cfg["rounds"]:
+            synth = self.synthesize(arrays, self.params.quality_rows, self.cfg["seed"])
+            schema = data.table.schema
+            out |= quality_report(
+                data.table.train, synth, data.table.test, list(schema.numeric),
+                list(data.prep.categorical), data.prep.categories, schema.label, self.cfg["seed"],
+            )  # fmt: skip
+        return out
+
+
+def rows_of(data: dict[str, Any], positions: np.ndarray, cat_sizes: tuple[int, ...]) -> Rows:
+    """Model-space rows of a client's local positions (used by tests and the scorer)."""
+    return onehot_rows(data["num"][positions], data["codes"][positions], cat_sizes)

@@ -1,0 +1,69 @@
+"""FedAvg for tabular diffusion, aware of the mask-schedule parameters.
+
+Weights are averaged as in FedAvg. The per-column schedule exponent k is a constrained parameter
+(k = 1 + softplus(k_raw)): when it is learnable it is averaged in k-space (the mean schedule,
+not the mean of raw logits); when it is fixed the server keeps its own value, so a client cannot
+move the schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from clients.tabdiff.model import k_from_raw, k_to_raw
+from strategies import STRATEGIES
+from strategies.fedavg import sampling_kwargs
+
+K_KEY = "k_raw"
+
+
+class TabDiffFedAvg(FedAvg):
+    def __init__(self, learnable_k: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.learnable_k = learnable_k
+        self._sent: ArrayRecord | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._sent = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None or K_KEY not in arrays:
+            return arrays, metrics
+        if self.learnable_k:
+            ok = [r for r in replies if not r.has_error()]
+            weights = np.array([float(r.content["metrics"]["num-examples"]) for r in ok])
+            ks = torch.stack(
+                [k_from_raw(torch.from_numpy(r.content["arrays"][K_KEY].numpy())) for r in ok]
+            )
+            w = torch.from_numpy(weights / weights.sum()).float()[:, None]
+            raw = k_to_raw((w * ks).sum(0))
+        else:
+            raw = torch.from_numpy(self._sent[K_KEY].numpy().copy())
+        arrays[K_KEY] = Array(raw.float().numpy())
+        if metrics is not None:
+            metrics["k_mean"] = float(k_from_raw(raw).mean())
+        return arrays, metrics
+
+
+@STRATEGIES.register(
+    "tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)"
+)
+class TabDiffEntry:
+    @staticmethod
+    def build(cfg: dict[str, Any]) -> TabDiffFedAvg:
+        learnable = bool(cfg["workload"]["params"].get("learnable_k", False))
+        return TabDiffFedAvg(learnable_k=learnable, **sampling_kwargs(cfg))
