@@ -36,6 +36,19 @@ class Protocol:
             raise ValueError(f"unknown optimizer '{self.optimizer}' (allowed: sgd, adam)")
 
 
+def per_sample_gradients(
+    model: Denoiser, params: dict[str, torch.Tensor], rows: Rows, latents: Latents
+) -> dict[str, torch.Tensor]:
+    """Gradient of each row's loss, stacked on a leading batch axis (for DP-SGD clipping)."""
+    per_row = []
+    for i in range(len(rows.num)):
+        one = Rows(rows.num[i : i + 1], rows.cat[i : i + 1])
+        mask = latents.mask[i : i + 1] if latents.mask is not None else None
+        lat = Latents(latents.t[i : i + 1], latents.eps[i : i + 1], mask)
+        per_row.append(loss_grad(model, params, one, lat))
+    return {k: torch.stack([g[k] for g in per_row]) for k in per_row[0]}
+
+
 def batch_plan(n_rows: int, protocol: Protocol, generator: torch.Generator) -> list[np.ndarray]:
     """Which local rows each step uses: FedSGD one batch; FedAvg E epochs of shuffled minibatches."""
     if protocol.kind == "fedsgd":
@@ -58,10 +71,13 @@ def local_update(
     protocol: Protocol,
     create_graph: bool = False,
     on_loss: Callable[[float], None] | None = None,
+    gradient: Callable[..., dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the protocol from ``params``; returns the new parameters.
 
     FedSGD: params - lr * grad of the single batch. FedAvg: one SGD or (fresh) Adam step per batch.
+    ``gradient(model, params, rows, latents)`` replaces the batch gradient (DP-SGD's clipped,
+    noised per-sample mean); by default it is ``loss_grad``.
     """
     from clients.tabdiff.model import diffusion_loss
 
@@ -76,7 +92,10 @@ def local_update(
         if on_loss is not None:
             with torch.no_grad():
                 on_loss(float(diffusion_loss(model, state, rows, lat)))
-        grads = loss_grad(model, state, rows, lat, create_graph=create_graph)
+        if gradient is None:
+            grads = loss_grad(model, state, rows, lat, create_graph=create_graph)
+        else:
+            grads = gradient(model, state, rows, lat)
         new = {}
         for k, p in state.items():
             g = grads[k]

@@ -35,7 +35,7 @@ from clients.tabdiff.model import (
 from clients.tabdiff.preprocess import TablePreprocessor
 from clients.tabdiff.quality import quality_report
 from clients.tabdiff.sampler import sample_rows
-from clients.tabdiff.training import Protocol, batch_plan, local_update
+from clients.tabdiff.training import Protocol, batch_plan, local_update, per_sample_gradients
 from clients.workloads import WORKLOADS, Workload, client_seed
 
 ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
@@ -102,6 +102,8 @@ def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
 )
 class TabDiff(Workload):
+    supports_private_training = True  # DP-SGD via per-row clipped, noised gradients
+
     @dataclass
     class Params:
         regime: str = "mixed"
@@ -161,19 +163,33 @@ class TabDiff(Workload):
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
         losses: list[float] = []
         start = time.perf_counter()
+        dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
+        gradient = None
+        if dp is not None:  # DP-SGD: clipped per-row gradients + Gaussian noise, seeded per round
+            noise = torch.Generator().manual_seed(client_seed(self.cfg["seed"], pid, rnd, salt=3))
+
+            def gradient(model, state, rows, lat):  # noqa: ANN001, ANN202
+                return dp.privatize(per_sample_gradients(model, state, rows, lat), noise)
+
         new = local_update(
-            self.model, params, batches, latents, self.protocol, on_loss=losses.append
-        )
+            self.model, params, batches, latents, self.protocol, on_loss=losses.append,
+            gradient=gradient,
+        )  # fmt: skip
         elapsed = time.perf_counter() - start
         used = sorted({int(data["ids"][j]) for idx in plan for j in idx})
         if ROWS_KEY not in state.config_records:
             state.config_records[ROWS_KEY] = ConfigRecord()
         state.config_records[ROWS_KEY][f"round-{rnd}"] = used
         rows_seen = sum(len(i) for i in plan)
+        privacy = {}
+        if dp is not None:
+            rate = min(1.0, self.protocol.batch_size / max(len(data["ids"]), 1))
+            privacy = {"epsilon": dp.account(state, rate, len(batches))}
         metrics = {
             "num-examples": len(used),
             "loss": float(np.mean(losses)),
             "rows_per_s": rows_seen / max(elapsed, 1e-9),
+            **privacy,
         }
         return to_arrays(self.model, new), metrics
 
