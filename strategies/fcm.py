@@ -96,7 +96,9 @@ class FCMStrategy(FedAvg):
         if aggregation not in ("concept", "fedavg"):
             raise ConfigError(f"unknown fcm aggregation '{aggregation}' (allowed: concept, fedavg)")
         if expansion not in ("grow", "ignore", "restart"):
-            raise ConfigError(f"unknown fcm expansion '{expansion}' (allowed: grow, ignore, restart)")
+            raise ConfigError(
+                f"unknown fcm expansion '{expansion}' (allowed: grow, ignore, restart)"
+            )
         self.workload = workload
         self.aggregation = aggregation
         self.expansion = expansion

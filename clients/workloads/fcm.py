@@ -382,4 +382,3 @@ class FCM(Workload):
         out.pop("concept_acc_held", None)
         out["n_concepts"] = float(len(concepts_of(params)))
         return out
-

@@ -111,9 +111,7 @@ class Scenario:
 
     def available(self, client: int, server_round: int) -> tuple[str, ...]:
         """Concepts client ``client`` holds labels for at ``server_round``."""
-        return tuple(
-            n for n in self.holds[client] if self.intro_round[n] <= max(server_round, 1)
-        )
+        return tuple(n for n in self.holds[client] if self.intro_round[n] <= max(server_round, 1))
 
     def initial_concepts(self) -> tuple[str, ...]:
         return tuple(n for n in self.concept_names if self.intro_round[n] <= 1)
