@@ -162,6 +162,14 @@ class FCMStrategy(FedAvg):
             arrays = next(iter(msg.content.array_records.values()))
             metrics = dict(next(iter(msg.content.metric_records.values())))
             parsed.append(({k: v.numpy() for k, v in arrays.items()}, metrics))
+        params, metrics = self.aggregate_replies(server_round, parsed)
+        arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
+        return arrays, MetricRecord(metrics)
+
+    def aggregate_replies(
+        self, server_round: int, parsed: list[Reply]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Aggregate parsed replies, then add modules for newly announced concepts."""
         params = aggregate_concept_arrays(
             self.current, parsed, per_concept=self.aggregation == "concept"
         )
@@ -173,8 +181,7 @@ class FCMStrategy(FedAvg):
         metrics = weighted_metrics([m for _, m in parsed])
         metrics["registry-version"] = float(self.version)
         metrics["registry-size"] = float(len(self.registry))
-        arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
-        return arrays, MetricRecord(metrics)
+        return params, metrics
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
