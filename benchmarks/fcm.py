@@ -91,7 +91,14 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--override", nargs="*", default=[], help="extra overrides (rounds=3)")
     parser.add_argument("--out", default=None, help="write raw results (JSON) here")
+    parser.add_argument("--table", nargs="*", default=None, help="only render saved JSON files")
     args = parser.parse_args()
+    if args.table is not None:
+        saved: dict = {}
+        for path in args.table:
+            saved.update(json.loads(Path(path).read_text()))
+        print(table(saved))
+        return
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(1)
     results: dict[str, dict[str, list[dict[str, float]]]] = {}

@@ -30,6 +30,8 @@ from clients.runtime import PARTITION_KEY
 from strategies import STRATEGIES
 from strategies.fedavg import sampling_kwargs
 
+REGISTRY_KEY = "fcm-registry"  # ConfigRecord key of the versioned registry (JSON)
+
 Reply = tuple[dict[str, np.ndarray], dict[str, float]]
 
 
@@ -141,14 +143,14 @@ class FCMStrategy(FedAvg):
     ) -> Iterable[Message]:
         self._sync_registry(arrays, server_round)
         self.current = {k: v.numpy() for k, v in arrays.items()}
-        config["fcm-registry"] = self.registry_json()
+        config[REGISTRY_KEY] = self.registry_json()
         return super().configure_train(server_round, arrays, config, grid)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._sync_registry(arrays, server_round)
-        config["fcm-registry"] = self.registry_json()
+        config[REGISTRY_KEY] = self.registry_json()
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_train(
