@@ -68,12 +68,14 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]]) -> str:
     lines = []
     for preset, by_method in results.items():
         lines += [
-            f"\n**{preset}** (mean ± std over {len(next(iter(by_method.values())))} seeds)\n",
+            f"\n**{preset}** (mean ± std over seeds; n = runs per method: "
+            f"{min(len(r) for r in by_method.values())})\n",
             "| method | task acc | concept acc (held) | concept acc (lacked) | concept acc (all) "
             "| intervention AUC |",
             "|---|---|---|---|---|---|",
         ]
-        for method, runs in by_method.items():
+        for method in sorted(by_method, key=list(METHODS).index):
+            runs = by_method[method]
             cells = []
             for col in COLUMNS:
                 vals = [r[col] for r in runs if col in r]
@@ -96,7 +98,9 @@ def main() -> None:
     if args.table is not None:
         saved: dict = {}
         for path in args.table:
-            saved.update(json.loads(Path(path).read_text()))
+            for preset, by_method in json.loads(Path(path).read_text()).items():
+                for method, runs in by_method.items():
+                    saved.setdefault(preset, {}).setdefault(method, []).extend(runs)
         print(table(saved))
         return
     logging.getLogger("flwr").setLevel(logging.WARNING)
