@@ -56,7 +56,7 @@ def test_scenario_covers_every_concept_and_grows() -> None:
 
 
 def _cfg(**params: object) -> dict:
-    return {"seed": 0, "rounds": 3, "clients": {"num": 3},
+    return {"seed": 0, "rounds": 3, "clients": {"num": 3}, "defenses": [],
             "workload": {"name": "fcm", "params": {"data": "trig", "n_train": 200, **params}}}  # fmt: skip
 
 

@@ -80,7 +80,7 @@ def test_client_order_does_not_change_result() -> None:
 
 @pytest.mark.parametrize("kind", ["cem", "cbm"])
 def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
-    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3},
+    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig", "model": kind}}}  # fmt: skip
     workload = FCM(cfg)
     strategy = FCMStrategy(workload, aggregation="concept", expansion="grow")
@@ -107,7 +107,7 @@ def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
 
 
 def test_restart_expansion_reinitialises_everything() -> None:
-    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3},
+    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig"}}}  # fmt: skip
     workload = FCM(cfg)
     strategy = FCMStrategy(workload, aggregation="fedavg", expansion="restart")
