@@ -1,0 +1,384 @@
+"""F-CMs client side: a concept-based model (CEM or CBM) whose concept set grows during federation.
+
+Paper: Fenoglio et al., "Federated Concept-Based Models" (arXiv 2602.04093). Clients hold labels for
+different concepts; the model has one module per concept and a task head with one input block per
+concept, so a concept that appears mid-run is added without touching the rest. Parameters travel as
+named arrays: ``enc.*`` (shared encoder), ``concept.<name>.*`` (one module per concept),
+``scorer.*`` (CEM's shared probability scorer), ``task.in.<name>`` / ``task.in.bias`` /
+``task.out.*`` (task head). A client trains the modules of the concepts it has labels for, uses the
+others in the forward pass frozen, and sends back only what it trained (see strategies/fcm.py).
+
+Data generators live in ``clients.workloads.fcm_data``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from clients.workloads import WORKLOADS, Workload, client_seed
+from clients.workloads.fcm_data import ConceptData, Scenario, make_dataset, make_scenario
+
+REGISTRY_KEY = "fcm-registry"
+LOCAL_STATE_KEY = "fcm-local-model"
+Params = dict[str, torch.Tensor]
+
+
+# -- model (functional, over named tensors) -----------------------------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a concept-based model; ``kind`` is ``cem`` (embeddings) or ``cbm`` (scalars)."""
+
+    in_dim: int
+    hidden: int
+    emb: int
+    task_hidden: int
+    n_classes: int
+    kind: str = "cem"
+
+    @property
+    def block(self) -> int:
+        """Width of one concept's input to the task head."""
+        return self.emb if self.kind == "cem" else 1
+
+
+def _uniform(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> torch.Tensor:
+    bound = 1.0 / math.sqrt(fan_in)
+    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+
+
+def _name_seed(seed: int, name: str, salt: int = 0) -> int:
+    return int(np.random.SeedSequence([seed, zlib.crc32(name.encode()), salt]).generate_state(1)[0])
+
+
+def init_concept(spec: ModelSpec, name: str, seed: int) -> Params:
+    """A new concept module (PyTorch-default uniform init), seeded by (seed, name) only."""
+    gen = torch.Generator().manual_seed(_name_seed(seed, name))
+    out = 2 * spec.emb if spec.kind == "cem" else 1
+    return {
+        f"concept.{name}.weight": _uniform((out, spec.hidden), spec.hidden, gen),
+        f"concept.{name}.bias": _uniform((out,), spec.hidden, gen),
+    }
+
+
+def expand(params: Params, spec: ModelSpec, name: str, seed: int) -> Params:
+    """Add concept ``name``: a fresh module and a zero task-head block, so predictions are unchanged."""
+    out = dict(params)
+    out.update(init_concept(spec, name, seed))
+    out[f"task.in.{name}"] = torch.zeros(spec.task_hidden, spec.block)
+    return out
+
+
+def init_params(spec: ModelSpec, concepts: tuple[str, ...], seed: int) -> Params:
+    """A full model for ``concepts``, seeded from ``seed``."""
+    gen = torch.Generator().manual_seed(_name_seed(seed, "__model__"))
+    h, t = spec.hidden, spec.task_hidden
+    params: Params = {
+        "enc.0.weight": _uniform((h, spec.in_dim), spec.in_dim, gen),
+        "enc.0.bias": _uniform((h,), spec.in_dim, gen),
+        "enc.1.weight": _uniform((h, h), h, gen),
+        "enc.1.bias": _uniform((h,), h, gen),
+    }
+    if spec.kind == "cem":
+        params["scorer.weight"] = _uniform((1, 2 * spec.emb), 2 * spec.emb, gen)
+        params["scorer.bias"] = _uniform((1,), 2 * spec.emb, gen)
+    fan_in = max(1, spec.block * len(concepts))
+    for name in concepts:
+        params.update(init_concept(spec, name, seed))
+        params[f"task.in.{name}"] = _uniform((t, spec.block), fan_in, gen)
+    params["task.in.bias"] = _uniform((t,), fan_in, gen)
+    params["task.out.weight"] = _uniform((spec.n_classes, t), t, gen)
+    params["task.out.bias"] = _uniform((spec.n_classes,), t, gen)
+    return params
+
+
+def concepts_of(params: Params | ArrayRecord) -> tuple[str, ...]:
+    """Concept names present in a parameter set, sorted (the model is order-independent)."""
+    return tuple(sorted({k.split(".")[1] for k in params.keys() if k.startswith("concept.")}))
+
+
+def forward(
+    params: Params,
+    spec: ModelSpec,
+    x: torch.Tensor,
+    concepts: tuple[str, ...],
+    truth: torch.Tensor | None = None,
+    intervene: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Task logits [n, classes] and concept logits [n, K]; where ``intervene`` [n, K] is true the
+    predicted concept probability is replaced by ``truth`` (test-time intervention / RandInt)."""
+    h = F.leaky_relu(F.linear(x, params["enc.0.weight"], params["enc.0.bias"]))
+    h = F.leaky_relu(F.linear(h, params["enc.1.weight"], params["enc.1.bias"]))
+    hidden = params["task.in.bias"].expand(len(x), -1)
+    logits = []
+    for j, name in enumerate(concepts):
+        z = F.linear(h, params[f"concept.{name}.weight"], params[f"concept.{name}.bias"])
+        if spec.kind == "cem":
+            z = F.leaky_relu(z)
+            logit = F.linear(z, params["scorer.weight"], params["scorer.bias"])
+        else:
+            logit = z
+        prob = torch.sigmoid(logit)
+        if intervene is not None and truth is not None:
+            prob = torch.where(intervene[:, j : j + 1], truth[:, j : j + 1], prob)
+        if spec.kind == "cem":
+            emb = prob * z[:, : spec.emb] + (1 - prob) * z[:, spec.emb :]
+        else:
+            emb = prob
+        hidden = hidden + F.linear(emb, params[f"task.in.{name}"])
+        logits.append(logit)
+    out = F.linear(F.leaky_relu(hidden), params["task.out.weight"], params["task.out.bias"])
+    concept_logits = torch.cat(logits, dim=1) if logits else torch.zeros(len(x), 0)
+    return out, concept_logits
+
+
+# -- local step -------------------------------------------------------------------------------
+def local_train(
+    params: Params,
+    spec: ModelSpec,
+    data: ConceptData,
+    held: tuple[str, ...],
+    *,
+    train_lacked: bool,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    concept_weight: float,
+    rand_int: float,
+    seed: int,
+) -> tuple[Params, float]:
+    """Joint training: task CE + concept BCE masked to ``held``. Modules of lacked concepts are
+    frozen (``train_lacked=False``, F-CMs) or trained by the task gradient only (FedAvg baselines)."""
+    concepts = concepts_of(params)
+    params = {k: v.detach().clone() for k, v in params.items()}
+    trainable = [
+        k for k in params
+        if not k.startswith("concept.") or train_lacked or k.split(".")[1] in held
+    ]  # fmt: skip
+    for k in trainable:
+        params[k].requires_grad_(True)
+    opt = torch.optim.Adam([params[k] for k in trainable], lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    cols = [data.concept_names.index(n) for n in concepts]
+    c = torch.from_numpy(data.c[:, cols])
+    mask = torch.tensor([n in held for n in concepts], dtype=torch.bool)
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=gen)
+        for start in range(0, len(order), batch_size):
+            b = order[start : start + batch_size]
+            # RandInt: ground truth replaces held concepts w.p. rand_int (mask tiled over the batch)
+            hit = (torch.rand(len(concepts), generator=gen) < rand_int) & mask
+            task_logits, concept_logits = forward(
+                params, spec, x[b], concepts, c[b], hit.expand(len(b), -1)
+            )
+            loss = F.cross_entropy(task_logits, y[b])
+            if mask.any():
+                bce = F.binary_cross_entropy_with_logits(concept_logits[:, mask], c[b][:, mask])
+                loss = loss + concept_weight * bce
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+            steps += 1
+    return {k: v.detach() for k, v in params.items()}, total / max(steps, 1)
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def concept_accuracy(
+    params: Params, spec: ModelSpec, data: ConceptData
+) -> tuple[float, dict[str, float]]:
+    """Task accuracy and per-concept accuracy on ``data``. A concept the model has no module for
+    is scored as a constant 'absent' prediction (all it can say)."""
+    concepts = concepts_of(params)
+    with torch.no_grad():
+        task_logits, concept_logits = forward(params, spec, torch.from_numpy(data.x), concepts)
+    task_acc = float((task_logits.argmax(1).numpy() == data.y).mean())
+    per = {}
+    for j, name in enumerate(data.concept_names):
+        truth = data.c[:, j] > 0.5
+        if name in concepts:
+            pred = concept_logits[:, concepts.index(name)].numpy() > 0
+            per[name] = float((pred == truth).mean())
+        else:
+            per[name] = float((~truth).mean())
+    return task_acc, per
+
+
+def intervention_curve(
+    params: Params, spec: ModelSpec, data: ConceptData, orders: int = 5, seed: int = 0
+) -> np.ndarray:
+    """Task accuracy after replacing k = 0..K predicted concepts by the true ones (random
+    per-sample subsets, averaged over ``orders`` draws); K = concepts the model has."""
+    concepts = concepts_of(params)
+    cols = [data.concept_names.index(n) for n in concepts]
+    x, c = torch.from_numpy(data.x), torch.from_numpy(data.c[:, cols])
+    k_max = len(concepts)
+    gen = torch.Generator().manual_seed(seed)
+    curve = np.zeros(k_max + 1)
+    with torch.no_grad():
+        for _ in range(orders):
+            rank = torch.rand(len(x), k_max, generator=gen).argsort(1).argsort(1)
+            for k in range(k_max + 1):
+                logits, _ = forward(params, spec, x, concepts, c, rank < k)
+                curve[k] += float((logits.argmax(1).numpy() == data.y).mean())
+    return curve / orders
+
+
+def intervention_auc(curve: np.ndarray) -> float:
+    """Normalised area under the intervention curve (trapezoid over k/K in [0, 1])."""
+    if len(curve) < 2:
+        return float(curve[0])
+    return float(((curve[1:] + curve[:-1]) / 2).mean())
+
+
+def score(
+    params: Params, spec: ModelSpec, data: ConceptData, held: tuple[str, ...], curve: bool = True
+) -> dict[str, float]:
+    """Task accuracy, concept accuracy split into held vs lacked concepts, intervention AUC (the
+    curve is the costly part; ``curve=False`` skips it for intermediate rounds)."""
+    task_acc, per = concept_accuracy(params, spec, data)
+    lacked = [n for n in data.concept_names if n not in held]
+    out = {"task_accuracy": task_acc, "concept_accuracy": float(np.mean(list(per.values())))}
+    if curve:
+        points = intervention_curve(params, spec, data)
+        out["intervention_auc"] = intervention_auc(points)
+        out["task_accuracy_all_intervened"] = float(points[-1])
+    if held:
+        out["concept_acc_held"] = float(np.mean([per[n] for n in held]))
+    if lacked:
+        out["concept_acc_lacked"] = float(np.mean([per[n] for n in lacked]))
+    return out
+
+
+def to_params(arrays: ArrayRecord) -> Params:
+    return {k: torch.from_numpy(np.array(v.numpy(), dtype=np.float32)) for k, v in arrays.items()}
+
+
+def to_arrays(params: Params, keys: list[str] | None = None) -> ArrayRecord:
+    keys = sorted(params) if keys is None else keys
+    return ArrayRecord({k: Array(params[k].detach().numpy().copy()) for k in keys})
+
+
+# -- registration -------------------------------------------------------------------------------
+@WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
+class FCM(Workload):
+    @dataclass
+    class Params:
+        data: str = "trig"  # xor | trig | dot | digits
+        scenario: str = "evolving"  # full | partial | evolving | central
+        hold_fraction: float = 0.5  # share of concepts each client has labels for
+        central_clients: int = 5  # 'central': pool the data of this many clients, all labels
+        model: str = "cem"  # cem | cbm
+        hidden: int = 32
+        emb: int = 8
+        task_hidden: int = 16
+        n_train: int = 300  # examples per client
+        n_test: int = 1000  # shared held-out test set
+        lr: float = 0.01
+        batch_size: int = 32
+        local_epochs: int = 1
+        concept_weight: float = 1.0
+        rand_int: float = 0.25
+        # baselines
+        train_lacked: bool = False  # True: FedAvg-style, lacked modules trained and sent
+        initial_concepts: str = "round1"  # round1 | all (oracle architecture)
+        local_only: bool = False  # each client keeps its own model, never aggregated
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        p = self.params
+        probe = make_dataset(p.data, 2, 0)
+        self.spec = ModelSpec(
+            probe.x.shape[1], p.hidden, p.emb, p.task_hidden, probe.n_classes, p.model
+        )
+        num = p.central_clients if p.scenario == "central" else cfg["clients"]["num"]
+        self.scenario: Scenario = make_scenario(
+            p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
+        )
+        self.test = make_dataset(p.data, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
+
+    def initial_concepts(self) -> tuple[str, ...]:
+        if self.params.initial_concepts == "all":
+            return self.scenario.concept_names
+        return self.scenario.initial_concepts()
+
+    def load_partition(self, partition_id: int, num_partitions: int) -> ConceptData:
+        p, seed = self.params, self.cfg["seed"]
+        if p.scenario != "central":
+            return make_dataset(p.data, p.n_train, client_seed(seed, partition_id, 0), "train")
+        parts = [
+            make_dataset(p.data, p.n_train, client_seed(seed, i, 0), "train")
+            for i in range(p.central_clients)
+        ]
+        x, c, y = (np.concatenate([getattr(d, f) for d in parts]) for f in ("x", "c", "y"))
+        return ConceptData(x, c, y, parts[0].concept_names, parts[0].n_classes)
+
+    def init_arrays(self) -> ArrayRecord:
+        return to_arrays(init_params(self.spec, self.initial_concepts(), self.cfg["seed"]))
+
+    def held(self, partition_id: int, server_round: int) -> tuple[str, ...]:
+        """Concepts this client has labels for now (central: every one)."""
+        if self.params.scenario == "central":
+            return self.scenario.concept_names
+        return self.scenario.available(partition_id, server_round)
+
+    def fit(
+        self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any], state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
+        pid, rnd = int(config["partition-id"]), int(config["server-round"])
+        p = self.params
+        if p.local_only and LOCAL_STATE_KEY in state.array_records:
+            arrays = state.array_records[LOCAL_STATE_KEY]
+        params = to_params(arrays)
+        available = self.held(pid, rnd)
+        held = tuple(n for n in available if n in concepts_of(params))
+        trained, loss = local_train(
+            params, self.spec, data, held,
+            train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
+            batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
+            seed=client_seed(self.cfg["seed"], pid, rnd),
+        )  # fmt: skip
+        local_scores = {}
+        if p.local_only:  # the evaluate hook gets no client state, so score the local model here
+            state[LOCAL_STATE_KEY] = to_arrays(trained)
+            final = rnd >= self.cfg["rounds"]
+            local_scores = score(trained, self.spec, self.test, available, curve=final)
+        send = [
+            k for k in sorted(trained)
+            if not k.startswith("concept.") or p.train_lacked or k.split(".")[1] in held
+        ]  # fmt: skip
+        n = len(data.y)
+        metrics: dict[str, float] = {"num-examples": n, "num-task-labels": n, "train-loss": loss}
+        for name in available:  # announcements: also concepts the model does not have yet
+            metrics[f"nc.{name}"] = n
+        metrics["nc-total"] = n * len(held)
+        metrics.update({f"local-{k}": v for k, v in local_scores.items()})
+        return to_arrays(trained, send), metrics
+
+    def evaluate(
+        self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any]
+    ) -> dict[str, float]:
+        pid, rnd = int(config["partition-id"]), int(config.get("server-round", 0))
+        final = rnd >= self.cfg["rounds"]
+        metrics = score(to_params(arrays), self.spec, self.test, self.held(pid, rnd), curve=final)
+        metrics["num-examples"] = len(self.test.y)
+        return metrics
+
+    def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        if self.params.local_only:
+            return None
+        params = to_params(arrays)
+        final = server_round >= self.cfg["rounds"]
+        out = score(params, self.spec, self.test, self.scenario.concept_names, curve=final)
+        out.pop("concept_acc_held", None)
+        out["n_concepts"] = float(len(concepts_of(params)))
+        return out

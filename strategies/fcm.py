@@ -1,0 +1,213 @@
+"""F-CMs server: per-concept aggregation and a versioned concept registry that grows mid-run.
+
+Paper: Fenoglio et al., "Federated Concept-Based Models" (arXiv 2602.04093). Replies carry different
+key sets (a client sends only the concept modules it trained), so this strategy has its own
+``aggregate_train``: the encoder is averaged by examples, each concept module only over the clients
+holding that concept (by their label counts; kept as is when nobody held it), the CEM scorer by
+total concept labels and the task head by task-label counts. Clients announce the concepts they hold
+(``nc.<name>`` metrics); a name not in the registry gets a new module and a zero task-head block at
+the end of the round, and the registry version is bumped and sent with every message.
+
+Baselines use the same class: ``aggregation=fedavg`` (every key by examples, as Flower's FedAvg),
+``expansion=ignore`` (fixed concept set) or ``expansion=restart`` (re-initialise on any change).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from clients.registry import ConfigError
+from clients.runtime import PARTITION_KEY
+from strategies import STRATEGIES
+from strategies.fedavg import sampling_kwargs
+
+REGISTRY_KEY = "fcm-registry"  # ConfigRecord key of the versioned registry (JSON)
+
+Reply = tuple[dict[str, np.ndarray], dict[str, float]]
+
+
+def weight_for(key: str, metrics: dict[str, float], per_concept: bool) -> float:
+    """The weight a client's value of ``key`` gets (0: the client did not train it)."""
+    if not per_concept:
+        return float(metrics["num-examples"])
+    if key.startswith("concept."):
+        return float(metrics.get(f"nc.{key.split('.')[1]}", 0.0))
+    if key.startswith("scorer."):
+        return float(metrics.get("nc-total", 0.0))
+    if key.startswith("task."):
+        return float(metrics.get("num-task-labels", metrics["num-examples"]))
+    return float(metrics["num-examples"])
+
+
+def aggregate_concept_arrays(
+    previous: dict[str, np.ndarray], replies: list[Reply], per_concept: bool = True
+) -> dict[str, np.ndarray]:
+    """Weighted mean of each named array over the clients that sent it (and trained it).
+
+    Replies are taken in partition-id order, so the result does not depend on arrival order; the
+    arithmetic is Flower FedAvg's (factor w/sum(w), accumulated in order), so with every client
+    holding every concept this equals FedAvg bit for bit. A key no client sent with a positive
+    weight keeps its previous value untouched.
+    """
+    ordered = sorted(replies, key=lambda r: r[1].get(PARTITION_KEY, 0))
+    keys = list(previous) + sorted({k for a, _ in ordered for k in a} - set(previous))
+    out: dict[str, np.ndarray] = {}
+    for key in keys:
+        held = [(a[key], weight_for(key, m, per_concept)) for a, m in ordered if key in a]
+        held = [(v, w) for v, w in held if w > 0]
+        if not held:
+            out[key] = previous[key]
+            continue
+        total = sum(w for _, w in held)
+        acc = None
+        for value, w in held:
+            acc = value * (w / total) if acc is None else acc + value * (w / total)
+        out[key] = np.asarray(acc)
+    return out
+
+
+def weighted_metrics(replies: list[dict[str, float]]) -> dict[str, float]:
+    """Per-key mean weighted by ``num-examples`` over the replies that report the key."""
+    out: dict[str, float] = {}
+    for key in sorted({k for m in replies for k in m}):
+        if key in (PARTITION_KEY, "num-examples") or key.startswith("nc"):
+            continue
+        pairs = [(float(m[key]), float(m["num-examples"])) for m in replies if key in m]
+        total = sum(w for _, w in pairs)
+        out[key] = sum(v * w for v, w in pairs) / total if total else 0.0
+    out["num-examples"] = float(sum(m["num-examples"] for m in replies))
+    return out
+
+
+class FCMStrategy(FedAvg):
+    """Flower Strategy (via FedAvg's sampling) with per-concept aggregation and a concept registry."""
+
+    def __init__(
+        self, workload: Any, aggregation: str = "concept", expansion: str = "grow", **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if aggregation not in ("concept", "fedavg"):
+            raise ConfigError(f"unknown fcm aggregation '{aggregation}' (allowed: concept, fedavg)")
+        if expansion not in ("grow", "ignore", "restart"):
+            raise ConfigError(
+                f"unknown fcm expansion '{expansion}' (allowed: grow, ignore, restart)"
+            )
+        self.workload = workload
+        self.aggregation = aggregation
+        self.expansion = expansion
+        self.registry: list[dict[str, Any]] = []
+        self.version = 0
+        self.current: dict[str, np.ndarray] = {}
+
+    # -- registry ----------------------------------------------------------------------------
+    def registry_json(self) -> str:
+        return json.dumps({"version": self.version, "concepts": self.registry})
+
+    def _sync_registry(self, arrays: ArrayRecord, server_round: int) -> None:
+        from clients.workloads.fcm import concepts_of
+
+        known = {e["name"] for e in self.registry}
+        for name in concepts_of(arrays):
+            if name not in known:
+                self.registry.append({"name": name, "type": "binary", "first_round": server_round})
+                self.version += 1
+
+    def _expand(self, params: dict[str, np.ndarray], new: list[str], server_round: int):  # noqa: ANN202
+        from clients.workloads.fcm import expand, init_params
+
+        seed = self.workload.cfg["seed"]
+        for name in new:
+            self.registry.append({"name": name, "type": "binary", "first_round": server_round + 1})
+        self.version += 1
+        if self.expansion == "restart":
+            names = tuple(e["name"] for e in self.registry)
+            fresh = init_params(self.workload.spec, names, seed + 7919 * self.version)
+            return {k: v.numpy() for k, v in fresh.items()}
+        tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+        for name in new:
+            tensors = expand(tensors, self.workload.spec, name, seed)
+        return {k: v.numpy() for k, v in tensors.items()}
+
+    # -- Flower hooks ------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._sync_registry(arrays, server_round)
+        self.current = {k: v.numpy() for k, v in arrays.items()}
+        config[REGISTRY_KEY] = self.registry_json()
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._sync_registry(arrays, server_round)
+        config[REGISTRY_KEY] = self.registry_json()
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        if not valid:
+            return None, None
+        parsed: list[Reply] = []
+        for msg in valid:
+            arrays = next(iter(msg.content.array_records.values()))
+            metrics = dict(next(iter(msg.content.metric_records.values())))
+            parsed.append(({k: v.numpy() for k, v in arrays.items()}, metrics))
+        params, metrics = self.aggregate_replies(server_round, parsed)
+        arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
+        return arrays, MetricRecord(metrics)
+
+    def aggregate_replies(
+        self, server_round: int, parsed: list[Reply]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Aggregate parsed replies, then add modules for newly announced concepts."""
+        params = aggregate_concept_arrays(
+            self.current, parsed, per_concept=self.aggregation == "concept"
+        )
+        known = {e["name"] for e in self.registry}
+        announced = sorted({k[3:] for _, m in parsed for k in m if k.startswith("nc.")})
+        new = [n for n in announced if n not in known]
+        if new and self.expansion != "ignore":
+            params = self._expand(params, new, server_round)
+        metrics = weighted_metrics([m for _, m in parsed])
+        metrics["registry-version"] = float(self.version)
+        metrics["registry-size"] = float(len(self.registry))
+        return params, metrics
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        valid, _ = self._check_and_log_replies(replies, is_train=False, validate=False)
+        if not valid:
+            return None
+        return MetricRecord(
+            weighted_metrics([dict(next(iter(m.content.metric_records.values()))) for m in valid])
+        )
+
+
+@STRATEGIES.register("fcm", "F-CMs: per-concept aggregation with a growing concept registry")
+class FCMEntry:
+    @dataclass
+    class Params:
+        aggregation: str = "concept"  # concept (F-CMs) | fedavg (every key by examples)
+        expansion: str = "grow"  # grow (F-CMs) | ignore (fixed set) | restart (re-initialise)
+
+    @staticmethod
+    def build(cfg: dict[str, Any]) -> FCMStrategy:
+        from clients.registry import WORKLOADS
+
+        if cfg["workload"]["name"] != "fcm":
+            raise ConfigError("strategy 'fcm' needs workload 'fcm'")
+        workload = WORKLOADS.get("fcm")(cfg)
+        return FCMStrategy(workload, **cfg["strategy"]["params"], **sampling_kwargs(cfg))

@@ -1,0 +1,138 @@
+"""F-CMs client side: data definitions, masked training, interventions, and the federated path."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+
+from clients.config import load_experiment
+from clients.workloads.fcm import (
+    FCM,
+    concept_accuracy,
+    init_params,
+    intervention_auc,
+    intervention_curve,
+    local_train,
+    to_arrays,
+    to_params,
+)
+from clients.workloads.fcm_data import make_dataset, make_scenario
+from server.engines.inline import run_inline
+
+torch.set_num_threads(1)
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+def test_generators_follow_the_cem_definitions() -> None:
+    dot = make_dataset("dot", 2000, 0)
+    v1 = (dot.x[:, :2] + dot.x[:, 2:]) / 2  # x = [v1 + v3, v1 - v3]
+    v3 = (dot.x[:, :2] - dot.x[:, 2:]) / 2
+    assert np.abs(v3).mean() > 1.0  # not the broken generator (v3 == v1 -> second half 0)
+    assert 0.3 < dot.y.mean() < 0.7  # and y is not constant
+    np.testing.assert_array_equal(dot.y, ((v1 * v3).sum(1) > 0).astype(int))
+    np.testing.assert_array_equal(dot.c[:, 0], (v1.sum(1) > 0).astype(np.float32))
+    xor = make_dataset("xor", 500, 0)
+    np.testing.assert_array_equal(xor.y, (xor.c[:, 0] != xor.c[:, 1]).astype(int))
+    trig = make_dataset("trig", 500, 0)
+    assert trig.x.shape == (500, 7) and trig.c.shape == (500, 3)
+    digits = make_dataset("digits", 300, 0)
+    a = sum(digits.c[:, b] * 2**b for b in range(4))
+    b = sum(digits.c[:, 4 + i] * 2**i for i in range(4))
+    np.testing.assert_array_equal(digits.y, (a + b).astype(int))
+
+
+def test_scenario_covers_every_concept_and_grows() -> None:
+    names = ("c0", "c1", "c2", "c3")
+    sc = make_scenario("evolving", names, num_clients=4, rounds=20, seed=0, hold_fraction=0.5)
+    assert set().union(*sc.holds) == set(names)
+    assert all(len(h) == 2 for h in sc.holds)
+    assert len(sc.initial_concepts()) == 2
+    assert sum(len(sc.available(k, 1)) for k in range(4)) < sum(
+        len(sc.available(k, 20)) for k in range(4)
+    )
+
+
+def _cfg(**params: object) -> dict:
+    return {"seed": 0, "rounds": 3, "clients": {"num": 3}, "defenses": [],
+            "workload": {"name": "fcm", "params": {"data": "trig", "n_train": 200, **params}}}  # fmt: skip
+
+
+def test_fit_trains_and_sends_only_held_concept_modules() -> None:
+    workload = FCM(_cfg(scenario="partial"))
+    arrays = workload.init_arrays()
+    data = workload.load_partition(0, 3)
+    config = {"partition-id": 0, "server-round": 3}
+    held = workload.held(0, 3)
+    sent, metrics = workload.fit(arrays, data, config, RecordDict())
+    sent_concepts = {k.split(".")[1] for k in sent.keys() if k.startswith("concept.")}
+    assert sent_concepts == set(held) and len(held) < 3
+    assert all(metrics[f"nc.{n}"] == len(data.y) for n in held)
+    for key in sent.keys():  # trained modules moved
+        if key.startswith(("enc.", "concept.")):
+            assert not np.array_equal(sent[key].numpy(), arrays[key].numpy())
+    # ablation (FedAvg baseline): lacked modules are trained by the task gradient and sent
+    baseline = FCM(_cfg(scenario="partial", train_lacked=True))
+    sent_all, _ = baseline.fit(arrays, data, config, RecordDict())
+    lacked = [
+        n
+        for n in ("a_pos", "b_pos", "z_pos")
+        if n not in held and f"concept.{n}.weight" in sent_all
+    ]
+    assert lacked and not np.array_equal(
+        sent_all[f"concept.{lacked[0]}.weight"].numpy(),
+        arrays[f"concept.{lacked[0]}.weight"].numpy(),
+    )
+
+
+def test_concept_loss_masked_to_held_concepts() -> None:
+    workload = FCM(_cfg(model="cbm"))
+    data = make_dataset("trig", 600, 1)
+    params = to_params(to_arrays(init_params(workload.spec, ("a_pos", "b_pos", "z_pos"), 0)))
+    trained, _ = local_train(params, workload.spec, data, ("a_pos",), train_lacked=True,
+                             epochs=8, lr=0.01, batch_size=32, concept_weight=1.0, rand_int=0.0,
+                             seed=0)  # fmt: skip
+    _, per = concept_accuracy(trained, workload.spec, make_dataset("trig", 1000, 2))
+    assert per["a_pos"] > 0.9  # supervised concept is learnt
+    assert per["b_pos"] < 0.8 or per["z_pos"] < 0.8  # unsupervised ones are not aligned
+
+
+def test_interventions_raise_task_accuracy_on_a_cbm() -> None:
+    workload = FCM(_cfg(model="cbm", data="xor"))
+    data = make_dataset("xor", 800, 1)
+    params = to_params(to_arrays(init_params(workload.spec, ("x1_high", "x2_high"), 0)))
+    trained, _ = local_train(params, workload.spec, data, ("x1_high", "x2_high"), train_lacked=False,
+                             epochs=4, lr=0.01, batch_size=32, concept_weight=1.0, rand_int=0.25,
+                             seed=0)  # fmt: skip
+    test = make_dataset("xor", 800, 2)
+    curve = intervention_curve(trained, workload.spec, test, orders=3)
+    assert curve.shape == (3,) and curve[-1] > curve[0]
+    assert curve[0] <= intervention_auc(curve) <= curve[-1]
+
+
+def test_federated_registry_grows_through_run_inline(tmp_path) -> None:
+    small = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false", "rounds=2",
+             "clients.num=3", "workload.params.n_train=60", "workload.params.n_test=200"]  # fmt: skip
+    grown = run_inline(load_experiment("fcm-trig-evolving", small))["metrics"]
+    fixed = run_inline(
+        load_experiment("fcm-trig-evolving", [*small, "strategy.params.expansion=ignore"])
+    )["metrics"]
+    assert grown["train.registry-size"] == 3 and grown["central.n_concepts"] == 3
+    assert fixed["train.registry-size"] == 2 and fixed["central.n_concepts"] == 2
+    assert "eval.concept_acc_lacked" in grown and "eval.intervention_auc" in grown
+
+
+def test_lacked_concepts_learnt_through_federation_not_locally(tmp_path) -> None:
+    small = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false", "rounds=6",
+             "workload.params.n_train=200", "workload.params.n_test=400"]  # fmt: skip
+    fcm = run_inline(load_experiment("fcm-dot-partial", small))["metrics"]
+    local = run_inline(
+        load_experiment(
+            "fcm-dot-partial",
+            [*small, "workload.params.local_only=true", "workload.params.initial_concepts=all"],
+        )  # fmt: skip
+    )["metrics"]
+    assert fcm["eval.concept_acc_lacked"] > 0.8
+    assert fcm["eval.concept_acc_lacked"] > local["train.local-concept_acc_lacked"] + 0.15

@@ -1,0 +1,120 @@
+"""F-CMs aggregation invariants: equals FedAvg when all hold all, untrained modules untouched,
+function-preserving expansion, independence of client order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from clients.workloads.fcm import FCM, ModelSpec, forward, init_params
+from strategies.fcm import FCMStrategy, aggregate_concept_arrays
+
+SPEC = ModelSpec(in_dim=7, hidden=16, emb=4, task_hidden=8, n_classes=2, kind="cem")
+NAMES = ("a_pos", "b_pos", "z_pos")
+
+
+def _client_replies(held_by_client: list[tuple[str, ...]], seed: int = 0):
+    """Replies as a client sends them: shared keys + modules of its held concepts, with counts."""
+    rng = np.random.default_rng(seed)
+    base = {k: v.numpy() for k, v in init_params(SPEC, NAMES, 0).items()}
+    replies = []
+    for pid, held in enumerate(held_by_client):
+        n = int(rng.integers(50, 300))
+        arrays = {
+            k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32)
+            for k, v in base.items()
+            if not k.startswith("concept.") or k.split(".")[1] in held
+        }
+        metrics = {"num-examples": n, "num-task-labels": n, "nc-total": n * len(held),
+                   "partition-id": pid} | {f"nc.{c}": n for c in held}  # fmt: skip
+        replies.append((arrays, metrics))
+    return base, replies
+
+
+def test_all_clients_hold_all_concepts_equals_flower_fedavg() -> None:
+    base, replies = _client_replies([NAMES] * 4)
+    ours = aggregate_concept_arrays(base, replies)
+    records = [
+        RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in a.items()}),
+                    "metrics": MetricRecord(m)})
+        for a, m in replies
+    ]  # fmt: skip
+    flower = aggregate_arrayrecords(records, "num-examples")
+    assert set(ours) == set(flower.keys())
+    for key in ours:
+        np.testing.assert_array_equal(ours[key], flower[key].numpy())
+
+
+def test_partial_holders_differ_from_fedavg_and_weight_only_holders() -> None:
+    base, replies = _client_replies([("a_pos",), ("a_pos", "b_pos"), ("b_pos",)])
+    ours = aggregate_concept_arrays(base, replies)
+    a = [(r[0]["concept.a_pos.weight"], r[1]["nc.a_pos"]) for r in replies[:2]]
+    expected = sum(v * (w / sum(w for _, w in a)) for v, w in a)
+    np.testing.assert_allclose(ours["concept.a_pos.weight"], expected, rtol=1e-6)
+
+
+def test_untrained_concept_module_is_bit_identical() -> None:
+    base, replies = _client_replies([("a_pos",), ("a_pos", "b_pos"), ("b_pos",)])
+    ours = aggregate_concept_arrays(base, replies)
+    for key in ("concept.z_pos.weight", "concept.z_pos.bias"):
+        assert ours[key] is base[key]
+        assert ours[key].tobytes() == base[key].tobytes()
+    # the ablation (every key averaged over every reply, FedAvg) cannot even produce z_pos
+    fedavg = aggregate_concept_arrays(base, replies, per_concept=False)
+    assert not np.array_equal(fedavg["enc.0.weight"], base["enc.0.weight"])
+
+
+def test_client_order_does_not_change_result() -> None:
+    base, replies = _client_replies([NAMES, ("a_pos",), ("b_pos", "z_pos"), NAMES, ("z_pos",)])
+    reference = aggregate_concept_arrays(base, replies)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        shuffled = [replies[i] for i in rng.permutation(len(replies))]
+        result = aggregate_concept_arrays(base, shuffled)
+        for key in reference:
+            assert result[key].tobytes() == reference[key].tobytes()
+
+
+@pytest.mark.parametrize("kind", ["cem", "cbm"])
+def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
+    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
+           "workload": {"name": "fcm", "params": {"data": "trig", "model": kind}}}  # fmt: skip
+    workload = FCM(cfg)
+    strategy = FCMStrategy(workload, aggregation="concept", expansion="grow")
+    start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos", "b_pos"), 0).items()}
+    strategy.current = start
+    strategy.registry = [{"name": n} for n in ("a_pos", "b_pos")]
+    # a zero-learning-rate round (clients send back what they got) + an announcement of z_pos
+    metrics = {"num-examples": 10, "num-task-labels": 10, "nc-total": 10, "nc.a_pos": 10,
+               "nc.z_pos": 10, "partition-id": 0}  # fmt: skip
+    sent = {k: v for k, v in start.items() if "b_pos" not in k.split(".")}
+    params, out = strategy.aggregate_replies(1, [(sent, metrics)])
+    assert "concept.z_pos.weight" in params and out["registry-size"] == 3
+    x = torch.from_numpy(workload.test.x[:200])
+    before, _ = forward({k: torch.from_numpy(v) for k, v in start.items()}, workload.spec, x,
+                        ("a_pos", "b_pos"))  # fmt: skip
+    grown = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+    after, concept_logits = forward(grown, workload.spec, x, ("a_pos", "b_pos", "z_pos"))
+    assert torch.equal(before, after)
+    assert concept_logits.shape[1] == 3  # the new concept is predicted from the start
+    # ablation: a non-zero task-head block for the new concept changes the predictions
+    grown["task.in.z_pos"] = torch.full_like(grown["task.in.z_pos"], 0.5)
+    changed, _ = forward(grown, workload.spec, x, ("a_pos", "b_pos", "z_pos"))
+    assert not torch.equal(before, changed)
+
+
+def test_restart_expansion_reinitialises_everything() -> None:
+    cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
+           "workload": {"name": "fcm", "params": {"data": "trig"}}}  # fmt: skip
+    workload = FCM(cfg)
+    strategy = FCMStrategy(workload, aggregation="fedavg", expansion="restart")
+    start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos",), 0).items()}
+    strategy.current = start
+    strategy.registry = [{"name": "a_pos"}]
+    metrics = {"num-examples": 10, "nc.a_pos": 10, "nc.b_pos": 10, "partition-id": 0}
+    params, _ = strategy.aggregate_replies(1, [(start, metrics)])
+    assert "concept.b_pos.weight" in params
+    assert not np.array_equal(params["enc.0.weight"], start["enc.0.weight"])
