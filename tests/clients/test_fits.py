@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from clients.workloads.fits import (
-    FiTS,
     SNN,
+    FiTS,
     SpikingLayer,
     adlif_magnitude,
     allpass_filter,
