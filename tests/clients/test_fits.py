@@ -141,8 +141,8 @@ def test_federated_run_reports_every_arm(tmp_path):
 
     overrides = [
         "engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}",
-        "workload.params.samples_per_client=60", "workload.params.test_samples=60",
-        "workload.params.hidden=16", "workload.params.steps=60",
+        "workload.params.samples_per_client=40", "workload.params.test_samples=40",
+        "workload.params.hidden=8", "workload.params.steps=40",
     ]  # fmt: skip
     summary = run_inline(load_experiment("fits", overrides))
     text = str(summary)
