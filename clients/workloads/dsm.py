@@ -340,7 +340,9 @@ class DSM(Workload):
         p = self.params
         model = self._load(arrays)
         seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
-        loss = train_denoiser(model, data["train"], p.local_steps, seed, Schedule(), p.lr, p.batch_size)
+        loss = train_denoiser(
+            model, data["train"], p.local_steps, seed, Schedule(), p.lr, p.batch_size
+        )
         return ArrayRecord(model.state_dict()), {"num-examples": len(data["train"].x), "loss": loss}
 
     def _audit(self, model: Denoiser, own: np.ndarray, seed: int) -> dict[str, float]:

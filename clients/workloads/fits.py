@@ -343,13 +343,13 @@ def log_uniform_near_fraction(freqs: tuple[float, ...], f_range: tuple[float, fl
 
 def run_arm(
     kind: str, seed: int, n_train: int = 1000, n_test: int = 500, epochs: int = 4,
-    hidden: int = 64, steps: int = 100,
+    hidden: int = 64, steps: int = 100, freqs: tuple[float, ...] = (25.0, 50.0, 100.0, 200.0),
 ) -> dict[str, Any]:  # fmt: skip
     """Centralised experiment for one arm: accuracy, firing rates per epoch, learned f*."""
     torch.manual_seed(seed)
-    train = make_task(n_train, seed, steps=steps)
-    test = make_task(n_test, seed + 10_000, steps=steps)
-    model = SNN(kind, train.x.shape[-1], hidden, len(class_pairs(4)), seed)
+    train = make_task(n_train, seed, freqs, steps=steps)
+    test = make_task(n_test, seed + 10_000, freqs, steps=steps)
+    model = SNN(kind, train.x.shape[-1], hidden, len(class_pairs(len(freqs))), seed)
     model.calibrate(train.x[:200])
     f_init = model.layer1.target_hz().detach().clone() if kind != "lif" else None
     rates = train_epochs(model, train, epochs, seed)

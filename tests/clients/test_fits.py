@@ -117,22 +117,42 @@ def test_uncalibrated_lif_is_a_dead_network():
     assert evaluate_model(model, task)["rate2"] < 0.005
 
 
-def test_fits_beats_lif_and_its_f_star_move_to_the_task_frequencies():
-    """Fast version of the accuracy claim: one seed, width 32, 600 samples, 3 epochs."""
-    lif = run_arm("lif", 0, n_train=600, n_test=300, epochs=3, hidden=32)
-    fits = run_arm("fits", 0, n_train=600, n_test=300, epochs=3, hidden=32)
-    assert fits["accuracy"] >= lif["accuracy"] + 0.10
-    near_init = near_task_fraction(fits["f_init"], FREQS)
-    assert near_task_fraction(fits["f_learned"], FREQS) >= near_init + 0.10
-    assert abs(near_init - log_uniform_near_fraction(FREQS, (15, 250), 0.1)) < 0.15
+def _half_counts(kind: str, task, seed: int = 0) -> np.ndarray:
+    """Layer-1 spike counts of an untrained, calibrated network, per half of the trial."""
+    model = SNN(kind, 20, 64, 12, seed=seed)
+    model.calibrate(task.x[:200])
+    with torch.no_grad():
+        s = model.layer1(task.x)
+    half = s.shape[1] // 2
+    return torch.cat([s[:, :half].sum(1), s[:, half:].sum(1)], dim=1).numpy()
+
+
+def test_frequency_selective_neurons_make_the_pairs_decodable_where_lif_does_not():
+    """Fast test of the FS mechanism (no BPTT): a linear readout of per-half spike counts of
+    resonators at log-uniform f* decodes the ordered pair far better than the same readout of LIF
+    neurons, whose low-pass response only sees the (class-independent) mean rate."""
+    from sklearn.linear_model import LogisticRegression
+
+    train, test = make_task(600, seed=0), make_task(300, seed=1)
+    acc = {}
+    for kind in ("lif", "fs"):
+        clf = LogisticRegression(max_iter=300).fit(_half_counts(kind, train), train.y)
+        acc[kind] = clf.score(_half_counts(kind, test), test.y)
+    assert acc["fs"] >= acc["lif"] + 0.10
 
 
 @pytest.mark.slow
-def test_accuracy_ordering_two_seeds_full_size():
-    """Done-when: FiTS >= LIF + 0.10 averaged over 2 seeds, FS-only in between (~10 min)."""
-    acc = {k: np.mean([run_arm(k, s)["accuracy"] for s in (0, 1)]) for k in ("lif", "fs", "fits")}
+def test_accuracy_ordering_and_f_star_concentration_two_seeds_full_size():
+    """Done-when: FiTS >= LIF + 0.10 averaged over 2 seeds, FS-only in between; learned f* sit
+    nearer the task frequencies than at init (~15 min on a loaded 2-core machine)."""
+    runs = {k: [run_arm(k, s) for s in (0, 1)] for k in ("lif", "fs", "fits")}
+    acc = {k: np.mean([r["accuracy"] for r in v]) for k, v in runs.items()}
     assert acc["fits"] >= acc["lif"] + 0.10
     assert acc["lif"] <= acc["fs"] <= acc["fits"]
+    for r in runs["fits"] + runs["fs"]:
+        near_init = near_task_fraction(r["f_init"], FREQS)
+        assert near_task_fraction(r["f_learned"], FREQS) >= near_init + 0.15
+    assert abs(near_init - log_uniform_near_fraction(FREQS, (15, 250), 0.1)) < 0.15
 
 
 def test_federated_run_reports_every_arm(tmp_path):
