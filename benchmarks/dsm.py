@@ -30,21 +30,29 @@ def main() -> None:
         start = time.perf_counter()
         res = run_central(seed, args.dup, args.steps, args.hidden)
         runs.append(res)
-        print(f"seed {seed}: {time.perf_counter() - start:.0f} s, train loss {res['train_loss']:.3f}")
+        print(
+            f"seed {seed}: {time.perf_counter() - start:.0f} s, train loss {res['train_loss']:.3f}"
+        )
     mean = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
     print(f"\ndup {args.dup}, hidden {args.hidden}, {args.steps} steps, seeds {args.seeds}")
     print("| reverse step | Wen ‖ε_c − ε_u‖ | DSM | curvature ‖H_Δ s_Δ‖ |")
     print("|---|---|---|---|")
     for k in range(3):
         hess = f"{mean['auroc_hess_step0']:.3f}" if k == 0 else "–"
-        print(f"| {k} | {mean[f'auroc_wen_step{k}']:.3f} | {mean[f'auroc_dsm_step{k}']:.3f} | {hess} |")
+        print(
+            f"| {k} | {mean[f'auroc_wen_step{k}']:.3f} | {mean[f'auroc_dsm_step{k}']:.3f} | {hess} |"
+        )
     print(
         f"forward calls for sampling: DSM on {mean['forward_calls_dsm_on']:.0f}, off "
         f"{mean['forward_calls_dsm_off']:.0f} (extra {mean['extra_forward_dsm']:.0f}); curvature "
         f"baseline: +{mean['extra_forward_hess']:.0f} forward, +{mean['extra_backward_hess']:.0f} backward"
     )
-    print(f"NN distance to train set: memorised {mean['nn_dist_mem']:.2f}, general {mean['nn_dist_gen']:.2f}")
-    print(f"DSM / curvature AUROC ratio at step 0: {mean['auroc_dsm_step0'] / mean['auroc_hess_step0']:.3f}")
+    print(
+        f"NN distance to train set: memorised {mean['nn_dist_mem']:.2f}, general {mean['nn_dist_gen']:.2f}"
+    )
+    print(
+        f"DSM / curvature AUROC ratio at step 0: {mean['auroc_dsm_step0'] / mean['auroc_hess_step0']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ def plot(results: dict, png: Path) -> None:
         for f in FREQS:
             ax.axvline(f, color="k", ls=":", lw=1)
         ax.set_xscale("log")
+        ax.set_xticks([15, 25, 50, 100, 200], ["15", "25", "50", "100", "200"])
+        ax.minorticks_off()
         ax.set_title(f"{arm}: layer-1 target frequency f*")
         ax.set_xlabel("f* (Hz)")
     axes[0].set_ylabel("neurons")

@@ -18,7 +18,11 @@ from clients.workloads.dsm import (
 
 torch.set_num_threads(1)
 
-DUP, HIDDEN, STEPS = 16, 256, 1600  # stronger duplication than the benchmark (dup 4) to fit the budget
+DUP, HIDDEN, STEPS = (
+    16,
+    256,
+    1600,
+)  # stronger duplication than the benchmark (dup 4) to fit the budget
 
 
 @pytest.fixture(scope="module")
