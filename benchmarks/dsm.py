@@ -5,7 +5,7 @@ DDIM and prints AUROC per detector and per reverse step, plus cost in network fo
 calls per sample batch (DSM's extra cost is measured: sampling with DSM on minus off).
 
     PYTHONPATH=$PWD python -m benchmarks.dsm                      # dup 4, hidden 512, 4000 steps
-    PYTHONPATH=$PWD python -m benchmarks.dsm --dup 16 --hidden 256 --steps 1600
+    PYTHONPATH=$PWD python -m benchmarks.dsm --dup 16 --hidden 256 --steps 1600 --lr 3e-3
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ def main() -> None:
     parser.add_argument("--dup", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--lr", type=float, default=2e-3)
     args = parser.parse_args()
     runs = []
     for seed in args.seeds:
         start = time.perf_counter()
-        res = run_central(seed, args.dup, args.steps, args.hidden)
+        res = run_central(seed, args.dup, args.steps, args.hidden, lr=args.lr)
         runs.append(res)
         print(
             f"seed {seed}: {time.perf_counter() - start:.0f} s, train loss {res['train_loss']:.3f}"

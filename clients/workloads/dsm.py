@@ -273,7 +273,7 @@ def audit(
 
 def run_central(
     seed: int = 0, dup: int = 4, train_steps: int = 2000, hidden: int = 256,
-    per_condition: int = 4, sample_steps: int = 50,
+    per_condition: int = 4, sample_steps: int = 50, lr: float = 2e-3,
 ) -> dict[str, float]:  # fmt: skip
     """Centralised experiment: train on all conditions, audit all of them."""
     torch.manual_seed(seed)
@@ -281,7 +281,7 @@ def run_central(
     data = CondData(torch.from_numpy(x), torch.from_numpy(cond), memorised, len(memorised))
     schedule = Schedule()
     model = Denoiser(data.n_cond, hidden)
-    loss = train_denoiser(model, data, train_steps, seed, schedule)
+    loss = train_denoiser(model, data, train_steps, seed, schedule, lr=lr)
     res = audit(
         model, np.arange(data.n_cond), memorised, schedule, seed + 1, per_condition,
         sample_steps, train_x=x,
