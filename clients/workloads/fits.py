@@ -381,7 +381,7 @@ class FiTS(Workload):
         hidden: int = 64
         steps: int = 100
         local_epochs: int = 1
-        lr: float = 5e-3
+        lr: float = 1e-2
         lr_freq: float = 3e-2
         batch_size: int = 50
         pitch_min: float = 0.8
