@@ -97,6 +97,7 @@ class Denoiser(nn.Module):
             nn.Linear(hidden, dim),
         )  # fmt: skip
         self.forward_calls = 0
+        self.backward_calls = 0  # backward passes taken by detectors (curvature_score)
 
     @property
     def null(self) -> int:
@@ -220,6 +221,7 @@ def curvature_score(
         u = torch.zeros_like(s_d, requires_grad=True)
         (vjp,) = torch.autograd.grad(s_d, x, u, create_graph=True)
         (jvp,) = torch.autograd.grad(vjp, u, s_d.detach())
+    model.backward_calls += 2
     return jvp.norm(dim=1).detach()
 
 
@@ -251,14 +253,14 @@ def audit(
     before = model.forward_calls
     sample_ddim(model, cond, schedule, seed, sample_steps, guidance, track_dsm=False)
     calls_off = model.forward_calls - before
-    before = model.forward_calls
+    before, before_bwd = model.forward_calls, model.backward_calls
     hess = curvature_score(model, traj.first_x, traj.first_t, cond, schedule)
     out = {
         "forward_calls_dsm_on": calls_on,
         "forward_calls_dsm_off": calls_off,
         "extra_forward_dsm": calls_on - calls_off,
         "extra_forward_hess": model.forward_calls - before,
-        "extra_backward_hess": 2,
+        "extra_backward_hess": model.backward_calls - before_bwd,
         "auroc_hess_step0": auroc(hess, label),
     }
     for k in range(3):

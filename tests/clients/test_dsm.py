@@ -46,7 +46,7 @@ def test_dsm_detects_memorisation_at_the_first_step_like_the_curvature_baseline(
     # cost: DSM is free, the curvature baseline is not
     assert res["extra_forward_dsm"] == 0
     assert res["forward_calls_dsm_on"] == res["forward_calls_dsm_off"] == 2 * 50
-    assert res["extra_forward_hess"] == 2
+    assert res["extra_forward_hess"] == 2 and res["extra_backward_hess"] == 2
 
 
 def test_dsm_is_exactly_zero_without_guidance(trained):
