@@ -1,23 +1,28 @@
 """The flowerbed ServerApp (Message API).
 
 Flower's run config is flat, so the experiment crosses over as three keys (see pyproject.toml):
-``config-path`` (a resolved YAML written by ``flowerbed run``) or ``experiment`` + ``overrides``
-(what ``flwr run . --run-config "experiment='NAME'"`` gives).
+``config`` (a resolved config as base64 JSON, what ``flowerbed run`` sends; it works across
+machines) or ``experiment`` + ``overrides`` (what ``flwr run . --run-config "experiment='NAME'"``
+gives).
 """
+
+import json
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from clients.config import load_config_file, load_experiment, resolve
+from clients.config import decode_config, load_experiment, resolve
 from server.runner import run_experiment
+from server.sweep import run_cells
 
 app = ServerApp()
 
 
 def config_from_run_config(run_config: dict) -> dict:
-    path = str(run_config.get("config-path", "") or "")
-    if path:
-        return resolve(load_config_file(path))
+    encoded = str(run_config.get("config", "") or "")
+    if encoded:
+        return resolve(decode_config(encoded))
     return load_experiment(
         str(run_config.get("experiment", "quickstart")), str(run_config.get("overrides", ""))
     )
@@ -25,4 +30,9 @@ def config_from_run_config(run_config: dict) -> dict:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    sweep_dir = str(context.run_config.get("sweep-dir", "") or "")
+    if sweep_dir:  # a sweep: every cell on this one federation (server/sweep.py)
+        todo = json.loads((Path(sweep_dir) / "todo.json").read_text())
+        run_cells(grid, [(cell, resolve(cfg)) for cell, cfg in todo], Path(sweep_dir))
+        return
     run_experiment(grid, config_from_run_config(dict(context.run_config)))

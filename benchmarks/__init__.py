@@ -1,0 +1,1 @@
+"""Benchmarks: performance targets printed as ratios against a baseline in the same process."""

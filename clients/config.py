@@ -7,6 +7,7 @@ config is a plain nested dict: every component's ``params`` filled with its defa
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -65,6 +66,16 @@ class OutputConfig:
 
 
 @dataclass
+class DeploymentConfig:
+    """Where the ``deployment`` engine submits: a loopback federation dir or any SuperLink."""
+
+    dir: str = ".flowerbed/deploy"
+    superlink: str | None = None
+    root_certificates: str | None = None
+    insecure: bool = False
+
+
+@dataclass
 class ExperimentConfig:
     experiment: str = "quickstart"
     description: str = ""
@@ -78,6 +89,7 @@ class ExperimentConfig:
     attack: ComponentConfig = field(default_factory=ComponentConfig)
     defenses: list[ComponentConfig] = field(default_factory=list)
     output: OutputConfig = field(default_factory=OutputConfig)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
 
 
 def configs_dir() -> Path:
@@ -140,8 +152,11 @@ def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
         raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. rounds=5)")
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - omegaconf or YAML parse errors, shown on one line
+        raise ConfigError(
+            f"bad override ({str(exc).splitlines()[0]}); YAML values need a space after ':', "
+            "e.g. 'defenses=[{name: topk, params: {fraction: 0.1}}]'"
+        ) from None
 
 
 def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -163,10 +178,17 @@ def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> di
         from attacks import ATTACKS  # noqa: PLC0415
 
         _fill_params(cfg, "attack", ATTACKS)
+    workload_cls = WORKLOADS.get(cfg["workload"]["name"])
     for i, defense in enumerate(cfg["defenses"]):
         cls = DEFENSES.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
         defense["params"] = dataclasses.asdict(params)
+        if "training" in cls.declares and not workload_cls.supports_private_training:
+            capable = [n for n, c in WORKLOADS.items() if c.supports_private_training]
+            raise ConfigError(
+                f"defense '{defense['name']}' changes training; workload "
+                f"'{cfg['workload']['name']}' does not support it (supported: {', '.join(capable)})"
+            )
     return cfg
 
 
@@ -216,6 +238,15 @@ def load_experiment(
         if value is not None:
             extra[key] = value
     return resolve(base, extra)
+
+
+def encode_config(cfg: dict[str, Any]) -> str:
+    """Base64 JSON: survives Flower's flat, TOML-quoted run config on any transport."""
+    return base64.b64encode(to_json(cfg).encode()).decode()
+
+
+def decode_config(encoded: str) -> dict[str, Any]:
+    return json.loads(base64.b64decode(encoded.encode()).decode())
 
 
 def to_json(cfg: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.registry import DEFENSES, WORKLOADS
+from clients.registry import WORKLOADS
 from clients.workloads import Workload, client_seed
 
 CONFIG_KEY = "fb-config"
@@ -39,10 +39,6 @@ def _partition(config_json: str, partition_id: int, num_partitions: int) -> Any:
     return workload.load_partition(partition_id, num_partitions)
 
 
-def _defenses(cfg: dict[str, Any]) -> list[Any]:
-    return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]
-
-
 def message_config(msg: Message) -> dict[str, Any]:
     """The ConfigRecord of a message as a plain dict (without the experiment config)."""
     records = msg.content.config_records
@@ -50,8 +46,16 @@ def message_config(msg: Message) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != CONFIG_KEY}
 
 
+@functools.lru_cache(maxsize=16)
+def _without_output(config_json: str) -> str:
+    """Cache key: what a client computes never depends on where the server writes results."""
+    cfg = json.loads(config_json)
+    cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
+    return json.dumps(cfg, sort_keys=True)
+
+
 def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
-    config_json = str(msg.content["config"][CONFIG_KEY])
+    config_json = _without_output(str(msg.content["config"][CONFIG_KEY]))
     cfg, workload = _workload(config_json)
     partition_id = int(context.node_config[PARTITION_KEY])
     num_partitions = int(context.node_config.get("num-partitions", cfg["clients"]["num"]))
@@ -70,6 +74,19 @@ def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bo
 
 
 def handle_train(msg: Message, context: Context) -> Message:
+    """Train, with the configured defenses' Flower mods around it (e.g. ``LocalDpMod``)."""
+    _, workload, _, _ = _setup(msg, context)
+    call: Any = _train
+    for mod in reversed([m for d in workload.defenses for m in d.mods()]):
+        call = functools.partial(_through_mod, mod, call)
+    return call(msg, context)
+
+
+def _through_mod(mod: Any, call_next: Any, msg: Message, context: Context) -> Message:
+    return mod(msg, context, call_next)
+
+
+def _train(msg: Message, context: Context) -> Message:
     cfg, workload, config, data = _setup(msg, context)
     server_round = int(config.get("server-round", 0))
     if should_fail(cfg, config[PARTITION_KEY], server_round):
@@ -78,8 +95,8 @@ def handle_train(msg: Message, context: Context) -> Message:
         )
     sent = msg.content["arrays"]
     arrays, metrics = workload.fit(sent, data, config, context.state)
-    for defense in _defenses(cfg):
-        arrays = defense.on_client_update(sent, arrays, metrics, context)
+    for defense in workload.defenses:
+        arrays = defense.on_client_update(sent, arrays, config, context.state)
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)

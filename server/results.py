@@ -18,6 +18,8 @@ from typing import Any
 from clients.config import to_yaml
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
+METRICS_MARKER = "FLOWERBED-METRICS "
+SUMMARY_MARKER = "FLOWERBED-SUMMARY "
 
 
 def default_run_dir(cfg: dict[str, Any]) -> Path:
@@ -54,6 +56,8 @@ class ResultsWriter:
         self.final: dict[str, float] = {}
         self.failures: dict[int, int] = {}
         self.history: list[dict[str, Any]] = []
+        # a ServerApp on another machine streams its results through the log (deployment engine)
+        self.stream = cfg["engine"] == "deployment"
 
     def log(self, server_round: int, scope: str, metrics: dict[str, Any]) -> None:
         clean = _clean(metrics)
@@ -64,6 +68,8 @@ class ResultsWriter:
         self.history.append(line)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(line) + "\n")
+        if self.stream:
+            print(METRICS_MARKER + json.dumps(line), flush=True)
         for key, value in clean.items():
             self.final[f"{scope}.{key}"] = value
 
@@ -87,6 +93,8 @@ class ResultsWriter:
             "metrics": {k: v for k, v in sorted(self.final.items()) if math.isfinite(v)},
             **(extra or {}),
         }
+        if self.stream:
+            print(SUMMARY_MARKER + json.dumps(summary), flush=True)
         atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(self.run_dir / "report.md", render_report(summary, self.history))
         if self.cfg["output"]["plots"]:

@@ -13,11 +13,12 @@ from flwr.serverapp import Grid
 
 from attacks import ATTACKS
 from clients.config import to_json
-from clients.registry import DEFENSES, WORKLOADS
+from clients.registry import WORKLOADS
 from clients.runtime import CONFIG_KEY, PARTITION_KEY
 from clients.workloads import seed_everything
 from server.results import ResultsWriter, default_run_dir
 from strategies import STRATEGIES
+from strategies.defenses import SERVER_DEFENSES
 from strategies.wrapper import StrategyWrapper
 
 
@@ -57,8 +58,15 @@ class OrderedGrid(Grid):
         failed = [r for r in replies if r.has_error()]
         missing = len(messages) - len(replies)
         if messages and messages[0].metadata.message_type.startswith("train"):
-            self.on_failures(int(messages[0].metadata.group_id or 0), len(failed) + missing)
+            self.on_failures(_round_of(messages[0]), len(failed) + missing)
         return sorted(replies, key=_reply_order)
+
+
+def _round_of(msg: Message) -> int:
+    for record in msg.content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    return int(msg.metadata.group_id or 0)
 
 
 def _reply_order(msg: Message) -> tuple[int, int]:
@@ -77,10 +85,19 @@ class MetricsTap(StrategyWrapper):
         super().__init__(inner)
         self.train: dict[int, dict[str, Any]] = {}
         self.evaluate: dict[int, dict[str, Any]] = {}
+        self.dp: dict[int, dict[str, Any]] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        epsilons = [
+            float(r.content["metrics"]["epsilon"]) for r in replies
+            if not r.has_error() and "metrics" in r.content and "epsilon" in r.content["metrics"]
+        ]  # fmt: skip
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
-        self.train[server_round] = dict(metrics or {})
+        self.train[server_round] = {k: v for k, v in dict(metrics or {}).items() if k != "epsilon"}
+        if epsilons:  # DP-SGD: the worst client's cumulative epsilon
+            self.train[server_round]["epsilon_max"] = max(epsilons)
+            self.dp[server_round] = {"epsilon": max(epsilons)}
         return arrays, metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
@@ -90,12 +107,21 @@ class MetricsTap(StrategyWrapper):
 
 
 def build_strategy(cfg: dict[str, Any], writer: ResultsWriter) -> Any:
-    """Base strategy from the registry, wrapped by defenses, then by the attack's observer."""
+    """Base strategy, inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
-    for entry in cfg["defenses"]:
-        strategy = DEFENSES.get(entry["name"])(cfg, entry["params"]).wrap_strategy(strategy)
+    server_side = [
+        (SERVER_DEFENSES.get(d["name"]), d["params"])
+        for d in cfg["defenses"]
+        if d["name"] in SERVER_DEFENSES
+    ]
+    for cls, params in server_side:
+        if cls.position == "inner":
+            strategy = cls.wrap(strategy, cfg, params, writer)
     if cfg["attack"]["name"]:
         strategy = ATTACKS.get(cfg["attack"]["name"]).wrap(strategy, cfg, writer)
+    for cls, params in server_side:
+        if cls.position == "outer":
+            strategy = cls.wrap(strategy, cfg, params, writer)
     return strategy
 
 
@@ -119,6 +145,7 @@ def run_experiment(
         if server_round > 0:
             writer.log(server_round, "train", strategy.train.get(server_round, {}))
             writer.log(server_round, "eval", strategy.evaluate.get(server_round, {}))
+            writer.log(server_round, "dp", strategy.dp.get(server_round, {}))
             now = time.perf_counter()
             writer.log(server_round, "time", {"round_s": now - round_started[0]})
             round_started[0] = now

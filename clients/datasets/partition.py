@@ -6,8 +6,6 @@ process and node rebuilds exactly the same rows.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pandas as pd
 from datasets import Dataset
@@ -18,12 +16,19 @@ from clients.registry import ConfigError
 ROW_ID = "__row__"
 
 
-@functools.lru_cache(maxsize=4)
+_CACHE: dict[tuple, Partitioner] = {}
+
+
 def _partitioner(
-    labels: tuple, num_partitions: int, kind: str, alpha: float, seed: int
+    labels: np.ndarray, num_partitions: int, kind: str, alpha: float, seed: int
 ) -> Partitioner:
+    key = (labels.tobytes(), num_partitions, kind, alpha, seed)
+    if key in _CACHE:
+        return _CACHE[key]
+    if len(_CACHE) >= 4:
+        _CACHE.pop(next(iter(_CACHE)))
     order = np.random.default_rng(seed).permutation(len(labels))
-    frame = pd.DataFrame({ROW_ID: order, "label": [labels[i] for i in order]})
+    frame = pd.DataFrame({ROW_ID: order, "label": labels[order]})
     if kind == "iid":
         partitioner: Partitioner = IidPartitioner(num_partitions)
     elif kind == "dirichlet":
@@ -33,6 +38,7 @@ def _partitioner(
     else:
         raise ConfigError(f"unknown partitioner '{kind}' (allowed: iid, dirichlet)")
     partitioner.dataset = Dataset.from_pandas(frame, preserve_index=False)
+    _CACHE[key] = partitioner
     return partitioner
 
 
@@ -47,6 +53,6 @@ def partition_indices(
     """Row positions (into ``labels``) held by one client."""
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id {partition_id} outside [0, {num_partitions})")
-    key = tuple(np.asarray(labels).astype(str).tolist())
-    part = _partitioner(key, num_partitions, kind, float(alpha), int(seed))
+    codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
+    part = _partitioner(codes, num_partitions, kind, float(alpha), int(seed))
     return np.sort(np.asarray(part.load_partition(partition_id)[ROW_ID], dtype=np.int64))

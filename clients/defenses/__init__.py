@@ -1,35 +1,51 @@
 """Defenses, registered by name (``defenses: [{name: ..., params: {...}}]`` in a config).
 
-A defense may transform a client's reply (a train hook run after local training) and/or wrap the
-server strategy; the base class states both hooks. Filled by the defenses issue.
+A defense acts at one or more points, each a hook with a do-nothing default:
+
+- ``mods()``: Flower client mods wrapped around the train handler (e.g. ``LocalDpMod``);
+- ``make_private(model, optimizer, loader, state)``: the training loop itself (DP-SGD);
+- ``on_client_update(sent, updated, config, state)``: the update after training (top-k, quantise);
+- server side, a wrapper registered under the same name in ``strategies/defenses.py``.
+
+``declares`` says what the defense changes: "update", "training", "aggregation", "visibility".
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 
 from clients.registry import DEFENSES, NoParams
 
-__all__ = ["DEFENSES", "Defense"]
+__all__ = ["DEFENSES", "Defense", "build_defenses"]
 
 
 class Defense:
-    """Client-side transform of an update and/or a server-side strategy wrapper."""
+    """Base class: every hook is the identity."""
 
     Params: ClassVar[type] = NoParams
+    declares: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         self.cfg = cfg
         self.params = self.Params(**params)
 
+    def mods(self) -> list[Any]:
+        return []
+
+    def make_private(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
+        return model, optimizer, loader
+
+    def after_training(self, state: RecordDict, metrics: dict[str, float]) -> None:
+        """Called once local training is over (privacy accounting goes here)."""
+
     def on_client_update(
-        self, sent: ArrayRecord, updated: ArrayRecord, metrics: dict[str, float], context: Any
+        self, sent: ArrayRecord, updated: ArrayRecord, config: dict[str, Any], state: RecordDict
     ) -> ArrayRecord:
-        """Transform a client's trained arrays before they are sent (default: unchanged)."""
+        """``config`` holds ``partition-id`` and ``server-round`` (for seeding)."""
         return updated
 
-    def wrap_strategy(self, strategy: Any) -> Any:
-        """Wrap the server strategy (default: unchanged)."""
-        return strategy
+
+def build_defenses(cfg: dict[str, Any]) -> list[Defense]:
+    return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]

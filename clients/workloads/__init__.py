@@ -43,10 +43,27 @@ class Workload:
     Params: ClassVar[type] = NoParams
     registry_name: ClassVar[str]
     description: ClassVar[str]
+    #: True when ``fit`` routes its training through ``private_training`` (DP-SGD can apply)
+    supports_private_training: ClassVar[bool] = False
 
     def __init__(self, cfg: dict[str, Any]) -> None:
+        from clients.defenses import build_defenses
+
         self.cfg = cfg
         self.params = self.Params(**cfg["workload"]["params"])
+        self.defenses = build_defenses(cfg)
+
+    # -- defenses that act inside training (DP-SGD) -------------------------------------------
+    def private_training(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
+        """Let training defenses wrap the model/optimizer/loader (Opacus DP-SGD)."""
+        for defense in self.defenses:
+            model, optimizer, loader = defense.make_private(model, optimizer, loader, state)
+        return model, optimizer, loader
+
+    def training_done(self, state: RecordDict, metrics: dict[str, float]) -> None:
+        """Let training defenses account for what was done (adds ``epsilon`` to metrics)."""
+        for defense in self.defenses:
+            defense.after_training(state, metrics)
 
     # -- data -------------------------------------------------------------------------------
     def load_partition(self, partition_id: int, num_partitions: int) -> Any:

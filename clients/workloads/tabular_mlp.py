@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, RecordDict
 from sklearn.compose import ColumnTransformer
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from clients.datasets import Table, load_table
 from clients.datasets.partition import partition_indices
@@ -67,6 +68,8 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
 class TabularMLP(Workload):
+    supports_private_training = True
+
     @dataclass
     class Params:
         hidden: list[int] = field(default_factory=lambda: [64, 32])
@@ -114,21 +117,26 @@ class TabularMLP(Workload):
         model.load_state_dict(arrays.to_torch_state_dict())
         train = data["train"]
         seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
-        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # DP noise and Poisson sampling draw from the global generator
+        loader = DataLoader(
+            TensorDataset(train.x, train.y), batch_size=self.params.batch_size, shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        )  # fmt: skip
         mu = float(config.get("proximal-mu", 0.0))
         global_params = [p.detach().clone() for p in model.parameters()] if mu > 0 else None
         optimizer = torch.optim.SGD(
             model.parameters(), lr=self.params.lr, momentum=self.params.momentum
         )
+        trained, optimizer, loader = self.private_training(model, optimizer, loader, state)
         loss_fn = nn.CrossEntropyLoss()
         total_loss, steps = 0.0, 0
-        model.train()
+        trained.train()
         for _ in range(self.params.local_epochs):
-            order = torch.randperm(len(train.y), generator=generator)
-            for start in range(0, len(order), self.params.batch_size):
-                batch = order[start : start + self.params.batch_size]
+            for x, y in loader:
+                if len(y) == 0:  # Poisson sampling (DP-SGD) may draw an empty batch
+                    continue
                 optimizer.zero_grad()
-                loss = loss_fn(model(train.x[batch]), train.y[batch])
+                loss = loss_fn(trained(x), y)
                 if global_params is not None:
                     prox = sum(
                         ((p - g) ** 2).sum()
@@ -140,6 +148,7 @@ class TabularMLP(Workload):
                 total_loss += float(loss.detach())
                 steps += 1
         metrics = {"num-examples": len(train.y), "loss": total_loss / max(steps, 1)}
+        self.training_done(state, metrics)
         return ArrayRecord(model.state_dict()), metrics
 
     @staticmethod

@@ -1,0 +1,350 @@
+"""The ``flowerbed`` command line: run, list, show (and the subcommands other areas add)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+from clients.registry import ConfigError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="flowerbed: federated-learning simulations for privacy and security research.",
+)
+console = Console(stderr=True)
+out = Console()
+
+KINDS = ("experiments", "workloads", "strategies", "attacks", "defenses", "datasets", "engines")
+
+
+def fail(message: str) -> None:
+    """One-line error, exit status 2."""
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _quiet_flower(verbose: bool) -> None:
+    import flwr.clientapp  # noqa: F401 - configure Flower's logger before adjusting it
+    import flwr.serverapp  # noqa: F401
+
+    level = logging.INFO if verbose else logging.WARNING
+    logging.getLogger("flwr").setLevel(level)
+    for handler in logging.getLogger("flwr").handlers:
+        handler.setLevel(level)
+
+
+def summary_table(summary: dict) -> RichTable:
+    table = RichTable(
+        title=f"{summary['experiment']} ({summary['engine']}, seed {summary['seed']})"
+    )
+    table.add_column("metric")
+    table.add_column("final", justify="right")
+    for key, value in summary["metrics"].items():
+        table.add_row(key, f"{value:.4g}")
+    table.caption = (
+        f"{summary['rounds']} rounds, {summary['clients']} clients, {summary['wall_s']} s, "
+        f"failed replies per round: {summary.get('failures_per_round', [])}"
+    )
+    return table
+
+
+def prepare(experiment: str, overrides: list[str], **forced) -> dict:
+    """Resolve and pre-flight a config (dataset readable, workload constructible)."""
+    from clients.config import load_experiment
+    from clients.datasets import load_table
+    from clients.registry import WORKLOADS
+
+    cfg = load_experiment(experiment, overrides, **forced)
+    try:
+        load_table(cfg["dataset"])
+    except (FileNotFoundError, OSError) as exc:
+        raise ConfigError(f"dataset '{cfg['dataset']['name']}' could not be read: {exc}") from None
+    WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    return cfg
+
+
+def execute(cfg: dict, verbose: bool = False) -> dict:
+    """Run a resolved config on its engine with a progress bar; remove the run dir on failure."""
+    from server.engines import get_engine
+    from server.results import default_run_dir
+
+    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run directory {run_dir} already exists and is not empty")
+    cfg["output"]["run_dir"] = str(run_dir)
+    engine = get_engine(cfg["engine"])
+    _quiet_flower(verbose)
+    created = not run_dir.exists()
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console, transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(
+            f"{cfg['experiment']} [{cfg['engine']}]", total=cfg["rounds"], info=""
+        )
+
+        def on_round(server_round: int, final: dict) -> None:
+            shown = [
+                f"{k}={v:.3g}"
+                for k, v in final.items()
+                if k.split(".")[0] in ("eval", "central", "attack")
+            ]
+            progress.update(task, completed=server_round, info=" ".join(shown[:3]))
+
+        try:
+            return engine(cfg, on_round=on_round)
+        except BaseException:
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+
+@app.command()
+def run(
+    experiment: Annotated[
+        str, typer.Argument(help="preset name (flowerbed list experiments) or a YAML path")
+    ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotlist overrides, e.g. rounds=5 clients.num=100")
+    ] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="simulation (Ray, default) | inline | deployment")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="run directory (default runs/<time>-<experiment>)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="experiment seed")] = None,
+    superlink: Annotated[
+        str | None, typer.Option(help="deployment engine: HOST:PORT of a SuperLink")
+    ] = None,
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="deployment engine: CA certificate")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
+) -> None:
+    """Run one experiment and print its summary table."""
+    try:
+        forced = {"engine": engine, "seed": seed}
+        if out_dir is not None:
+            forced["output"] = {"run_dir": str(out_dir.resolve())}
+        if superlink is not None:
+            forced["deployment"] = {"superlink": superlink}
+            if root_certificates is not None:
+                forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
+        cfg = prepare(experiment, overrides or [], **forced)
+        summary = execute(cfg, verbose)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    out.print(summary_table(summary))
+    out.print(f"run directory: {cfg['output']['run_dir']}")
+
+
+@app.command("list")
+def list_(
+    kind: Annotated[str | None, typer.Argument(help=f"one of: {', '.join(KINDS)}")] = None,
+) -> None:
+    """List what is registered, each with a one-line description."""
+    from attacks import ATTACKS
+    from clients.config import load_preset, preset_names
+    from clients.registry import DATASETS, DEFENSES, WORKLOADS
+    from server.engines import ENGINE_MODULES
+    from strategies import STRATEGIES
+
+    if kind is not None and kind not in KINDS:
+        fail(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
+    registries = {
+        "workloads": WORKLOADS, "strategies": STRATEGIES, "attacks": ATTACKS,
+        "defenses": DEFENSES, "datasets": DATASETS,
+    }  # fmt: skip
+    for name in [kind] if kind else KINDS:
+        table = RichTable(title=name, show_header=False, title_justify="left")
+        if name == "experiments":
+            for preset in preset_names():
+                table.add_row(preset, str(load_preset(preset).get("description", "")))
+        elif name == "engines":
+            for engine_name in ENGINE_MODULES:
+                table.add_row(engine_name, sys.modules[__name__].ENGINE_HELP.get(engine_name, ""))
+        else:
+            for entry, cls in registries[name].items():
+                table.add_row(entry, cls.description)
+        out.print(table)
+
+
+ENGINE_HELP = {
+    "simulation": "Flower Simulation Engine on Ray (what `flwr run .` uses)",
+    "inline": "in-process Grid, no Ray: same ServerApp/ClientApp code, for tests and sweeps",
+    "deployment": "submit to a running SuperLink (flowerbed deploy up, or docker compose)",
+}
+
+
+@app.command()
+def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Re-print the summary table of a finished run."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        fail(f"no summary.json in {run_dir} (not a finished run directory)")
+    out.print(summary_table(json.loads(path.read_text())))
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[
+        str, typer.Argument(help="sweep YAML (or a preset name from configs/sweeps)")
+    ],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="sweep directory (default sweeps-out/<name>)")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="skip the cells already finished in --out")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
+) -> None:
+    """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
+    from server.sweep import cells_of, finished_ids, load_sweep, run_sweep
+
+    try:
+        spec = load_sweep(sweep_file)
+        out_path = (out_dir or Path("sweeps-out") / spec.name).resolve()
+        total = len(cells_of(spec))
+        done = len(finished_ids(out_path)) if resume else 0
+        _quiet_flower(verbose)
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
+            TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console, transient=True,
+        ) as progress:  # fmt: skip
+            task = progress.add_task(spec.name, total=total, completed=done, info="")
+
+            def on_cell(row: dict) -> None:
+                progress.update(task, advance=1, info=f"{row['id']} {row['status']}")
+
+            run_sweep(spec, out_path, resume=resume, on_cell=on_cell)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    out.print((out_path / "results.md").read_text())
+    out.print(f"sweep directory: {out_path}")
+
+
+deploy_app = typer.Typer(
+    no_args_is_help=True, help="A loopback federation (SuperLink + SuperNodes)."
+)
+app.add_typer(deploy_app, name="deploy")
+DEPLOY_DIR = typer.Option("--dir", help="where certificates, keys, logs and PIDs are kept")
+
+
+@deploy_app.command("up")
+def deploy_up(
+    nodes: Annotated[int, typer.Option(help="number of SuperNodes (partition ids 0..N-1)")] = 2,
+    insecure: Annotated[bool, typer.Option(help="no TLS and no SuperNode authentication")] = False,
+    directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
+) -> None:
+    """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
+    from server.deploy import up
+
+    if nodes < 1:
+        fail("--nodes must be >= 1")
+    try:
+        state = up(nodes, directory, insecure=insecure)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    mode = "insecure" if insecure else "TLS + SuperNode auth"
+    out.print(f"SuperLink {state['address']} ({mode}), {nodes} SuperNodes; state in {state['dir']}")
+    out.print(f"run on it: flowerbed run quickstart clients.num={nodes} --engine deployment")
+
+
+@deploy_app.command("status")
+def deploy_status(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
+    """Show which processes are alive and the SuperNodes the SuperLink knows."""
+    from server.deploy import status
+
+    try:
+        info = status(directory)
+    except ConfigError as exc:
+        fail(str(exc))
+        return
+    for name, alive in info["alive"].items():
+        out.print(
+            f"{name:12s} pid {info['state']['pids'][name]:>7}  {'alive' if alive else 'stopped'}"
+        )
+    out.print(info["supernodes"])
+
+
+@deploy_app.command("down")
+def deploy_down(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
+    """Stop everything `deploy up` started, by PID."""
+    from server.deploy import down
+
+    stopped = down(directory)
+    out.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+@deploy_app.command("certs")
+def deploy_certs(
+    nodes: Annotated[int, typer.Option(help="node keys to generate")] = 2,
+    certs: Annotated[Path, typer.Option(help="folder for ca.crt, server.pem, server.key")] = Path(
+        "certs"
+    ),
+    keys: Annotated[Path, typer.Option(help="folder for supernodeN / supernodeN.pub")] = Path(
+        "keys"
+    ),
+    host: Annotated[
+        list[str] | None, typer.Option(help="SuperLink names/IPs for the certificate")
+    ] = None,
+) -> None:
+    """Write a CA, a SuperLink certificate and SuperNode keys (used by docker-compose.yml)."""
+    from server.deploy import make_certificates, make_node_key
+
+    if (certs / "ca.crt").is_file():
+        out.print(f"{certs}/ca.crt exists; keeping the existing certificates and keys")
+        return
+    make_certificates(certs, tuple(host or ["127.0.0.1", "::1", "localhost"]))
+    for i in range(nodes):
+        make_node_key(keys / f"supernode{i}")
+    out.print(f"wrote {certs}/ca.crt, server.pem, server.key and {nodes} node keys in {keys}")
+
+
+@deploy_app.command("register")
+def deploy_register(
+    public_keys: Annotated[
+        list[Path], typer.Argument(help="SuperNode public keys (OpenSSH, ECDSA P-384)")
+    ],
+    superlink: Annotated[str, typer.Option(help="HOST:PORT of the SuperLink")] = "127.0.0.1:8000",
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="CA certificate (omit for --insecure)")
+    ] = None,
+    retries: Annotated[int, typer.Option(help="attempts while the SuperLink starts")] = 30,
+) -> None:
+    """Register SuperNode public keys with a SuperLink's Control API."""
+    import tempfile
+    import time
+
+    from server.deploy import register_keys
+
+    with tempfile.TemporaryDirectory() as home:
+        for attempt in range(retries):
+            try:
+                register_keys(Path(home), superlink, root_certificates, public_keys)
+                out.print(f"registered {len(public_keys)} SuperNode keys with {superlink}")
+                return
+            except RuntimeError as exc:
+                if attempt == retries - 1:
+                    fail(str(exc).splitlines()[0])
+                time.sleep(2)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

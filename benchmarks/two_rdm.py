@@ -1,0 +1,145 @@
+"""2RDM on a deep linear network and on grokking: the numbers and plots of docs/workloads.md.
+
+PYTHONPATH=. python benchmarks/two_rdm.py            # DLN table + docs/img/two_rdm_*.png
+PYTHONPATH=. python benchmarks/two_rdm.py --grokking # also the grokking run (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from clients.workloads.two_rdm import (  # noqa: E402
+    DLNConfig,
+    GrokConfig,
+    abs_corr,
+    at_step,
+    early_warning,
+    run_dln,
+    run_grokking,
+    transition_steps,
+)
+
+IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+
+
+def dln_table(seed: int) -> tuple[list[str], object, list[int]]:
+    trace = run_dln(DLNConfig(seed=seed))
+    steps = transition_steps(trace)
+    bounds = (
+        [0] + [(a + b) // 2 for a, b in zip(steps, steps[1:], strict=False)] + [steps[-1] + 500]
+    )
+    rows = []
+    for m, s in enumerate(steps):
+        ew = early_warning(trace, bounds[m], bounds[m + 1], decades=3.0, fraction=0.05)
+        pr = float(np.median(at_step(trace, trace.participation_ratio, s)))
+        shc = float(np.median(at_step(trace, trace.heat_capacity, s)))
+        corr = float(np.median([abs_corr(v, trace.signatures[:, m])
+                                for v in at_step(trace, trace.top_vectors, s)]))  # fmt: skip
+        rows.append(
+            f"| {seed} | {m} | {s} | {ew.rise_at_loss_moved:.1f} | "
+            f"{ew.margin if ew.margin is not None else 'none'} | {pr:.2f} | {corr:.3f} | {shc:.2f} |"
+        )
+    converged = float(np.median(trace.participation_ratio[trace.steps >= steps[-1] + 1000]))
+    rows.append(f"| {seed} | converged | >= {steps[-1] + 1000} | | | {converged:.2f} | | |")
+    return rows, trace, steps
+
+
+def plot(steps, loss, log_trace, pr, marks, title, path, extra=None) -> None:  # noqa: ANN001
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    axes[0].semilogy(steps, loss)
+    axes[0].set_ylabel("probe loss")
+    if extra is not None:
+        ax = axes[0].twinx()
+        for label, (x, y) in extra.items():
+            ax.plot(x, y, "--", label=label)
+        ax.set_ylabel("accuracy")
+        ax.legend(loc="center right")
+    axes[1].plot(steps, log_trace)
+    axes[1].set_ylabel("log10 tr C")
+    axes[2].plot(steps, pr)
+    axes[2].set_ylabel("participation ratio")
+    axes[2].set_xlabel("step")
+    for ax in axes:
+        for s in marks:
+            ax.axvline(s, color="grey", lw=0.8, ls=":")
+    axes[0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def federated() -> None:
+    """The ``two-rdm`` preset on the inline engine: server-side 2RDM with rounds as checkpoints."""
+    import tempfile
+
+    from clients.config import load_experiment
+    from server.engines.inline import run_inline
+
+    rows: list[str] = []
+
+    def on_round(r: int, m: dict) -> None:  # noqa: ANN001
+        if r > 0 and r % 4 == 0:
+            rows.append(
+                f"| {r} | {m['central.loss']:.3f} | "
+                + " / ".join(f"{m[f'central.mode{i}_strength']:.2f}" for i in range(3))
+                + f" | {m.get('central.rounds_log_trace', float('nan')):.2f} | "
+                f"{m.get('central.rounds_pr', float('nan')):.2f} | "
+                f"{m.get('central.rounds_top_eig_corr', float('nan')):.2f} "
+                f"(mode {int(m.get('central.rounds_top_eig_mode', -1))}) | "
+                f"{m['train.dyn_pr']:.2f} | {m['train.gauss_pr']:.2f} |"
+            )
+
+    with tempfile.TemporaryDirectory() as out:
+        run_inline(load_experiment("two-rdm", ["engine=inline", f"output.dir={out}"]), on_round)
+    print("\n| round | loss | mode strengths | rounds log10 tr C | rounds PR | rounds top-eigvec "
+          "\\|corr\\| | client dyn PR | client Gaussian PR |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grokking", action="store_true")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--federated", action="store_true")
+    args = parser.parse_args()
+    IMG.mkdir(parents=True, exist_ok=True)
+    if args.seeds:
+        print("| seed | mode | transition step | log10 tr C rise when loss moved 5 % (decades) | "
+              "warning margin (steps, 3-decade rise) | PR at transition | top-eigvec \\|corr\\| "
+              "| SHC |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+    for seed in range(args.seeds):
+        rows, trace, steps = dln_table(seed)
+        print("\n".join(rows))
+        if seed == 0:
+            plot(trace.steps, trace.loss, trace.log_trace, trace.participation_ratio, steps,
+                 "deep linear network (teacher s = 4, 2, 1)", IMG / "two_rdm_dln.png")  # fmt: skip
+    if args.federated:
+        federated()
+    if args.grokking:
+        cfg = GrokConfig()
+        grok = run_grokking(cfg)
+        ph = grok.phase
+        half = int(ph.full_steps[np.argmax(grok.test_accuracy >= 0.5)])
+        extra = {"train acc": (ph.full_steps, grok.train_accuracy),
+                 "test acc": (ph.full_steps, grok.test_accuracy)}  # fmt: skip
+        plot(ph.steps, ph.loss, ph.log_trace, ph.participation_ratio, [half],
+             f"grokking (a + b) mod {cfg.modulus}", IMG / "two_rdm_grokking.png", extra)  # fmt: skip
+        i = int(np.searchsorted(ph.steps, half))
+        print(f"grokking: train acc 1.0 at step {int(ph.full_steps[np.argmax(grok.train_accuracy >= 0.99)])}, "
+              f"test acc 0.5 at step {half}, final test acc {grok.test_accuracy[-1]:.3f}; "
+              f"PR median over run {np.median(ph.participation_ratio):.2f}, at test-acc 0.5 "
+              f"{ph.participation_ratio[i]:.2f}; log10 tr C at start {ph.log_trace[0]:.2f}, "
+              f"at test-acc 0.5 {ph.log_trace[i]:.2f}, end {ph.log_trace[-1]:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Sweeps: a base experiment times a grid, every cell run inside one engine start, resumable.
+
+A sweep YAML::
+
+    name: attack-vs-defense
+    base: quickstart                 # preset name or YAML path
+    overrides: [rounds=1]            # dotlist applied to every cell
+    engine: inline                   # inline | simulation (one Ray cluster for all cells)
+    grid:                            # dotted key -> values (any YAML: scalars, lists, mappings)
+      workload.params.lr: [0.01, 0.1]
+      defenses: [[], [{name: topk, params: {fraction: 0.1}}]]
+      seed: [0, 1]
+    report:                          # how results.md and the plots are laid out (all optional)
+      rows: defenses
+      columns: attack.name
+      value: attack.cell_accuracy
+      utility: central.accuracy
+      x: workload.params.batch_size
+
+Each finished cell is one JSON line appended (and fsynced) to ``cells.jsonl``; ``--resume`` skips
+the cells already there, so a sweep killed with SIGKILL loses at most the cell it was running. A
+cell that raises is recorded with its error and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clients.config import load_config_file, load_experiment, validate_structured
+from clients.registry import ConfigError
+
+
+@dataclass
+class ReportConfig:
+    rows: str | None = None
+    columns: str | None = None
+    value: str | None = None
+    utility: str | None = None
+    x: str | None = None
+
+
+@dataclass
+class SweepConfig:
+    name: str = "sweep"
+    base: str = "quickstart"
+    overrides: list[str] = field(default_factory=list)
+    engine: str = "inline"
+    grid: dict[str, Any] = field(default_factory=dict)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+def load_sweep(path: str | Path) -> SweepConfig:
+    path = Path(path)
+    if not path.is_file():
+        presets = Path(__file__).resolve().parents[1] / "configs" / "sweeps" / f"{path}.yaml"
+        if not presets.is_file():
+            raise ConfigError(f"sweep file not found: {path}")
+        path = presets
+    sweep = validate_structured(SweepConfig, load_config_file(path), "sweep")
+    if sweep.engine not in ("inline", "simulation"):
+        raise ConfigError(
+            f"sweep engine '{sweep.engine}' not supported (allowed: inline, simulation)"
+        )
+    for key, values in sweep.grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep grid '{key}' must be a non-empty list of values")
+    return sweep
+
+
+def _nested(dotted: str, value: Any) -> dict[str, Any]:
+    node: Any = value
+    for part in reversed(dotted.split(".")):
+        node = {part: node}
+    return node
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def label(value: Any) -> str:
+    """Short human label of a grid value (defense lists become ``dp-sgd(noise_multiplier=1)``)."""
+    if isinstance(value, list):
+        return "+".join(label(v) for v in value) or "none"
+    if isinstance(value, dict) and "name" in value:
+        params = ",".join(f"{k}={v}" for k, v in sorted((value.get("params") or {}).items()))
+        return f"{value['name']}({params})" if params else str(value["name"])
+    return str(value)
+
+
+def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
+    keys = list(sweep.grid)
+    cells = []
+    for values in itertools.product(*(sweep.grid[k] for k in keys)):
+        params = dict(zip(keys, values, strict=True))
+        cell_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+        cells.append({"id": cell_id, "params": params})
+    return cells
+
+
+def cell_config(sweep: SweepConfig, cell: dict[str, Any], out: Path) -> dict[str, Any]:
+    from clients.config import parse_overrides, preset_names
+
+    extra = parse_overrides(sweep.overrides)
+    for key, value in cell["params"].items():
+        _merge(extra, _nested(key, value))
+    extra["engine"] = sweep.engine
+    extra.setdefault("output", {})["run_dir"] = str(out / "cells" / cell["id"])
+    extra["output"]["plots"] = False
+    if sweep.base not in preset_names() and not sweep.base.endswith((".yaml", ".yml")):
+        raise ConfigError(
+            f"unknown base experiment '{sweep.base}' (allowed: {', '.join(preset_names())})"
+        )
+    from clients.config import load_preset, resolve
+
+    base = (
+        load_config_file(sweep.base)
+        if sweep.base.endswith((".yaml", ".yml"))
+        else load_preset(sweep.base)
+    )
+    return resolve(base, extra)
+
+
+def finished_ids(out: Path) -> set[str]:
+    path = out / "cells.jsonl"
+    done = set()
+    if path.is_file():
+        for raw in path.read_text().splitlines():
+            try:
+                done.add(json.loads(raw)["id"])
+            except (json.JSONDecodeError, KeyError):
+                continue  # a line cut by a crash: that cell runs again
+    return done
+
+
+def append_row(out: Path, row: dict[str, Any]) -> None:
+    path = out / "cells.jsonl"
+    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    with path.open("a") as fh:
+        fh.write(("\n" if torn else "") + json.dumps(row, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def run_cells(
+    grid: Any, todo: list[tuple[dict[str, Any], dict[str, Any]]], out: Path,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+) -> None:  # fmt: skip
+    """Run each (cell, config) on one Grid, appending a row per finished cell."""
+    from server.runner import run_experiment
+
+    for cell, cfg in todo:
+        start = time.perf_counter()
+        row: dict[str, Any] = {
+            "id": cell["id"],
+            "params": {k: label(v) for k, v in cell["params"].items()},
+        }
+        try:
+            summary = run_experiment(grid, cfg)
+            row.update(status="ok", metrics=summary["metrics"], failures=summary["failures"])
+        except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
+            last = traceback.format_exception_only(exc)[-1].strip()
+            row.update(status="error", error=last, metrics={})
+        row["wall_s"] = round(time.perf_counter() - start, 3)
+        append_row(out, row)
+        if on_cell is not None:
+            on_cell(row)
+
+
+def run_sweep(
+    sweep: SweepConfig, out: Path, resume: bool = False,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:  # fmt: skip
+    """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots."""
+    out = out.resolve()
+    if out.exists() and (out / "cells.jsonl").is_file() and not resume:
+        raise ConfigError(f"{out} already holds a sweep (use --resume, or another --out)")
+    cells = cells_of(sweep)
+    done = finished_ids(out) if resume else set()
+    todo = [(cell, cell_config(sweep, cell, out)) for cell in cells if cell["id"] not in done]
+    nums = {cfg["clients"]["num"] for _, cfg in todo}
+    if len(nums) > 1:
+        raise ConfigError("all cells of a sweep share one federation: clients.num cannot vary")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(
+        json.dumps({"name": sweep.name, "cells": cells}, default=str, indent=1)
+    )
+    if todo:
+        if sweep.engine == "inline":
+            from apps.client_app import app as client_app
+            from server.engines.inline import InlineGrid
+
+            run_cells(InlineGrid(client_app, nums.pop()), todo, out, on_cell)
+        else:
+            from server.engines.simulation import run_simulation_sweep
+
+            run_simulation_sweep([cfg for _, cfg in todo], [c for c, _ in todo], out, on_cell)
+    write_outputs(sweep, out)
+    return out
+
+
+def write_outputs(sweep: SweepConfig, out: Path) -> None:
+    """cells.csv (one row per cell), results.md (pivot) and PNG plots."""
+    import pandas as pd
+
+    rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines() if r.strip()]
+    latest = {r["id"]: r for r in rows}  # a cell re-run after a crash keeps its last row
+    flat = []
+    for row in latest.values():
+        entry = {
+            "cell": row["id"],
+            **row["params"],
+            "status": row["status"],
+            "wall_s": row["wall_s"],
+        }
+        entry.update(row.get("metrics", {}))
+        if row["status"] != "ok":
+            entry["error"] = row.get("error", "")
+        flat.append(entry)
+    frame = pd.DataFrame(flat)
+    tmp = out / ".cells.csv.tmp"
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, out / "cells.csv")
+    (out / "results.md").write_text(_results_md(sweep, frame))
+    _plots(sweep, frame, out)
+
+
+def _results_md(sweep: SweepConfig, frame: Any) -> str:
+    rep = sweep.report
+    lines = [
+        f"# {sweep.name}",
+        "",
+        f"{len(frame)} cells, base `{sweep.base}`, engine `{sweep.engine}`",
+        "",
+    ]
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    if rep.rows and rep.value and rep.rows in ok and rep.value in ok:
+        columns = rep.columns if rep.columns in ok else None
+        pivot = ok.pivot_table(index=rep.rows, columns=columns, values=rep.value, aggfunc="mean")
+        lines += [
+            f"mean `{rep.value}` by `{rep.rows}`" + (f" x `{columns}`" if columns else ""),
+            "",
+        ]
+        lines += [markdown_table(pivot.round(4)), ""]
+    if rep.rows and rep.utility and rep.utility in ok and rep.rows in ok:
+        util = ok.groupby(rep.rows)[rep.utility].mean().round(4)
+        lines += [f"mean `{rep.utility}` by `{rep.rows}`", "", markdown_table(util.to_frame()), ""]
+    errors = frame[frame["status"] != "ok"] if "status" in frame else frame.iloc[:0]
+    if len(errors):
+        lines += ["## failed cells", ""] + [f"- `{r.cell}`: {r.error}" for r in errors.itertuples()]
+    lines += ["", "All cells: `cells.csv`."]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(frame: Any) -> str:
+    """A pandas frame (index = first column) as a Markdown table."""
+    head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for index, row in frame.iterrows():
+        lines.append(
+            "| "
+            + " | ".join(
+                [str(index)] + [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def _plots(sweep: SweepConfig, frame: Any, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rep = sweep.report
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    if not (rep.rows and rep.value and rep.rows in ok and rep.value in ok):
+        return
+    if rep.utility and rep.utility in ok:
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for name, group in ok.groupby(rep.rows):
+            mean = group[[rep.utility, rep.value]].mean()
+            ax.scatter(mean[rep.utility], mean[rep.value], label=str(name))
+        ax.set_xlabel(rep.utility)
+        ax.set_ylabel(rep.value)
+        ax.set_title("privacy-utility")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "privacy_utility.png", dpi=90)
+        plt.close(fig)
+    if rep.x and rep.x in ok:
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for name, group in ok.groupby(rep.rows):
+            curve = group.groupby(rep.x)[rep.value].mean()
+            ax.plot(curve.index.astype(str), curve.values, marker="o", label=str(name))
+        ax.set_xlabel(rep.x)
+        ax.set_ylabel(rep.value)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{rep.value.replace('.', '_')}_vs_{rep.x.split('.')[-1]}.png", dpi=90)
+        plt.close(fig)
+
+
+__all__ = ["SweepConfig", "load_sweep", "run_sweep", "cells_of", "load_experiment"]

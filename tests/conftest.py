@@ -1,0 +1,20 @@
+"""Shared fixtures: quiet Flower logs, a tmp output dir, single-threaded torch."""
+
+import logging
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+@pytest.fixture
+def inline_cfg(tmp_path):
+    """Resolve a preset for the inline engine with output under tmp_path."""
+    from clients.config import load_experiment
+
+    def make(name: str, *overrides: str) -> dict:
+        return load_experiment(name, ["engine=inline", f"output.dir={tmp_path}", *overrides])
+
+    return make
