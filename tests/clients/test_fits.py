@@ -171,6 +171,10 @@ def test_federated_run_reports_every_arm(tmp_path):
 
 
 def test_fedavg_averages_f_star_in_the_log_domain():
-    cfg = {"seed": 0, "workload": {"params": {"hidden": 8, "arms": ["fs"]}}}
+    from clients.config import load_experiment
+
+    cfg = load_experiment(
+        "fits", ["engine=inline", "workload.params.hidden=8", "workload.params.arms=[fs]"]
+    )
     arrays = FiTS(cfg).init_arrays()
     assert "fs.layer1.log_f" in arrays and "fs.layer1.kappa" not in arrays
