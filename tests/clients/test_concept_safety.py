@@ -98,3 +98,9 @@ def test_federated_run_aggregates_complementary_coverage(tmp_path):
     # each client covers half the concepts; their FedAvg covers all -> smaller spread than local
     assert final["central.refusal_std"] < final["train.local_refusal_std"]
     assert final["central.over_refusal_mean"] <= 0.1
+
+
+def test_same_seed_same_result(uniform):
+    again = finetune_report(SEED, FinetuneConfig(composition="uniform", budget=48))
+    assert np.array_equal(again["after"].refusal, uniform["after"].refusal)
+    assert np.array_equal(again["after"].ppl, uniform["after"].ppl)
