@@ -273,24 +273,33 @@ def decompose(
 
 
 def integrated_gradients(
-    x: torch.Tensor, s: int, steps: int = 64, base: torch.Tensor | None = None
+    x: torch.Tensor, s: int, steps: int = 256, base: torch.Tensor | None = None
 ) -> torch.Tensor:
     """IG of ``softmax(base + sum_i X_i)_s`` per row of ``X`` (N, n), path ``base + alpha S``.
 
-    ``grad_S p_s = p_s (e_s - p)``, so ``IG_i = int_0^1 p_s (X_is - X_i . p) d alpha`` (trapezoid);
+    ``grad_S p_s = p_s (e_s - p)``, so ``IG_i = int_0^1 p_s (X_is - X_i . p) d alpha`` (Simpson);
     the IGs sum to ``p_s(base + S) - p_s(base)``.
     """
     base = torch.zeros(x.shape[1], dtype=x.dtype) if base is None else base
     alphas = torch.linspace(0, 1, steps + 1, dtype=x.dtype)
     p = torch.softmax(base[None] + alphas[:, None] * x.sum(0)[None], -1)  # (T+1, n)
     grads = p[:, s, None] * (x[:, s][None] - p @ x.T)  # (T+1, N)
-    weights = torch.full((steps + 1,), 1.0 / steps, dtype=x.dtype)
-    weights[[0, -1]] /= 2
-    return weights @ grads
+    return _quadrature(steps, x.dtype) @ grads
+
+
+def _quadrature(steps: int, dtype: torch.dtype) -> torch.Tensor:
+    """Composite Simpson weights on ``steps + 1`` points (trapezoid if ``steps`` is odd)."""
+    if steps % 2:
+        weights = torch.full((steps + 1,), 1.0 / steps, dtype=dtype)
+        weights[[0, -1]] /= 2
+        return weights
+    weights = torch.ones(steps + 1, dtype=dtype)
+    weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
+    return weights / (3 * steps)
 
 
 def greedy_select(
-    x: torch.Tensor, s: int, thresh: float, ig_steps: int = 64, base: torch.Tensor | None = None
+    x: torch.Tensor, s: int, thresh: float, ig_steps: int = 256, base: torch.Tensor | None = None
 ) -> tuple[list[int], torch.Tensor, float]:
     """Remove rows of ``x`` in IG order until ``softmax(base + sum)_s < thresh``.
 
@@ -319,7 +328,7 @@ class Circuit:
 
 def trace_edge(
     model: AttnOnly, cache: dict, layer: int, head: int, d: int, s: int, circuit: Circuit,
-    thresh: float = 0.1, ig_steps: int = 64, b: int = 0,
+    thresh: float = 0.1, ig_steps: int = 256, b: int = 0,
 ) -> None:  # fmt: skip
     """ACC++ on the attention of (layer, head) from d to s; recurses into selected upstream heads."""
     node = (layer, head)
@@ -373,7 +382,7 @@ def root_heads(model: AttnOnly, cache: dict, p: Prompts, b: int = 0, frac: float
 
 
 def trace_prompt(
-    model: AttnOnly, p: Prompts, b: int = 0, thresh: float = 0.1, ig_steps: int = 64
+    model: AttnOnly, p: Prompts, b: int = 0, thresh: float = 0.1, ig_steps: int = 256
 ) -> Circuit:
     """ACC++ circuit of prompt ``b``: root heads at END, traced to the IO position, recursively."""
     cache: dict = {}
@@ -583,7 +592,7 @@ class ACCpp(Workload):
         train_prompts: int = 1000
         trace_prompts: int = 16
         attn_weight_thresh: float = 0.1
-        ig_steps: int = 64
+        ig_steps: int = 256
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.cfg["seed"])
