@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -64,9 +65,9 @@ def test_integrated_gradients_are_complete_and_order_the_greedy_selection() -> N
         p = make_prompts(lang, 4, 8)
         for b in range(4):
             cache = _cache(model, p, b)
-            s = int(p.io_pos[b])
-            for head in range(model.heads):
-                x = decompose(model, cache, 1, head, END, s).dest.sum(1).reshape(-1, END + 1)
+            for layer, head in itertools.product(range(model.layers), range(model.heads)):
+                s = int(cache[f"pattern{layer}"][0, head, END].argmax())
+                x = decompose(model, cache, layer, head, END, s).dest.sum(1).reshape(-1, END + 1)
                 total = x.sum(0)
                 exact = float(torch.softmax(total, -1)[s]) - 1.0 / (END + 1)  # p_s(0) uniform
                 worst = max(worst, abs(float(integrated_gradients(x, s).sum()) - exact))
@@ -134,7 +135,8 @@ def test_acc_pp_is_faster_than_activation_patching_over_the_same_components() ->
 
 def test_federated_language_communities_report_circuit_summaries(tmp_path) -> None:
     overrides = ["engine=inline", "rounds=2", f"output.dir={tmp_path}", "output.plots=false",
-                 "workload.params.local_steps=60", "workload.params.trace_prompts=6"]  # fmt: skip
+                 "workload.params.local_steps=40", "workload.params.trace_prompts=4",
+                 "workload.params.train_prompts=300", "clients.num=2"]  # fmt: skip
     summary = run_inline(load_experiment("acc-pp", overrides))
     metrics = summary["metrics"]
     assert metrics["eval.accuracy"] > 0.3  # chance is 1/12 names
