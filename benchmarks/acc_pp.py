@@ -2,6 +2,7 @@
 cross-language head vs signal Jaccard, language distance matrices, ACC++ vs activation patching.
 
     PYTHONPATH=$PWD python -m benchmarks.acc_pp [--seed 0] [--prompts 32]
+    PYTHONPATH=$PWD python -m benchmarks.acc_pp --federated   # the acc-pp preset, inline engine
 """
 
 from __future__ import annotations
@@ -80,12 +81,41 @@ def timing(model, n: int) -> tuple[float, float]:  # noqa: ANN001
     return acc_s, time.perf_counter() - t0
 
 
+def federated(seed: int) -> None:
+    """Run the ``acc-pp`` preset in-process and print the server-side client distance matrices."""
+    import tempfile
+
+    from clients.config import load_experiment
+    from clients.workloads.acc_pp import circuit_distances, client_circuits
+    from server.engines.inline import run_inline
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_experiment(
+            "acc-pp", ["engine=inline", f"seed={seed}", f"output.dir={out}", "output.plots=false"]
+        )
+        summary = run_inline(cfg)
+    m = summary["metrics"]
+    print(f"federated acc-pp, seed {seed}, {summary['rounds']} rounds, {summary['wall_s']} s")
+    for key in ("eval.accuracy", "eval.logit_diff", "eval.acc_nodes", "eval.acc_edges",
+                "eval.acc_signal_dim"):  # fmt: skip
+        print(f"  {key} {m[key]:.3f}")
+    clients = client_circuits(m, summary["clients"])
+    for what in ("heads", "signals"):
+        print(f"{what} distance between clients (1 - weighted Jaccard):")
+        for row in circuit_distances(clients, what):
+            print("  " + " ".join(f"{v:.3f}" for v in row))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--federated", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.federated:
+        federated(args.seed)
+        return
     t0 = time.perf_counter()
     model = trained_model(args.seed)
     print(f"seed {args.seed}: trained in {time.perf_counter() - t0:.1f} s")
