@@ -368,9 +368,11 @@ def trace_edge(
             trace_edge(model, cache, lower, h, pos, j, circuit, thresh, ig_steps, b)
 
 
-def root_heads(model: AttnOnly, cache: dict, p: Prompts, b: int = 0, frac: float = 0.2) -> list:
+def root_heads(
+    model: AttnOnly, cache: dict, io: int, s: int, b: int = 0, frac: float = 0.2
+) -> list[tuple[int, int]]:
     """Heads whose direct (IO - S) logit contribution at END is >= ``frac`` of the largest."""
-    direction = model.w_u[:, p.io[b]] - model.w_u[:, p.s[b]]
+    direction = model.w_u[:, io] - model.w_u[:, s]
     contrib = {}
     for layer in range(model.layers):
         z = torch.einsum("ht,hte->he", cache[f"pattern{layer}"][b, :, -1], cache[f"v{layer}"][b])
@@ -390,7 +392,7 @@ def trace_prompt(
         model(p.tokens[b : b + 1], cache=cache)
         circuit = Circuit()
         end, io = SEQ_LEN - 1, int(p.io_pos[b])
-        for layer, head in root_heads(model, cache, p, 0):
+        for layer, head in root_heads(model, cache, int(p.io[b]), int(p.s[b])):
             trace_edge(model, cache, layer, head, end, io, circuit, thresh, ig_steps)
     return circuit
 
