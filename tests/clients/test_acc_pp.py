@@ -1,0 +1,148 @@
+"""ACC++: exact decomposition, IG completeness, causal signals, speed vs activation patching."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import torch
+
+from clients.config import load_experiment
+from clients.workloads.acc_pp import (
+    LANGUAGES,
+    Prompts,
+    activation_patching,
+    circuit_distances,
+    client_circuits,
+    decompose,
+    edge_signals,
+    greedy_select,
+    integrated_gradients,
+    logit_diff,
+    make_prompts,
+    random_signals,
+    signal_edit,
+    trace_prompt,
+    trained_model,
+)
+from server.engines.inline import run_inline
+
+END = 9
+
+
+def _cache(model, p: Prompts, b: int) -> dict:
+    cache: dict = {}
+    with torch.no_grad():
+        model(p.tokens[b : b + 1], cache=cache)
+    return cache
+
+
+def _one(p: Prompts, b: int) -> Prompts:
+    return Prompts(*(getattr(p, f)[b : b + 1] for f in Prompts.__annotations__))
+
+
+def test_terms_sum_to_the_hooked_attention_score_on_both_sides() -> None:
+    torch.set_num_threads(1)
+    model = trained_model(0)
+    p = make_prompts(0, 2, 7)
+    cache = _cache(model, p, 0)
+    for layer, head, d, s in [(1, 3, END, int(p.io_pos[0])), (1, 0, END, 7), (0, 2, 7, 3)]:
+        terms = decompose(model, cache, layer, head, d, s)
+        hooked = float(cache[f"scores{layer}"][0, head, d, s])
+        assert abs(float(terms.dest[..., s].sum()) - hooked) < 1e-9
+        assert abs(float(terms.source.sum()) - hooked) < 1e-9
+        # the destination-side terms also give every other key's score
+        row = cache[f"scores{layer}"][0, head, d, : d + 1]
+        assert torch.allclose(terms.dest.sum((0, 1, 2)), row, atol=1e-9)
+        assert terms.dest.shape[0] == 1 + layer * model.heads
+
+
+def test_integrated_gradients_are_complete_and_order_the_greedy_selection() -> None:
+    model = trained_model(0)
+    worst, ig_terms, score_terms = 0.0, [], []
+    for lang in range(LANGUAGES):
+        p = make_prompts(lang, 4, 8)
+        for b in range(4):
+            cache = _cache(model, p, b)
+            for layer, head in itertools.product(range(model.layers), range(model.heads)):
+                s = int(cache[f"pattern{layer}"][0, head, END].argmax())
+                x = decompose(model, cache, layer, head, END, s).dest.sum(1).reshape(-1, END + 1)
+                total = x.sum(0)
+                exact = float(torch.softmax(total, -1)[s]) - 1.0 / (END + 1)  # p_s(0) uniform
+                worst = max(worst, abs(float(integrated_gradients(x, s).sum()) - exact))
+                if float(torch.softmax(total, -1)[s]) < 0.2:
+                    continue
+                chosen, _, final = greedy_select(x, s, 0.1)
+                assert final < 0.1
+                by_score = torch.argsort(x[:, s], descending=True).tolist()
+                remaining, n = total.clone(), 0
+                while float(torch.softmax(remaining, -1)[s]) >= 0.1 and n < len(by_score):
+                    remaining, n = remaining - x[by_score[n]], n + 1
+                ig_terms.append(len(chosen))
+                score_terms.append(n)
+    assert worst < 1e-3
+    assert len(ig_terms) >= 5
+    assert np.mean(ig_terms) <= np.mean(score_terms)  # IG order finds a sparser circuit
+
+
+def test_removing_selected_signals_is_causal_and_random_directions_are_not() -> None:
+    model = trained_model(0)
+    drops, random_drops, before, after = [], [], [], []
+    for lang in range(LANGUAGES):
+        p = make_prompts(lang, 32, 500 + lang)
+        for b in range(32):
+            io = int(p.io_pos[b])
+            circuit = trace_prompt(model, p, b)
+            roots = [(ly, h) for ly, h, d, s in circuit.traced if (ly, d, s) == (1, END, io)]
+            if not roots:
+                continue
+            layer, head = roots[0]
+            cache = _cache(model, p, b)
+            signals = edge_signals(circuit, layer, head)
+            weight = float(cache[f"pattern{layer}"][0, head, END, io])
+            for chosen, out in (
+                (signals, drops),
+                (random_signals(model, layer, signals, seed=b), random_drops),
+            ):
+                edited: dict = {}
+                edit = signal_edit(model, cache, layer, head, END, io, chosen)
+                with torch.no_grad():
+                    model(p.tokens[b : b + 1], edit, edited)
+                out.append(1 - float(edited[f"pattern{layer}"][0, head, END, io]) / weight)
+            before.append(float(logit_diff(model, _one(p, b))))
+            edit = signal_edit(model, cache, layer, head, END, io, signals)
+            after.append(float(logit_diff(model, _one(p, b), edit)))
+    assert len(drops) >= 10
+    assert np.mean(drops) >= 0.5
+    assert np.mean(random_drops) <= 0.2
+    assert np.mean(after) < np.mean(before)
+
+
+def test_acc_pp_is_faster_than_activation_patching_over_the_same_components() -> None:
+    model = trained_model(0)
+    p, corrupt = make_prompts(0, 6, 5), make_prompts(0, 6, 6)
+    t0 = time.perf_counter()
+    circuits = [trace_prompt(model, p, b) for b in range(6)]
+    acc_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for b, circuit in enumerate(circuits):
+        activation_patching(model, p, corrupt, circuit.traced, b)
+    patch_s = time.perf_counter() - t0
+    assert sum(len(c.traced) for c in circuits) > 0
+    assert acc_s < patch_s
+
+
+def test_federated_language_communities_report_circuit_summaries(tmp_path) -> None:
+    overrides = ["engine=inline", "rounds=2", f"output.dir={tmp_path}", "output.plots=false",
+                 "workload.params.local_steps=40", "workload.params.trace_prompts=4",
+                 "workload.params.train_prompts=300", "clients.num=2"]  # fmt: skip
+    summary = run_inline(load_experiment("acc-pp", overrides))
+    metrics = summary["metrics"]
+    assert metrics["eval.accuracy"] > 0.3  # chance is 1/12 names
+    assert metrics["eval.acc_nodes"] >= 1
+    clients = client_circuits(metrics, summary["clients"])
+    assert all(c["heads"].sum() > 0 for c in clients)
+    dist = circuit_distances(clients, "signals")
+    assert np.allclose(np.diag(dist), 0) and np.allclose(dist, dist.T)
+    assert (dist[~np.eye(len(clients), dtype=bool)] > 0).all()
