@@ -60,9 +60,7 @@ def digits_split(seed: int, n_train: int = 1200) -> Split:
     return Split(t(x[tr]), t(y[tr]), t(x[te]), t(y[te]))
 
 
-def attacker_subset(
-    split: Split, q: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attacker_subset(split: Split, q: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fraction ``q`` of the training pool (at least one sample per class where possible)."""
     n = max(int(round(q * len(split.y_train))), 10)
     idx = np.random.default_rng([seed, 17]).permutation(len(split.y_train))[:n]
@@ -200,7 +198,9 @@ def output_entropy(model: nn.Module, x: torch.Tensor) -> float:
     return float(-(logp.exp() * logp).sum(1).mean() / np.log(logp.shape[1]))
 
 
-def fisher_diagonal(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+def fisher_diagonal(
+    model: nn.Sequential, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Diagonal empirical Fisher of every parameter, vectorised (one backward pass).
 
     For a linear layer the per-sample gradient of ``W`` is ``g a^T`` (``g`` = d log p(y|x) / d z,
@@ -227,7 +227,9 @@ def fisher_diagonal(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> d
     return {k: v.detach() for k, v in fisher.items()}
 
 
-def fisher_per_sample(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+def fisher_per_sample(
+    model: nn.Sequential, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Reference: mean of squared per-sample autograd gradients (slow; for the test)."""
     names = [n for n, _ in model.named_parameters()]
     total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
@@ -251,7 +253,9 @@ def select_mask(
         score = torch.cat([state[k].flatten().abs().double() for k in keys])
     elif how == "random":
         total = sum(state[k].numel() for k in keys)
-        score = torch.rand(total, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        score = torch.rand(
+            total, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        )
     else:
         raise ValueError(f"mask must be fisher, magnitude or random, not {how!r}")
     k = max(int(round(rho * score.numel())), 1)
@@ -337,9 +341,9 @@ def distill_adapters(
     """Train TEE adapters on the owner's data with ``KL(p_victim || p_exposed+BA)``; exposed frozen."""
     n_layers = len(linear_layers(exposed))
     if cross_layer:
-        pairs = [(l, l + 1) for l in range(n_layers - 1)] + [(n_layers - 1, n_layers - 1)]
+        pairs = [(i, i + 1) for i in range(n_layers - 1)] + [(n_layers - 1, n_layers - 1)]
     else:
-        pairs = [(l, l) for l in range(n_layers)]
+        pairs = [(i, i) for i in range(n_layers)]
     adapted = AdaptedMLP(exposed, pairs, rank, seed)
     with torch.no_grad():
         target = torch.log_softmax(predict(victim, x), dim=1)
@@ -391,7 +395,9 @@ def release(
     if scheme == "shield-last-layer":
         last = linear_layers(victim)[-1]
         frac_p = (last.weight.numel() + last.bias.numel()) / total
-        return Release(state, victim, frac_p, last.weight.numel() / macs, keep_last_layer_secret=True)
+        return Release(
+            state, victim, frac_p, last.weight.numel() / macs, keep_last_layer_secret=True
+        )
     keys, hidden = weight_keys(victim), _hidden(victim)
     if scheme == "fisher":
         if fisher is None:
