@@ -65,5 +65,33 @@ def main(seeds: tuple[int, ...] = (0, 1, 2)) -> None:
     print(f"\nwall {time.perf_counter() - start:.0f} s")
 
 
+def recovery(seed: int = 0) -> None:
+    """User accuracy after LoRA recovery of the greedy Fisher 2 % flip: per-layer vs cross-layer."""
+    import torch
+
+    from clients.workloads.filosofer import (
+        accuracy,
+        digits_split,
+        fisher_diagonal,
+        release,
+        train_victim,
+    )
+
+    torch.set_num_threads(1)
+    split = digits_split(seed)
+    victim = train_victim(split, seed)
+    fisher = fisher_diagonal(victim, split.x_train, split.y_train)
+    print(f"victim {accuracy(victim, split.x_test, split.y_test):.3f}")
+    for cross in (False, True):
+        for epochs in (80, 250):
+            rel = release(victim, "fisher", split.x_train, split.y_train, fisher,
+                          cross_layer=cross, distill_epochs=epochs, seed=seed)  # fmt: skip
+            user = accuracy(rel.user_model, split.x_test, split.y_test)
+            print(f"cross_layer={cross} epochs={epochs}: user {user:.3f}, "
+                  f"TEE params {rel.tee_param_fraction:.3f}, FLOPs {rel.tee_flop_fraction:.3f}")  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    recovery() if "--recovery" in sys.argv else main()

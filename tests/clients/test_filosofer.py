@@ -72,15 +72,14 @@ def test_fisher_flip_breaks_exposed_model_with_values_in_range(victim):
 
 
 def test_lora_in_tee_recovers_user_accuracy_at_small_cost(victim):
-    # one-shot top-rho Fisher mask: the greedy (default) mask is harder to recover at rank 4
-    # (measured -0.027 after 250 distillation epochs; see docs/workloads.md)
+    # cross-layer rank-4 adapters, 250 distillation epochs (per-layer ones reach only -0.027)
     split, model, fisher = victim
     victim_acc = accuracy(model, split.x_test, split.y_test)
     rel = release(model, "fisher", split.x_train, split.y_train, fisher, rho=0.02, rank=4,
-                  fisher_chunks=1, seed=0)  # fmt: skip
+                  cross_layer=True, distill_epochs=250, seed=0)  # fmt: skip
     exposed_acc = accuracy(load_state(rel.exposed), split.x_test, split.y_test)
     user_acc = accuracy(rel.user_model, split.x_test, split.y_test)
-    assert exposed_acc <= victim_acc - 0.4  # without the TEE adapters the model is broken
+    assert exposed_acc <= 0.35  # without the TEE adapters the model is broken
     assert user_acc >= victim_acc - 0.02
     assert rel.tee_param_fraction <= 0.10
     whole = release(model, "whole-model", split.x_train, split.y_train, fisher)
