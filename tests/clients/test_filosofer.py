@@ -85,7 +85,7 @@ def test_lora_in_tee_recovers_user_accuracy_at_small_cost(victim):
     whole = release(model, "whole-model", split.x_train, split.y_train, fisher)
     assert whole.tee_flop_fraction >= 10 * rel.tee_flop_fraction
     assert rel.tee_flop_fraction == pytest.approx(
-        sum(4 * (a + b) for a, b in [(64, 128), (128, 128), (128, 10)]) / model_macs(model)
+        sum(4 * (a + b) for a, b in [(64, 128), (128, 10), (128, 10)]) / model_macs(model)
     )
 
 
