@@ -1,0 +1,140 @@
+"""FILOsofer: exact vectorised Fisher, in-range obfuscation that breaks the exposed model, LoRA
+recovery in a small TEE, and a stealing attacker held to the black-box bound (random mask leaks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clients.workloads.filosofer import (
+    Filosofer,
+    accuracy,
+    attacker_subset,
+    black_box,
+    digits_split,
+    fisher_diagonal,
+    fisher_per_sample,
+    iterative_fisher_mask,
+    load_state,
+    make_mlp,
+    model_macs,
+    obfuscate,
+    release,
+    select_mask,
+    steal,
+    train_victim,
+    unpack,
+    weight_keys,
+)
+
+QS = (0.02, 0.05, 0.1)
+
+
+def test_vectorised_fisher_equals_per_sample_autograd():
+    torch.manual_seed(0)
+    model = make_mlp().double()
+    split = digits_split(0)
+    x, y = split.x_train[:32].double(), split.y_train[:32]
+    fast, slow = fisher_diagonal(model, x, y), fisher_per_sample(model, x, y)
+    assert set(fast) == set(slow)
+    for key in slow:
+        assert slow[key].abs().max() > 0
+        assert torch.allclose(fast[key], slow[key], rtol=0, atol=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def victim():
+    torch.set_num_threads(1)
+    split = digits_split(0)
+    model = train_victim(split, 0)
+    return split, model, fisher_diagonal(model, split.x_train, split.y_train)
+
+
+def test_fisher_flip_breaks_exposed_model_with_values_in_range(victim):
+    split, model, fisher = victim
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    keys = weight_keys(model)
+    masks = iterative_fisher_mask(state, keys, 0.02, fisher, split.x_train, split.y_train)
+    n_weights = sum(state[k].numel() for k in keys)
+    assert abs(sum(int(m.sum()) for m in masks.values()) - 0.02 * n_weights) <= 4
+    exposed = obfuscate(state, masks)
+    for key in keys:
+        assert exposed[key].min() >= state[key].min() and exposed[key].max() <= state[key].max()
+        assert torch.equal(exposed[key][~masks[key]], state[key][~masks[key]])
+        assert (torch.sign(exposed[key][masks[key]]) != torch.sign(state[key][masks[key]])).all()
+    victim_acc = accuracy(model, split.x_test, split.y_test)
+    assert victim_acc >= 0.95
+    assert accuracy(load_state(exposed), split.x_test, split.y_test) <= 0.35
+    # the ablation: the same number of random flips barely hurts
+    rand = obfuscate(state, select_mask(state, keys, 0.02, "random", seed=0))
+    assert accuracy(load_state(rand), split.x_test, split.y_test) >= victim_acc - 0.1
+
+
+def test_lora_in_tee_recovers_user_accuracy_at_small_cost(victim):
+    # cross-layer rank-4 adapters, 250 distillation epochs (per-layer ones reach only -0.027)
+    split, model, fisher = victim
+    victim_acc = accuracy(model, split.x_test, split.y_test)
+    rel = release(model, "fisher", split.x_train, split.y_train, fisher, rho=0.02, rank=4,
+                  cross_layer=True, distill_epochs=250, seed=0)  # fmt: skip
+    exposed_acc = accuracy(load_state(rel.exposed), split.x_test, split.y_test)
+    user_acc = accuracy(rel.user_model, split.x_test, split.y_test)
+    assert exposed_acc <= 0.35  # without the TEE adapters the model is broken
+    assert user_acc >= victim_acc - 0.02
+    assert rel.tee_param_fraction <= 0.10
+    whole = release(model, "whole-model", split.x_train, split.y_train, fisher)
+    assert whole.tee_flop_fraction >= 10 * rel.tee_flop_fraction
+    assert rel.tee_flop_fraction == pytest.approx(
+        sum(4 * (a + b) for a, b in [(64, 128), (128, 10), (128, 10)]) / model_macs(model)
+    )
+
+
+def _stealing_gaps(seed: int, split=None, model=None, fisher=None) -> tuple[float, float]:
+    """Mean over q of surrogate - black-box, for the Fisher flip and for a random flip (2 %)."""
+    if split is None:
+        split = digits_split(seed)
+        model = train_victim(split, seed)
+        fisher = fisher_diagonal(model, split.x_train, split.y_train)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    keys = weight_keys(model)
+    fmask = iterative_fisher_mask(state, keys, 0.02, fisher, split.x_train, split.y_train)
+    rmask = select_mask(state, keys, 0.02, "random", seed=seed)
+    gaps_f, gaps_r = [], []
+    for q in QS:
+        xq, yq = attacker_subset(split, q, seed)
+        test = (split.x_test, split.y_test)
+        bb = black_box(xq, yq, *test, seed=seed)
+        gaps_f.append(steal(obfuscate(state, fmask), xq, yq, *test, seed=seed)["best"] - bb)
+        gaps_r.append(steal(obfuscate(state, rmask), xq, yq, *test, seed=seed)["best"] - bb)
+    return float(np.mean(gaps_f)), float(np.mean(gaps_r))
+
+
+def test_surrogate_under_filosofer_stays_at_black_box_while_random_mask_leaks(victim):
+    fisher_gap, random_gap = _stealing_gaps(0, *victim)
+    assert fisher_gap <= 0.02
+    assert random_gap - fisher_gap >= 0.03
+
+
+@pytest.mark.slow
+def test_surrogate_bound_holds_over_three_seeds(victim):
+    gaps = [_stealing_gaps(0, *victim)] + [_stealing_gaps(s) for s in (1, 2)]
+    fisher_gap, random_gap = np.mean(gaps, axis=0)
+    assert fisher_gap <= 0.02
+    assert random_gap - fisher_gap >= 0.03
+
+
+def test_clients_pooled_fisher_is_the_pooled_data_fisher(inline_cfg):
+    cfg = inline_cfg("filosofer", "clients.num=2", "workload.params.train_size=200")
+    workload = Filosofer(cfg)
+    sent = workload.init_arrays()
+    model = load_state(unpack(sent)[0])
+    shards = [workload.load_partition(i, 2) for i in range(2)]
+    pooled = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    for i, shard in enumerate(shards):
+        arrays, metrics = workload.fit(sent, shard, {"partition-id": i, "server-round": 1}, None)
+        for k, v in unpack(arrays)[1].items():
+            pooled[k] += v * metrics["num-examples"] / 200
+    x = torch.cat([s.x for s in shards])
+    y = torch.cat([s.y for s in shards])
+    for k, v in fisher_diagonal(model, x, y).items():
+        assert torch.allclose(pooled[k], v, atol=1e-6, rtol=1e-4)
