@@ -183,7 +183,7 @@ class Gate(nn.Module):
         return self.context(F.avg_pool1d(self.local(x), SEGMENT)).squeeze(1)
 
 
-def blur(x: torch.Tensor, width: int = 15) -> torch.Tensor:
+def blur(x: torch.Tensor, width: int = 127) -> torch.Tensor:
     """Moving-average baseline: removes the waves, keeps the wander (what 'masked out' means)."""
     return F.avg_pool1d(F.pad(x, (width // 2, width // 2), mode="replicate"), width, stride=1)
 
@@ -217,7 +217,7 @@ class StageConfig:
     batch_size: int = 64
     lr: float = 3e-3
     ig_steps: int = 20
-    tau: float = 0.9
+    tau: float = 0.995
 
 
 def _tensor(x: np.ndarray) -> torch.Tensor:
@@ -265,7 +265,7 @@ def train_teacher(
         loss.backward()
         opt.step()
         ema_update(target, model.encoder, cfg.ema)
-        ce_sum += float(ce)
+        ce_sum += float(ce.detach())
     model.eval()
     steps = max(cfg.teacher_steps, 1)
     return {"teacher_ce": ce_sum / steps, "teacher_jepa": jepa_sum / steps}
@@ -288,7 +288,8 @@ def integrated_gradients(
 
 @torch.no_grad()
 def sufficient_masks(
-    model: nn.Module, x: torch.Tensor, attributions: torch.Tensor, tau: float = 0.9
+    model: nn.Module, x: torch.Tensor, attributions: torch.Tensor, tau: float = 0.9,
+    chunk: int = 64,
 ) -> torch.Tensor:
     """Greedy forward selection in attribution order: the smallest top-k segment set with which
     the teacher keeps its prediction and ``p_masked(y_hat) >= tau * p(y_hat)``."""
@@ -297,13 +298,21 @@ def sufficient_masks(
     p_full = probs.gather(1, pred[:, None]).squeeze(1)
     order = attributions.argsort(1, descending=True)
     rank = order.argsort(1)  # rank of each segment
+    topk = (rank[:, None, :] < torch.arange(1, GROUPS + 1)[None, :, None]).float()  # (n, k, G)
     masks = torch.ones(len(x), GROUPS)
-    for i in range(len(x)):
-        cand = (rank[i][None, :] < torch.arange(1, GROUPS + 1)[:, None]).float()  # (G, G): top-k
-        pm = torch.softmax(model(apply_mask(x[i : i + 1].expand(GROUPS, -1, -1), cand)), -1)
-        ok = (pm.argmax(1) == pred[i]) & (pm[:, pred[i]] >= tau * p_full[i])
-        if ok.any():
-            masks[i] = cand[int(ok.float().argmax())]
+    for s in range(0, len(x), chunk):
+        cand = topk[s : s + chunk]
+        n = len(cand)
+        xs = x[s : s + chunk].repeat_interleave(GROUPS, dim=0)
+        pm = torch.softmax(model(apply_mask(xs, cand.reshape(n * GROUPS, GROUPS))), -1)
+        pm = pm.view(n, GROUPS, -1)
+        p_pred = pm.gather(2, pred[s : s + chunk, None, None].expand(n, GROUPS, 1)).squeeze(2)
+        ok = (pm.argmax(2) == pred[s : s + chunk, None]) & (
+            p_pred >= tau * p_full[s : s + chunk, None]
+        )
+        first = ok.float().argmax(1)
+        found = ok.any(1)
+        masks[s : s + chunk][found] = cand[found, first[found]]
     return masks
 
 
@@ -320,7 +329,7 @@ def train_gate(gate: Gate, x: torch.Tensor, masks: torch.Tensor, cfg: StageConfi
         opt.zero_grad()
         loss.backward()
         opt.step()
-        total += float(loss)
+        total += float(loss.detach())
     gate.eval()
     return total / max(cfg.gate_steps, 1)
 
@@ -363,7 +372,7 @@ def train_student(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        total += float(loss)
+        total += float(loss.detach())
     student.eval()
     return total / max(cfg.student_steps, 1)
 
@@ -481,3 +490,153 @@ def run_pipeline(seed: int, label_ratio: float, cfg: StageConfig = StageConfig()
     metrics |= gate_metrics(teacher, gate, threshold, student, split.test, seed)
     metrics["align_masks"] = alignment(mc.numpy(), split.calib.relevant)
     return Pipeline(teacher, gate, threshold, student, mc, preserved, metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. registration: staged federated rounds (teacher, gate, student); masks stay local
+# ---------------------------------------------------------------------------------------------
+
+PARTS = ("teacher", "predictor", "gate", "student")
+
+
+@dataclass
+class ClientBeats:
+    train: Beats
+    labelled: np.ndarray
+    calib: Beats
+    test: Beats
+
+
+@WORKLOADS.register(
+    "sensory-gating", "Sensory Gating: F-JEPA teacher, sufficient masks, gate, gated student (ECG)"
+)
+class SensoryGating(Workload):
+    """Rounds ``1..teacher_rounds`` train teacher + predictor, the next ``gate_rounds`` the gate
+    (sufficient masks computed and kept locally; threshold calibrated locally and averaged), the
+    rest the student. Every round ships all four modules so FedAvg sees the same keys."""
+
+    @dataclass
+    class Params:
+        label_ratio: float = 0.1
+        windows_per_client: int = 300
+        calib_fraction: float = 0.2
+        test_fraction: float = 0.2
+        teacher_rounds: int = 3
+        gate_rounds: int = 2
+        jepa_weight: float = 1.0
+        local_steps: int = 60
+        batch_size: int = 32
+        lr: float = 3e-3
+        ig_steps: int = 10
+        tau: float = 0.9
+        server_windows: int = 400
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        p = self.params
+        self.stage_cfg = StageConfig(
+            jepa_weight=p.jepa_weight, teacher_steps=p.local_steps, gate_steps=p.local_steps,
+            student_steps=p.local_steps, batch_size=p.batch_size, lr=p.lr, ig_steps=p.ig_steps,
+            tau=p.tau,
+        )  # fmt: skip
+        self.server_test = make_beats(p.server_windows, client_seed(cfg["seed"], 0, 0, salt=201))
+
+    def stage(self, server_round: int) -> str:
+        if server_round <= self.params.teacher_rounds:
+            return "teacher"
+        if server_round <= self.params.teacher_rounds + self.params.gate_rounds:
+            return "gate"
+        return "student"
+
+    def load_partition(self, partition_id: int, num_partitions: int) -> ClientBeats:
+        """A 'patient': own noise level and class priors; labelled / calibration / test splits."""
+        p = self.params
+        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=202))
+        priors = 0.5 * np.array([0.5, 0.25, 0.25]) + 0.5 * rng.dirichlet([2.0, 1.0, 1.0])
+        beats = make_beats(p.windows_per_client, int(rng.integers(2**31)), tuple(priors),
+                           noise=float(rng.uniform(0.05, 0.1)))  # fmt: skip
+        n_cal = int(p.windows_per_client * p.calib_fraction)
+        n_test = int(p.windows_per_client * p.test_fraction)
+
+        def part(sl: slice) -> Beats:
+            return Beats(beats.x[sl], beats.y[sl], beats.relevant[sl])
+
+        train = part(slice(n_cal + n_test, None))
+        labelled = np.sort(rng.permutation(len(train.y))[: max(int(p.label_ratio * len(train.y)), 3)])
+        return ClientBeats(train, labelled, part(slice(0, n_cal)), part(slice(n_cal, n_cal + n_test)))
+
+    # -- arrays <-> modules -----------------------------------------------------------------
+    def _modules(self) -> dict[str, nn.Module]:
+        cfg = self.stage_cfg
+        return {
+            "teacher": Classifier(), "predictor": Predictor(cfg.context, cfg.horizon),
+            "gate": Gate(), "student": Classifier(in_channels=2),
+        }  # fmt: skip
+
+    @staticmethod
+    def _pack(mods: dict[str, nn.Module], threshold: float) -> ArrayRecord:
+        state = {f"{name}.{k}": v for name in PARTS for k, v in mods[name].state_dict().items()}
+        record = ArrayRecord(state)
+        record["gate_threshold"] = Array(np.array([threshold], dtype=np.float32))
+        return record
+
+    def _unpack(self, arrays: ArrayRecord) -> tuple[dict[str, nn.Module], float]:
+        mods = self._modules()
+        threshold = float(arrays["gate_threshold"].numpy()[0])
+        state = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in arrays if "." in k}
+        for name, mod in mods.items():
+            prefix = f"{name}."
+            mod.load_state_dict({k[len(prefix) :]: v for k, v in state.items()
+                                 if k.startswith(prefix)})  # fmt: skip
+            mod.eval()
+        return mods, threshold
+
+    def init_arrays(self) -> ArrayRecord:
+        torch.manual_seed(self.cfg["seed"])
+        return self._pack(self._modules(), 0.0)
+
+    def fit(
+        self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any], state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
+        torch.set_num_threads(1)
+        mods, threshold = self._unpack(arrays)
+        stage = self.stage(int(config["server-round"]))
+        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        torch.manual_seed(seed)
+        x = _tensor(data.train.x)
+        metrics: dict[str, float] = {"num-examples": len(data.train.y)}
+        if stage == "teacher":
+            lab = torch.from_numpy(data.labelled)
+            metrics |= train_teacher(mods["teacher"], mods["predictor"], x, x[lab],
+                                     torch.from_numpy(data.train.y)[lab], self.stage_cfg, seed)  # fmt: skip
+        elif stage == "gate":
+            teacher = mods["teacher"]
+            with torch.no_grad():
+                pred = teacher(x).argmax(1)
+            attr = integrated_gradients(teacher, x, pred, self.stage_cfg.ig_steps)
+            masks = sufficient_masks(teacher, x, attr, self.stage_cfg.tau)  # never leaves here
+            metrics["gate_bce"] = train_gate(mods["gate"], x, masks, self.stage_cfg, seed)
+            metrics["mask_keep_frac"] = float(masks.mean())
+            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x),
+                                            float(masks.mean()))  # fmt: skip
+        else:
+            metrics["student_kl"] = train_student(mods["student"], mods["teacher"], mods["gate"],
+                                                  threshold, x, self.stage_cfg, seed)  # fmt: skip
+        metrics["stage"] = float(PARTS.index(stage))
+        return self._pack(mods, threshold), metrics
+
+    def _score(self, arrays: ArrayRecord, beats: Beats, seed: int) -> dict[str, float]:
+        mods, threshold = self._unpack(arrays)
+        x, y = _tensor(beats.x), torch.from_numpy(beats.y)
+        out = {"teacher_acc": accuracy(mods["teacher"], x, y)}
+        out |= gate_metrics(mods["teacher"], mods["gate"], threshold, mods["student"], beats, seed)
+        return out
+
+    def evaluate(self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any]):
+        torch.set_num_threads(1)
+        seed = client_seed(self.cfg["seed"], config["partition-id"], 0, salt=203)
+        return {"num-examples": len(data.test.y)} | self._score(arrays, data.test, seed)
+
+    def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
+        torch.set_num_threads(1)
+        return self._score(arrays, self.server_test, self.cfg["seed"])
