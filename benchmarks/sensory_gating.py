@@ -14,7 +14,7 @@ import torch
 
 from clients.workloads.sensory_gating import StageConfig, run_pipeline, teacher_stage
 
-CFG = StageConfig(teacher_steps=150, gate_steps=200, student_steps=200)
+CFG = StageConfig(teacher_steps=150, gate_steps=200, student_steps=400)
 
 
 def main() -> None:

@@ -115,7 +115,9 @@ def make_split(
     train = make_beats(n_train, seed * 3 + 1)
     rng = np.random.default_rng(seed * 3 + 4)
     labelled = np.sort(rng.permutation(n_train)[: max(int(round(label_ratio * n_train)), 3)])
-    return Split(train, labelled, make_beats(n_calib, seed * 3 + 2), make_beats(n_test, seed * 3 + 3))
+    return Split(
+        train, labelled, make_beats(n_calib, seed * 3 + 2), make_beats(n_test, seed * 3 + 3)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class Gate(nn.Module):
 
 
 def blur(x: torch.Tensor, width: int = 127) -> torch.Tensor:
-    """Moving-average baseline: removes the waves, keeps the wander (what 'masked out' means)."""
+    """Wide moving-average baseline (what 'masked out' means): removes every wave, keeps the level."""
     return F.avg_pool1d(F.pad(x, (width // 2, width // 2), mode="replicate"), width, stride=1)
 
 
@@ -288,7 +290,10 @@ def integrated_gradients(
 
 @torch.no_grad()
 def sufficient_masks(
-    model: nn.Module, x: torch.Tensor, attributions: torch.Tensor, tau: float = 0.9,
+    model: nn.Module,
+    x: torch.Tensor,
+    attributions: torch.Tensor,
+    tau: float = 0.995,
     chunk: int = 64,
 ) -> torch.Tensor:
     """Greedy forward selection in attribution order: the smallest top-k segment set with which
@@ -528,7 +533,7 @@ class SensoryGating(Workload):
         batch_size: int = 32
         lr: float = 3e-3
         ig_steps: int = 10
-        tau: float = 0.9
+        tau: float = 0.995
         server_windows: int = 400
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -562,8 +567,12 @@ class SensoryGating(Workload):
             return Beats(beats.x[sl], beats.y[sl], beats.relevant[sl])
 
         train = part(slice(n_cal + n_test, None))
-        labelled = np.sort(rng.permutation(len(train.y))[: max(int(p.label_ratio * len(train.y)), 3)])
-        return ClientBeats(train, labelled, part(slice(0, n_cal)), part(slice(n_cal, n_cal + n_test)))
+        labelled = np.sort(
+            rng.permutation(len(train.y))[: max(int(p.label_ratio * len(train.y)), 3)]
+        )
+        return ClientBeats(
+            train, labelled, part(slice(0, n_cal)), part(slice(n_cal, n_cal + n_test))
+        )
 
     # -- arrays <-> modules -----------------------------------------------------------------
     def _modules(self) -> dict[str, nn.Module]:

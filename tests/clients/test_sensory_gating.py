@@ -18,8 +18,8 @@ from clients.workloads.sensory_gating import (
 )
 
 # the same stages as the benchmark, shortened so the file stays within its CPU budget
-CFG = StageConfig(teacher_steps=150, gate_steps=200, student_steps=200)
-NO_JEPA = StageConfig(teacher_steps=150, gate_steps=200, student_steps=200, jepa_weight=0.0)
+CFG = StageConfig(teacher_steps=150, gate_steps=200, student_steps=400)
+NO_JEPA = StageConfig(teacher_steps=150, gate_steps=200, student_steps=400, jepa_weight=0.0)
 LOW = 0.1
 
 
