@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from clients.registry import WORKLOADS, NoParams
 
-__all__ = ["WORKLOADS", "Workload", "seed_everything", "client_seed"]
+__all__ = ["WORKLOADS", "Workload", "seed_everything", "client_seed", "train_cross_entropy"]
 
 
 def seed_everything(seed: int) -> None:
@@ -31,6 +31,28 @@ def client_seed(seed: int, partition_id: int, server_round: int, salt: int = 0) 
     return int(
         np.random.SeedSequence([seed, partition_id, server_round, salt]).generate_state(1)[0]
     )
+
+
+def train_cross_entropy(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
+    batch_size: int, generator: torch.Generator,
+) -> float:  # fmt: skip
+    """Adam on cross-entropy over shuffled minibatches (trainable parameters only).
+
+    Shared by the classifier workloads; returns the last batch loss.
+    """
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    loss = torch.tensor(0.0)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for start in range(0, len(y), batch_size):
+            batch = order[start : start + batch_size]
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+            loss.backward()
+            opt.step()
+    return float(loss.detach())
 
 
 class Workload:

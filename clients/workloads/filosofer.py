@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from sklearn.datasets import load_digits
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from clients.workloads import WORKLOADS, Workload, client_seed, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: scikit-learn's bundled digits, a seeded train pool / test split
@@ -150,23 +150,7 @@ def model_macs(model: nn.Sequential) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def train(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, batch_size: int,
-    generator: torch.Generator,
-) -> float:  # fmt: skip
-    """Adam on cross-entropy in shuffled minibatches; returns the last batch loss."""
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    loss = torch.tensor(0.0)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), batch_size):
-            batch = order[start : start + batch_size]
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
-            loss.backward()
-            opt.step()
-    return float(loss.detach())
+train = train_cross_entropy  # Adam on cross-entropy in shuffled minibatches (shared)
 
 
 def train_victim(split: Split, seed: int, epochs: int = 40, lr: float = 1e-3) -> nn.Sequential:

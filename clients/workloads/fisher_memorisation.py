@@ -30,7 +30,7 @@ from scipy.ndimage import gaussian_filter, shift
 from sklearn.datasets import load_digits
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from clients.workloads import WORKLOADS, Workload, client_seed, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: bundled digits or generated image-like classes, with controlled label noise
@@ -116,28 +116,7 @@ def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
 # ---------------------------------------------------------------------------------------------
 
 
-def train(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    generator: torch.Generator,
-) -> float:
-    """Adam on cross-entropy; long enough, it memorises the noisy labels. Returns the last loss."""
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    loss = torch.tensor(0.0)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), batch_size):
-            batch = order[start : start + batch_size]
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
-            loss.backward()
-            opt.step()
-    return float(loss.detach())
+train = train_cross_entropy  # Adam on cross-entropy in shuffled minibatches (shared)
 
 
 # ---------------------------------------------------------------------------------------------
