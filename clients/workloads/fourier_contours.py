@@ -214,7 +214,7 @@ class ContourNet(nn.Module):
         self.size, self.k, self.cross_slice = size, k, cross_slice
         q = len(STRUCTURES)
         self.encoder = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(32, width, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1),
@@ -240,7 +240,10 @@ class ContourNet(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, S, H, W]`` -> complex coefficients ``[B, S, Q, 2K+1]`` in pixel units."""
         b, s, h, w = images.shape
-        feats = self.encoder(images.reshape(b * s, 1, h, w)).flatten(2).transpose(1, 2)
+        ramp = torch.linspace(-1, 1, h, device=images.device)
+        coords = torch.stack(torch.meshgrid(ramp, ramp, indexing="ij")).expand(b * s, 2, h, w)
+        x = torch.cat([images.reshape(b * s, 1, h, w), coords], 1)  # CoordConv: absolute position
+        feats = self.encoder(x).flatten(2).transpose(1, 2)
         feats = feats + self.token_pos
         queries = self.queries.expand(b * s, -1, -1)
         anat, _ = self.cross(queries, feats, feats)  # [B*S, Q, D]
@@ -403,7 +406,8 @@ def segmentation_metrics(
 ) -> dict[str, float]:
     """Dice (cavity, myocardium), boundary distance (endo, epi), LV volume error (%)."""
     d_lv, d_myo, bd = [], [], []
-    for p, t in zip(labels.reshape(-1, *labels.shape[-2:]), true.reshape(-1, *true.shape[-2:])):
+    flat_p, flat_t = labels.reshape(-1, *labels.shape[-2:]), true.reshape(-1, *true.shape[-2:])
+    for p, t in zip(flat_p, flat_t, strict=True):
         d_lv.append(dice(p == 2, t == 2))
         d_myo.append(dice(p == 1, t == 1))
         bd.append(0.5 * (boundary_distance(p == 2, t == 2) + boundary_distance(p > 0, t > 0)))
