@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -255,10 +255,3 @@ def to_json(cfg: dict[str, Any]) -> str:
 
 def to_yaml(cfg: dict[str, Any]) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(cfg))
-
-
-def as_namespace(cfg: dict[str, Any]) -> DictConfig:
-    """Read-only attribute access (``cfg.clients.num``) over a resolved config dict."""
-    node = OmegaConf.create(cfg)
-    OmegaConf.set_readonly(node, True)
-    return node

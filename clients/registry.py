@@ -10,7 +10,7 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -77,13 +77,6 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         self._discover()
         return name in self._entries
-
-
-def build_params(cls: type, params: dict[str, Any] | None, where: str) -> Any:
-    """Validate a component's ``params`` mapping against its ``Params`` dataclass."""
-    from clients.config import validate_structured
-
-    return validate_structured(cls.Params, params or {}, where)
 
 
 WORKLOADS = Registry("workload", ("clients.workloads",))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.registry import WORKLOADS
 from clients.workloads import Workload, client_seed
@@ -107,7 +107,3 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     metrics = workload.evaluate(msg.content["arrays"], data, config)
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
-
-
-def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in record.items()}

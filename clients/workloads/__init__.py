@@ -6,7 +6,6 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any, ClassVar
 
@@ -110,7 +109,3 @@ class Workload:
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         """Optional centralised evaluation on held-out data (None to skip)."""
         return None
-
-    @classmethod
-    def default_params(cls) -> dict[str, Any]:
-        return dataclasses.asdict(cls.Params())
