@@ -224,15 +224,20 @@ def _check_values(cfg: dict[str, Any]) -> None:
             raise ConfigError(message)
 
 
+def load_base(name_or_path: str) -> dict[str, Any]:
+    """The raw (unresolved) config of a preset name or a YAML path."""
+    if name_or_path.endswith((".yaml", ".yml")):
+        base = load_config_file(name_or_path)
+        base.setdefault("experiment", Path(name_or_path).stem)
+        return base
+    return load_preset(name_or_path)
+
+
 def load_experiment(
     name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
 ) -> dict[str, Any]:
     """Preset name (or YAML path) + dotlist overrides -> resolved config dict."""
-    if name_or_path.endswith((".yaml", ".yml")):
-        base = load_config_file(name_or_path)
-        base.setdefault("experiment", Path(name_or_path).stem)
-    else:
-        base = load_preset(name_or_path)
+    base = load_base(name_or_path)
     extra = parse_overrides(overrides)
     for key, value in forced.items():
         if value is not None:

@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.config import load_config_file, load_experiment, validate_structured
+from clients.config import (
+    load_base,
+    load_config_file,
+    parse_overrides,
+    resolve,
+    validate_structured,
+)
 from clients.registry import ConfigError
 
 
@@ -113,26 +119,14 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
 
 
 def cell_config(sweep: SweepConfig, cell: dict[str, Any], out: Path) -> dict[str, Any]:
-    from clients.config import parse_overrides, preset_names
-
+    """The resolved config of one cell: base + sweep overrides + the cell's grid values."""
     extra = parse_overrides(sweep.overrides)
     for key, value in cell["params"].items():
         _merge(extra, _nested(key, value))
     extra["engine"] = sweep.engine
     extra.setdefault("output", {})["run_dir"] = str(out / "cells" / cell["id"])
     extra["output"]["plots"] = False
-    if sweep.base not in preset_names() and not sweep.base.endswith((".yaml", ".yml")):
-        raise ConfigError(
-            f"unknown base experiment '{sweep.base}' (allowed: {', '.join(preset_names())})"
-        )
-    from clients.config import load_preset, resolve
-
-    base = (
-        load_config_file(sweep.base)
-        if sweep.base.endswith((".yaml", ".yml"))
-        else load_preset(sweep.base)
-    )
-    return resolve(base, extra)
+    return resolve(load_base(sweep.base), extra)
 
 
 def finished_ids(out: Path) -> set[str]:
@@ -316,4 +310,4 @@ def _plots(sweep: SweepConfig, frame: Any, out: Path) -> None:
         plt.close(fig)
 
 
-__all__ = ["SweepConfig", "load_sweep", "run_sweep", "cells_of", "load_experiment"]
+__all__ = ["SweepConfig", "load_sweep", "run_sweep", "cells_of"]

@@ -10,7 +10,6 @@ rebuilds the run directory from the streamed log when the ServerApp's own files 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -107,4 +106,3 @@ def _rebuild(run_dir: Path, history: list[dict], summary: dict, cfg: dict[str, A
     atomic_write(run_dir / "report.md", render_report(summary, history))
     if cfg["output"]["plots"]:
         plot_curves(history, run_dir / "curves.png", cfg["experiment"])
-    os.utime(run_dir)
