@@ -10,6 +10,7 @@ import pytest
 from clients.config import load_experiment
 from server import deploy
 from server.engines.deployment import run_deployment
+from server.engines.simulation import flower_env, stop_process_tree
 
 
 def _flower_procs(directory) -> list[psutil.Process]:
@@ -30,15 +31,16 @@ def federation(tmp_path_factory):
 
 
 def _refused(cmd: list[str], directory, name: str) -> str:
+    """Run a SuperNode in the same environment ``deploy.up`` gives its own, expect it to give up."""
     log = directory / f"{name}.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=flower_env(directory), stdout=fh, stderr=subprocess.STDOUT)
     try:
         code = proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"{name}: a SuperNode that should be refused kept running")
-    return f"exit {code}: {log.read_text()[-2000:]}"
+        stop_process_tree(proc.pid)
+        pytest.fail(f"{name}: a SuperNode that should be refused kept running: {log.read_text()}")
+    return f"exit {code}: {log.read_text()}"
 
 
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
@@ -66,6 +68,7 @@ def test_unregistered_key_is_refused(federation, tmp_path):
     cmd = deploy.supernode_command(state, 0, key, insecure=False)
     outcome = _refused(cmd, tmp_path, "stranger")
     assert "exit 0" not in outcome, outcome
+    assert "Failed to activate SuperNode" in outcome, outcome
 
 
 def test_insecure_supernode_cannot_talk_to_tls_superlink(federation, tmp_path):
@@ -73,6 +76,7 @@ def test_insecure_supernode_cannot_talk_to_tls_superlink(federation, tmp_path):
     cmd = deploy.supernode_command(state, 0, None, insecure=True)
     outcome = _refused(cmd, tmp_path, "insecure")
     assert "exit 0" not in outcome, outcome
+    assert "Failed to initialize the connection to the SuperLink" in outcome, outcome
 
 
 def test_down_leaves_no_process(tmp_path):
