@@ -418,12 +418,15 @@ def analytic_mixed(
     z = torch.linalg.lstsq(dmat, g_w[:, :n]).solution  # (B', n) = c_in x_t
     acts = torch.linalg.lstsq(dmat, target["time_embed.2.weight"].to(dt)).solution  # (B', h)
     t = grid[torch.cdist(acts, table).argmin(1)].to(dt)
-    sigma = edm_sigma(t)[:, None]
-    _, _, c_in = edm_coefficients(sigma)
-    x_t = z / c_in
-    onehot = s_mat  # the masked one-hot input, in model column order
-    x_in = torch.cat([z, onehot], 1)
-    p64 = {k: v.to(dt) for k, v in params.items()}
+    return _mixed_rows(know, target, batch, torch.cat([z, s_mat], 1), t)
+
+
+def _forward64(
+    know: Knowledge, x_in: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The denoiser in float64: (last hidden layer, numeric head, categorical head)."""
+    spec = know.spec
+    p64 = {k: v.to(torch.float64) for k, v in know.params.items()}
     with torch.no_grad():
         h = x_in @ p64["proj.weight"].T + p64["proj.bias"]
         emb = F.silu(
@@ -432,20 +435,44 @@ def analytic_mixed(
         h = h + emb @ p64["time_embed.2.weight"].T + p64["time_embed.2.bias"]
         for i in range(spec.layers):
             h = F.silu(h @ p64[f"blocks.{i}.weight"].T + p64[f"blocks.{i}.bias"])
-        f_num = h @ p64["num_head.weight"].T + p64["num_head.bias"]
-    design = torch.cat([h, torch.ones(len(h), 1, dtype=dt)], 1)  # (B', h+1)
-    g_num = torch.cat([target["num_head.weight"], target["num_head.bias"][:, None]], 1).to(dt)
-    resid = torch.linalg.lstsq(design.T, g_num.T).solution  # (B', n)
-    target_c = f_num - resid * batch * n / (2 * max(spec.c_lambda, 1e-12))
+        return (
+            h,
+            h @ p64["num_head.weight"].T + p64["num_head.bias"],
+            h @ p64["cat_head.weight"].T + p64["cat_head.bias"],
+        )
+
+
+def _head_residuals(know: Knowledge, target: dict[str, torch.Tensor], head: str,
+                    hidden: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Per-row dL/d(head output): the head gradient is sum_i r_i [h_i, 1]^T with h_i known."""
+    design = torch.cat([hidden, torch.ones(len(hidden), 1, dtype=hidden.dtype)], 1)
+    g = torch.cat([target[f"{head}.weight"], target[f"{head}.bias"][:, None]], 1).to(hidden.dtype)
+    return torch.linalg.lstsq(design.T, g.T).solution  # (B, out)
+
+
+def _mixed_rows(
+    know: Knowledge, target: dict[str, torch.Tensor], batch: int, x_in: torch.Tensor,
+    t: torch.Tensor,
+) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Rows of the mixed regime from the recovered inputs [c_in x_t, masked one-hot] and t: x from
+    the numeric head's per-row residuals, masked categories from the categorical head's (iDLG)."""
+    spec = know.spec
+    n = spec.n_num
+    z, onehot = x_in[:, :n], x_in[:, n:]
+    sigma = edm_sigma(t)[:, None]
+    _, _, c_in = edm_coefficients(sigma)
+    x_t = z / c_in
+    h, f_num, _ = _forward64(know, x_in, t)
+    resid = _head_residuals(know, target, "num_head", h)
+    target_c = f_num - resid * len(x_in) * n / (2 * max(spec.c_lambda, 1e-12))
     a_ = target_c * (sigma**2 + 1).sqrt()
     num = (x_t + sigma * a_) / (1 + sigma**2)
-    g_cat = torch.cat([target["cat_head.weight"], target["cat_head.bias"][:, None]], 1).to(dt)
-    rho = torch.linalg.lstsq(design.T, g_cat.T).solution  # (B', sum K)
+    rho = _head_residuals(know, target, "cat_head", h)
     blocks, masks, pos = [], [], 0
     for j, k in enumerate(spec.cat_sizes):
         vals, m = onehot[:, pos : pos + k], onehot[:, pos + k]
         pos += k + 1
-        from_target = F.one_hot(split_blocks(rho, spec.cat_sizes)[j].argmin(1), k).to(dt)
+        from_target = F.one_hot(split_blocks(rho, spec.cat_sizes)[j].argmin(1), k).to(x_in.dtype)
         blocks.append(torch.where(m[:, None] > 0.5, from_target, vals))
         masks.append(m)
     cat = torch.cat(blocks, 1)
@@ -456,6 +483,124 @@ def analytic_mixed(
         rep = torch.arange(batch) % len(num)
         num, cat, t, mask, eps = num[rep], cat[rep], t[rep], mask[rep], eps[rep]
     return Rows(num.clamp(-BOUND, BOUND), cat), t, mask, eps
+
+
+def _span_residual(g: torch.Tensor, t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Relative part of g's rows outside span{sinusoid(t_i)} (variable projection)."""
+    emb = sinusoid(t, hidden)
+    coef = torch.linalg.lstsq(emb.T, g.T).solution
+    return ((g.T - emb.T @ coef) ** 2).sum() / (g**2).sum()
+
+
+def timesteps_from_embedding(
+    g_time: torch.Tensor, batch: int, hidden: int, grid_size: int = 40001
+) -> torch.Tensor:
+    """The batch's timesteps from the first time-embedding layer's weight gradient.
+
+    That gradient is sum_i a_i sinusoid(t_i)^T, so its row space is spanned by the rows'
+    embeddings: the t_i are where the known curve t -> sinusoid(t) meets that space. Two
+    candidate sets on a fine grid — the `batch` deepest local minima of the distance to the
+    row space, and orthogonal matching pursuit (which separates rows with nearly equal t) —
+    both are refined jointly by L-BFGS on the variable-projection residual and the set whose
+    span explains more of the gradient wins. Continuous t makes exactly coinciding rows improbable."""
+    dt = torch.float64
+    g = g_time.to(dt)
+    grid = torch.linspace(T_MIN, 1, grid_size, dtype=dt)
+    atoms = sinusoid(grid, hidden)
+    atoms = atoms / atoms.norm(dim=1, keepdim=True)
+    _, sv, vh = torch.linalg.svd(g)
+    basis = vh[: min(batch, int((sv > sv[0] * 1e-7).sum()))].T  # (h, r)
+    dist = (atoms - (atoms @ basis) @ basis.T).norm(dim=1)
+    is_min = torch.ones_like(dist, dtype=torch.bool)
+    is_min[1:] &= dist[1:] <= dist[:-1]
+    is_min[:-1] &= dist[:-1] <= dist[1:]
+    minima = torch.nonzero(is_min)[:, 0]
+    minima = minima[dist[minima].argsort()[:batch]]
+    chosen: list[int] = []
+    resid = g
+    for _ in range(batch):  # orthogonal matching pursuit on the residual's dominant directions
+        _, sv_r, vh_r = torch.linalg.svd(resid, full_matrices=False)
+        fit = (atoms @ (vh_r[:batch] * sv_r[:batch, None]).T).norm(dim=1)
+        fit[torch.tensor(chosen, dtype=torch.long)] = -1.0
+        chosen.append(int(fit.argmax()))
+        emb = atoms[chosen]
+        resid = g - torch.linalg.lstsq(emb.T, g.T).solution.T @ emb
+    candidates = [grid[chosen]]
+    if len(minima) == batch:
+        candidates.append(grid[minima])
+    refined = [_refine_timesteps(g, c, hidden) for c in candidates]
+    return min(refined, key=lambda c: float(_span_residual(g, c, hidden)))
+
+
+def _refine_timesteps(g: torch.Tensor, t0: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Joint L-BFGS on the variable-projection residual from a candidate set of timesteps."""
+    t = t0.clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([t], lr=1, max_iter=60, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = _span_residual(g, t, hidden)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return t.detach().clamp(T_MIN, 1)
+
+
+def analytic_time(
+    know: Knowledge, target: dict[str, torch.Tensor], batch: int
+) -> tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """Closed-form inversion of a FedSGD update through the time embedding, both regimes, B <= h.
+
+    (1) t_i from the first time layer (``timesteps_from_embedding``); (2) with t_i known, the
+    time-MLP activations v_i are known and the second time layer's gradient sum_i delta_i v_i^T
+    gives the per-row deltas delta_i at the first hidden layer; (3) the input projection's gradient
+    sum_i delta_i x_i^T then gives every row's input x_i (Gaussian: x_t; mixed: [c_in x_t, masked
+    one-hot]); (4) a float64 forward pass gives each row's last hidden layer, and the heads'
+    gradients give the per-row residuals: eps (Gaussian) -> x_0, or x and masked categories
+    (mixed). Needs distinct timesteps and linearly independent per-row deltas."""
+    spec = know.spec
+    if know.protocol.kind != "fedsgd" or batch > spec.hidden // 2:
+        return None
+    dt = torch.float64
+    g_time = target["time_embed.0.weight"]
+    if not bool(torch.isfinite(g_time).all()) or int((g_time != 0).sum()) < 2 * batch:
+        return None  # e.g. a sparsified update: nothing to read the timesteps from
+    t = timesteps_from_embedding(g_time, batch, spec.hidden)
+    if not bool(torch.isfinite(t).all()):
+        return None
+    p64 = {k: v.to(dt) for k, v in know.params.items()}
+    acts = F.silu(
+        sinusoid(t, spec.hidden) @ p64["time_embed.0.weight"].T + p64["time_embed.0.bias"]
+    )
+    design = torch.cat([acts, torch.ones(batch, 1, dtype=dt)], 1)  # (B, h+1)
+    g2 = torch.cat([target["time_embed.2.weight"], target["time_embed.2.bias"][:, None]], 1)
+    deltas = torch.linalg.lstsq(design.T, g2.to(dt).T).solution  # (B, h)
+    g_in = torch.cat([target["proj.weight"], target["proj.bias"][:, None]], 1).to(dt)
+    x_aug = torch.linalg.lstsq(deltas.T, g_in).solution  # (B, in+1); last column ~ 1
+    x_in = x_aug[:, :-1]
+    if spec.regime == "mixed":
+        pos, parts = spec.n_num, [x_in[:, : spec.n_num]]
+        for k in spec.cat_sizes:  # snap each column's [values, MASK] block to a one-hot
+            parts.append(F.one_hot(x_in[:, pos : pos + k + 1].argmax(1), k + 1).to(dt))
+            pos += k + 1
+        return _mixed_rows(know, target, batch, torch.cat(parts, 1), t)
+    h, e_num, e_cat = _forward64(know, x_in, t)
+    eps_hat = torch.cat([e_num, e_cat], 1)
+    resid = torch.cat(
+        [
+            _head_residuals(know, target, "num_head", h),
+            _head_residuals(know, target, "cat_head", h),
+        ],
+        1,
+    )
+    eps = eps_hat - resid * batch * spec.eps_dim / 2
+    ab = alpha_bar(t)[:, None]
+    x0 = (x_in - (1 - ab).sqrt() * eps) / ab.sqrt()
+    n = spec.n_num
+    blocks = [F.one_hot(b.argmax(1), b.shape[1]) for b in split_blocks(x0[:, n:], spec.cat_sizes)]
+    cat = torch.cat(blocks, 1).float() if blocks else x0.new_zeros((batch, 0)).float()
+    return Rows(x0[:, :n].float().clamp(-BOUND, BOUND), cat), t.float(), None, eps.float()
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -559,7 +704,8 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
         v.set_cat(rows.cat)
         v.set_t(t0[None])
         with torch.no_grad():
-            v.l.copy_(m0[None] * 8 - 4)
+            if m0 is not None:
+                v.l.copy_(m0[None] * 8 - 4)
             v.e.copy_(e0[None])
     elif cfg.analytic_init and batch == 1 and steps == 1:
         rows, t, mask, eps = analytic_b1(know, target)
@@ -658,6 +804,36 @@ def align_and_vote(nums: list[np.ndarray], cats: list[np.ndarray], scores: list[
     return num, np.concatenate(blocks, 1) if blocks else np.zeros((len(num), 0)), ent
 
 
+def closed_form(
+    know: Knowledge, target: dict[str, torch.Tensor], batch: int
+) -> tuple[tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None, float]:
+    """The best closed-form candidate (FedSGD) and its gradient-match score: the single-row
+    ratio for B = 1, else the time-embedding route and (mixed) the one-hot signature route."""
+    if batch == 1:
+        rows, t1, m1, e1 = analytic_b1(know, target)
+        candidates = [(rows, torch.tensor([t1]), m1, e1.float())]
+    else:
+        candidates = []
+        for method in (analytic_time, analytic_mixed):
+            try:
+                candidates.append(method(know, target, batch))
+            except (RuntimeError, ValueError):  # ill-posed under defenses (sparsified, noised)
+                candidates.append(None)
+    best, best_score = None, math.inf
+    for cand in candidates:
+        if cand is None:
+            continue
+        rows, t0, m0, e0 = cand
+        rows = Rows(rows.num.float(), rows.cat.float())
+        sim = _simulate(know, rows, [Latents(t0.float(), e0.float(), m0)], False)
+        score = float(match_loss(sim, target, know.spec, replace(GOLIATH, objective="goliath")))
+        if math.isfinite(score) and score < best_score:
+            best, best_score = (rows, t0.float(), m0, e0.float()), score
+        if best_score < 1e-6:
+            break
+    return best, best_score
+
+
 def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
            oracle: Any = None) -> Reconstruction:  # fmt: skip
     """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode."""
@@ -665,23 +841,14 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     start = time.perf_counter()
     closed = None
     if cfg.analytic_init and cfg.latents != "oracle" and local_steps(know.protocol, batch) == 1:
-        if batch == 1:
-            rows, t1, m1, e1 = analytic_b1(know, target)
-            closed = (rows, torch.tensor([t1]), m1, e1.float())
-        else:
-            closed = analytic_mixed(know, target, batch)
-        if closed is not None:  # exact when every row was separated: keep it if it matches
-            rows, t0, m0, e0 = closed
-            lats = [Latents(t0, e0, m0)]
-            rows = Rows(rows.num.float(), rows.cat.float())
-            score = float(match_loss(_simulate(know, rows, lats, False), target, know.spec,
-                                     replace(cfg, objective="goliath")))  # fmt: skip
-            if score < 1e-3:
-                mask0 = None if m0 is None else m0.numpy()
-                rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
-                rec.frame = decode(know, rec.num, rec.cat)
-                rec.seconds = time.perf_counter() - start
-                return rec
+        closed, score = closed_form(know, target, batch)
+        if closed is not None and score < 1e-3:  # every row separated: exact, keep it
+            rows, t0, m0, _ = closed
+            mask0 = None if m0 is None else m0.numpy()
+            rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
+            rec.frame = decode(know, rec.num, rec.cat)
+            rec.seconds = time.perf_counter() - start
+            return rec
     runs = [
         invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
         for r in range(cfg.restarts)

@@ -101,6 +101,59 @@ def test_closed_form_needs_the_onehot_structure() -> None:
     assert full > ablated + 0.2
 
 
+def test_timesteps_are_read_from_the_time_embedding_gradient() -> None:
+    """The first time layer's gradient spans {sinusoid(t_i)}: the rows' t come back to ~1e-4,
+    which a random subspace of the same rank would not give."""
+    cfg = experiment("adult", "gaussian", "fedsgd", SMALL)
+    case = make_case(cfg, 8, seed=8000)[0]
+    truth = case.truth_latents[0].t.double().sort().values
+    g = case.target["time_embed.0.weight"]
+    found = goliath.timesteps_from_embedding(g, 8, 64).sort().values
+    assert float((found - truth).abs().max()) < 1e-3
+    noise = torch.randn(g.shape, generator=torch.Generator().manual_seed(0))
+    ablated = goliath.timesteps_from_embedding(noise, 8, 64).sort().values
+    assert float((ablated - truth).abs().max()) > 0.05
+
+
+def test_gaussian_regime_b8_is_inverted_in_closed_form() -> None:
+    """Gaussian regime, B = 8, FedSGD: the time-embedding route recovers the rows where the same
+    engine without the closed form (and Inverting Gradients) stays near chance."""
+    cfg = experiment("adult", "gaussian", "fedsgd", SMALL)
+    full, ablated, ig = [], [], []
+    for seed in (8000, 8002):
+        case = make_case(cfg, 8, seed=seed)[0]
+        budget = replace(CONFIGS["goliath"], restarts=1, iterations=20, cycles=1, seed=seed)
+        rec = invert(case.know, case.target, 8, budget)
+        full.append(_acc(case, rec))
+        assert rec.seconds < 30
+        off = replace(budget, analytic_init=False, label_recovery=False)
+        ablated.append(_acc(case, invert(case.know, case.target, 8, off)))
+        ig.append(_acc(case, invert(case.know, case.target, 8, replace(IG, iterations=40))))
+    assert np.mean(full) > 0.95
+    assert np.mean(full) > max(np.mean(ablated), np.mean(ig)) + 0.3
+
+
+def test_mixed_regime_b16_time_route_beats_signature_search() -> None:
+    """Mixed regime, B = 16: the one-hot signature search runs out of nodes; reading t from the
+    time embedding separates the rows regardless of how many share category values."""
+    cfg = experiment("adult", "mixed", "fedsgd", SMALL)
+    timed, searched = [], []
+    for seed in (16001, 16002):
+        case = make_case(cfg, 16, seed=seed)[0]
+
+        def accuracy(closed, case=case) -> float:
+            if closed is None:
+                return 0.0
+            rows = closed[0]
+            frame = goliath.decode(case.know, rows.num, rows.cat)
+            return _acc(case, goliath.Reconstruction(rows.num, rows.cat, None, None, 0.0, frame))
+
+        timed.append(accuracy(goliath.analytic_time(case.know, case.target, 16)))
+        searched.append(accuracy(goliath.analytic_mixed(case.know, case.target, 16)))
+    assert np.mean(timed) > 0.95
+    assert np.mean(searched) < np.mean(timed) - 0.2
+
+
 def test_multi_round_vote_fixes_disagreeing_cells() -> None:
     """Aligning reconstructions of the same rows and voting beats each single reconstruction."""
     cfg = experiment("adult", "mixed", "fedsgd", SMALL)
