@@ -210,7 +210,7 @@ def student_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class StageConfig:
-    jepa_weight: float = 1.0  # lambda of L_JEPA (0 = the ablation)
+    jepa_weight: float = 5.0  # lambda of L_JEPA (0 = the ablation)
     context: int = 4  # context patches
     horizon: int = 4  # predicted patches
     ema: float = 0.99
@@ -549,7 +549,7 @@ class SensoryGating(Workload):
         test_fraction: float = 0.2
         teacher_rounds: int = 3
         gate_rounds: int = 2
-        jepa_weight: float = 1.0
+        jepa_weight: float = 5.0
         local_steps: int = 60
         batch_size: int = 32
         lr: float = 3e-3
