@@ -538,8 +538,10 @@ class ClientBeats:
 )
 class SensoryGating(Workload):
     """Rounds ``1..teacher_rounds`` train teacher + predictor, the next ``gate_rounds`` the gate
-    (sufficient masks computed and kept locally; threshold calibrated locally and averaged), the
-    rest the student. Every round ships all four modules so FedAvg sees the same keys."""
+    (sufficient masks computed and kept locally; only their mean keep rate is averaged), the rest
+    the student: each student round first calibrates the threshold of the now fixed global gate on
+    the client's held-out windows (thresholds averaged). Every round ships all four modules so
+    FedAvg sees the same keys."""
 
     @dataclass
     class Params:
@@ -606,32 +608,32 @@ class SensoryGating(Workload):
         }  # fmt: skip
 
     @staticmethod
-    def _pack(mods: dict[str, nn.Module], threshold: float) -> ArrayRecord:
+    def _pack(mods: dict[str, nn.Module], threshold: float, mask_keep: float) -> ArrayRecord:
         state = {f"{name}.{k}": v for name in PARTS for k, v in mods[name].state_dict().items()}
         record = ArrayRecord(state)
-        record["gate_threshold"] = Array(np.array([threshold], dtype=np.float32))
+        record["gate_calibration"] = Array(np.array([threshold, mask_keep], dtype=np.float32))
         return record
 
-    def _unpack(self, arrays: ArrayRecord) -> tuple[dict[str, nn.Module], float]:
+    def _unpack(self, arrays: ArrayRecord) -> tuple[dict[str, nn.Module], float, float]:
         mods = self._modules()
-        threshold = float(arrays["gate_threshold"].numpy()[0])
+        threshold, mask_keep = (float(v) for v in arrays["gate_calibration"].numpy())
         state = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in arrays if "." in k}
         for name, mod in mods.items():
             prefix = f"{name}."
             mod.load_state_dict({k[len(prefix) :]: v for k, v in state.items()
                                  if k.startswith(prefix)})  # fmt: skip
             mod.eval()
-        return mods, threshold
+        return mods, threshold, mask_keep
 
     def init_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])
-        return self._pack(self._modules(), 0.0)
+        return self._pack(self._modules(), 0.0, 1.0)
 
     def fit(
         self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
-        mods, threshold = self._unpack(arrays)
+        mods, threshold, mask_keep = self._unpack(arrays)
         stage = self.stage(int(config["server-round"]))
         seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
         torch.manual_seed(seed)
@@ -650,17 +652,18 @@ class SensoryGating(Workload):
             masks = sufficient_masks(teacher, x, attr, cfg.tau, cfg.fills, cfg.precision, seed)
             # the masks (and the other windows used as fills) never leave the client
             metrics["gate_bce"] = train_gate(mods["gate"], x, masks, self.stage_cfg, seed)
-            metrics["mask_keep_frac"] = float(masks.mean())
-            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x),
-                                            float(masks.mean()))  # fmt: skip
-        else:
+            metrics["mask_keep_frac"] = mask_keep = float(masks.mean())
+            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x), mask_keep)
+        else:  # the gate is final: calibrate its threshold, then distil
+            threshold = calibrate_threshold(mods["gate"], mods["teacher"], _tensor(data.calib.x),
+                                            mask_keep)  # fmt: skip
             metrics["student_kl"] = train_student(mods["student"], mods["teacher"], mods["gate"],
                                                   threshold, x, self.stage_cfg, seed)  # fmt: skip
         metrics["stage"] = float(PARTS.index(stage))
-        return self._pack(mods, threshold), metrics
+        return self._pack(mods, threshold, mask_keep), metrics
 
     def _score(self, arrays: ArrayRecord, beats: Beats, seed: int) -> dict[str, float]:
-        mods, threshold = self._unpack(arrays)
+        mods, threshold, _ = self._unpack(arrays)
         x, y = _tensor(beats.x), torch.from_numpy(beats.y)
         out = {"teacher_acc": accuracy(mods["teacher"], x, y)}
         out |= gate_metrics(mods["teacher"], mods["gate"], threshold, mods["student"], beats, seed)

@@ -42,7 +42,7 @@ def test_fjepa_teacher_beats_the_same_classifier_without_it_at_low_label_ratio()
     with_jepa = teacher_stage(0, LOWEST, CFG)[1]
     without = teacher_stage(0, LOWEST, NO_JEPA)[1]
     assert with_jepa["teacher_jepa"] > 0 and without["teacher_jepa"] == 0
-    assert with_jepa["teacher_acc"] > without["teacher_acc"]
+    assert with_jepa["teacher_acc"] >= without["teacher_acc"] + 0.02  # 12 of 600 test windows
 
 
 @pytest.fixture(scope="module")
