@@ -1,7 +1,8 @@
 """Sensory Gating numbers for docs/workloads.md: ``python -m benchmarks.sensory_gating``.
 
 Teacher accuracy with vs without F-JEPA per label ratio (3 seeds), then the full pipeline at the low
-label ratio: gate keep fraction, student-teacher agreement, alignment vs random masks of equal size.
+label ratio: gate keep fraction, student-teacher agreement, alignment vs random masks of equal size,
+mask keep per class and the keep of the blur-only sufficiency criterion (the ablation).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import time
 import numpy as np
 import torch
 
-from clients.workloads.sensory_gating import StageConfig, run_pipeline, teacher_stage
+from clients.workloads.sensory_gating import (
+    StageConfig,
+    make_split,
+    run_pipeline,
+    sufficient_masks,
+    teacher_stage,
+)
 
 CFG = StageConfig(teacher_steps=150, gate_steps=200, student_steps=400)
 
@@ -46,12 +53,15 @@ def main() -> None:
     keys = ("teacher_acc", "mask_keep_frac", "keep_frac", "fidelity", "student_acc",
             "align_gate", "align_random", "align_masks")  # fmt: skip
     print(f"\npipeline at label ratio {args.pipeline_ratio}")
-    print("| seed | " + " | ".join(keys) + " | calib preserved |")
-    print("|---" * (len(keys) + 2) + "|")
+    print("| seed | " + " | ".join(keys) + " | preserved | mask keep N / S / V | blur-only keep |")
+    print("|---" * (len(keys) + 4) + "|")
     for seed in args.seeds:
         p = run_pipeline(seed, args.pipeline_ratio, cfg)
         row = " | ".join(f"{p.metrics[k]:.3f}" for k in keys)
-        print(f"| {seed} | {row} | {p.calib_preserved:.3f} |", flush=True)
+        y = make_split(seed, args.pipeline_ratio).train.y[: cfg.mask_windows]
+        per_class = " / ".join(f"{float(p.masks[y == c].mean()):.2f}" for c in range(3))
+        blur_only = float(sufficient_masks(p.teacher, p.windows, p.attributions, n_fills=0).mean())
+        print(f"| {seed} | {row} | {p.preserved:.3f} | {per_class} | {blur_only:.3f} |", flush=True)
     print(f"\nwall {time.perf_counter() - start:.0f} s")
 
 

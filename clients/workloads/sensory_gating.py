@@ -6,8 +6,9 @@ Four stages on synthetic ECG-like windows whose class-relevant regions are known
    loss on all windows (a context encoder over the first patches predicts the embeddings that an
    EMA target encoder gives the following patches);
 2. integrated-gradients attributions per segment, turned into a per-window binary mask by greedy
-   forward selection of the smallest sufficient segment set (the teacher keeps its prediction and
-   ``>= tau`` of its confidence when the rest is blurred away);
+   forward selection of the smallest sufficient segment set: the teacher keeps its prediction and
+   ``>= tau`` of its confidence when the rest is blurred away, and keeps its prediction when the rest
+   is taken from other windows (for ``>= precision`` of ``fills`` of them);
 3. a light gate network fitted with BCE to those masks, its threshold calibrated on held-out data;
 4. a student that only sees the gated input, distilled from the teacher.
 
@@ -209,7 +210,7 @@ def student_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class StageConfig:
-    jepa_weight: float = 1.0  # lambda of L_JEPA (0 = the ablation)
+    jepa_weight: float = 5.0  # lambda of L_JEPA (0 = the ablation)
     context: int = 4  # context patches
     horizon: int = 4  # predicted patches
     ema: float = 0.99
@@ -219,7 +220,10 @@ class StageConfig:
     batch_size: int = 64
     lr: float = 3e-3
     ig_steps: int = 20
-    tau: float = 0.995
+    tau: float = 0.995  # confidence kept with the rest blurred
+    fills: int = 4  # other windows filling the rest ...
+    precision: float = 0.75  # ... of which the prediction must survive this share
+    mask_windows: int = 600  # training windows that get masks (the gate's training set)
 
 
 def _tensor(x: np.ndarray) -> torch.Tensor:
@@ -288,33 +292,51 @@ def integrated_gradients(
     return attr.squeeze(1).view(len(x), GROUPS, SEGMENT).sum(-1)
 
 
+def other_window_fills(x: torch.Tensor, n: int, seed: int) -> list[torch.Tensor]:
+    """``n`` counterfactual fills: the batch rolled by distinct random offsets, so every window is
+    paired with ``n`` other windows (of any class) whose content replaces its masked-out part."""
+    gen = torch.Generator().manual_seed(seed)
+    shifts = torch.randperm(max(len(x) - 1, 1), generator=gen)[:n] + 1
+    return [x.roll(int(k), 0) for k in shifts]
+
+
 @torch.no_grad()
 def sufficient_masks(
     model: nn.Module,
     x: torch.Tensor,
     attributions: torch.Tensor,
     tau: float = 0.995,
+    n_fills: int = 4,
+    precision: float = 0.75,
+    seed: int = 0,
     chunk: int = 64,
 ) -> torch.Tensor:
-    """Greedy forward selection in attribution order: the smallest top-k segment set with which
-    the teacher keeps its prediction and ``p_masked(y_hat) >= tau * p(y_hat)``."""
+    """Greedy forward selection in attribution order: the smallest top-k segment set that is
+    sufficient whatever fills the rest. With the rest blurred, the teacher keeps its prediction
+    and ``p_masked(y_hat) >= tau * p(y_hat)``; with the rest taken from ``n_fills`` other windows it
+    keeps its prediction for at least ``precision`` of them (Anchors-style precision). The second
+    condition stops the blur baseline, which the teacher reads as N, from passing for evidence."""
     probs = torch.softmax(model(x), -1)
     pred = probs.argmax(1)
     p_full = probs.gather(1, pred[:, None]).squeeze(1)
     order = attributions.argsort(1, descending=True)
     rank = order.argsort(1)  # rank of each segment
     topk = (rank[:, None, :] < torch.arange(1, GROUPS + 1)[None, :, None]).float()  # (n, k, G)
+    fills = [blur(x), *other_window_fills(x, n_fills, seed)]
     masks = torch.ones(len(x), GROUPS)
     for s in range(0, len(x), chunk):
-        cand = topk[s : s + chunk]
+        cand, p = topk[s : s + chunk], pred[s : s + chunk, None]
         n = len(cand)
-        xs = x[s : s + chunk].repeat_interleave(GROUPS, dim=0)
-        pm = torch.softmax(model(apply_mask(xs, cand.reshape(n * GROUPS, GROUPS))), -1)
-        pm = pm.view(n, GROUPS, -1)
-        p_pred = pm.gather(2, pred[s : s + chunk, None, None].expand(n, GROUPS, 1)).squeeze(2)
-        ok = (pm.argmax(2) == pred[s : s + chunk, None]) & (
-            p_pred >= tau * p_full[s : s + chunk, None]
-        )
+        m = cand.reshape(n * GROUPS, GROUPS).repeat_interleave(SEGMENT, -1).unsqueeze(1)
+        xs = x[s : s + chunk].repeat_interleave(GROUPS, 0)
+        out = [model(m * xs + (1 - m) * f[s : s + chunk].repeat_interleave(GROUPS, 0))
+               .view(n, GROUPS, -1) for f in fills]  # fmt: skip
+        pm = torch.softmax(out[0], -1)  # rest blurred
+        p_pred = pm.gather(2, p[:, :, None].expand(n, GROUPS, 1)).squeeze(2)
+        ok = (pm.argmax(2) == p) & (p_pred >= tau * p_full[s : s + chunk, None])
+        if len(out) > 1:  # rest taken from other windows
+            held = torch.stack([o.argmax(2) == p for o in out[1:]]).float().mean(0)
+            ok &= held >= precision - 1e-6
         first = ok.float().argmax(1)
         found = ok.any(1)
         masks[s : s + chunk][found] = cand[found, first[found]]
@@ -461,40 +483,39 @@ class Pipeline:
     gate: Gate
     threshold: float
     student: Classifier
-    masks: torch.Tensor  # sufficient masks of the calibration windows
-    calib_preserved: float  # fraction of calibration windows whose prediction the mask keeps
+    windows: torch.Tensor  # the training windows that got sufficient masks (the gate's data)
+    attributions: torch.Tensor  # their IG attributions per segment
+    masks: torch.Tensor  # their sufficient masks
+    preserved: float  # fraction of those windows whose prediction the mask keeps (blur fill)
     metrics: dict[str, float]
 
 
 @functools.lru_cache(maxsize=4)
 def run_pipeline(seed: int, label_ratio: float, cfg: StageConfig = StageConfig()) -> Pipeline:
-    """All four stages on one seed; masks come from the training windows, the threshold from the
-    calibration windows, metrics from the test windows."""
+    """All four stages on one seed; masks come from the first ``cfg.mask_windows`` training windows,
+    the threshold from the calibration windows, metrics from the test windows."""
     torch.set_num_threads(1)
     teacher, stats = teacher_stage(seed, label_ratio, cfg)
     split = make_split(seed, label_ratio)
     x, xc = _tensor(split.train.x), _tensor(split.calib.x)
+    xm = x[: cfg.mask_windows]
     with torch.no_grad():
-        pred = teacher(x).argmax(1)
-    masks = sufficient_masks(teacher, x, integrated_gradients(teacher, x, pred, cfg.ig_steps),
-                             cfg.tau)  # fmt: skip
+        pred = teacher(xm).argmax(1)
+    attr = integrated_gradients(teacher, xm, pred, cfg.ig_steps)
+    masks = sufficient_masks(teacher, xm, attr, cfg.tau, cfg.fills, cfg.precision, seed)
+    with torch.no_grad():
+        preserved = float((teacher(apply_mask(xm, masks)).argmax(1) == pred).float().mean())
     torch.manual_seed(seed + 1)
     gate = Gate()
-    gate_loss = train_gate(gate, x, masks, cfg, seed + 1)
+    gate_loss = train_gate(gate, xm, masks, cfg, seed + 1)
     threshold = calibrate_threshold(gate, teacher, xc, float(masks.mean()))
     torch.manual_seed(seed + 2)
     student = Classifier(in_channels=2)
     train_student(student, teacher, gate, threshold, x, cfg, seed + 2)
-    with torch.no_grad():
-        pc = teacher(xc).argmax(1)
-    mc = sufficient_masks(teacher, xc, integrated_gradients(teacher, xc, pc, cfg.ig_steps),
-                          cfg.tau)  # fmt: skip
-    with torch.no_grad():
-        preserved = float((teacher(apply_mask(xc, mc)).argmax(1) == pc).float().mean())
     metrics = dict(stats, mask_keep_frac=float(masks.mean()), gate_bce=gate_loss)
     metrics |= gate_metrics(teacher, gate, threshold, student, split.test, seed)
-    metrics["align_masks"] = alignment(mc.numpy(), split.calib.relevant)
-    return Pipeline(teacher, gate, threshold, student, mc, preserved, metrics)
+    metrics["align_masks"] = alignment(masks.numpy(), split.train.relevant[: cfg.mask_windows])
+    return Pipeline(teacher, gate, threshold, student, xm, attr, masks, preserved, metrics)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,8 +538,10 @@ class ClientBeats:
 )
 class SensoryGating(Workload):
     """Rounds ``1..teacher_rounds`` train teacher + predictor, the next ``gate_rounds`` the gate
-    (sufficient masks computed and kept locally; threshold calibrated locally and averaged), the
-    rest the student. Every round ships all four modules so FedAvg sees the same keys."""
+    (sufficient masks computed and kept locally; only their mean keep rate is averaged), the rest
+    the student: each student round first calibrates the threshold of the now fixed global gate on
+    the client's held-out windows (thresholds averaged). Every round ships all four modules so
+    FedAvg sees the same keys."""
 
     @dataclass
     class Params:
@@ -528,12 +551,14 @@ class SensoryGating(Workload):
         test_fraction: float = 0.2
         teacher_rounds: int = 3
         gate_rounds: int = 2
-        jepa_weight: float = 1.0
+        jepa_weight: float = 5.0
         local_steps: int = 60
         batch_size: int = 32
         lr: float = 3e-3
         ig_steps: int = 10
         tau: float = 0.995
+        fills: int = 4
+        precision: float = 0.75
         server_windows: int = 400
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -542,7 +567,7 @@ class SensoryGating(Workload):
         self.stage_cfg = StageConfig(
             jepa_weight=p.jepa_weight, teacher_steps=p.local_steps, gate_steps=p.local_steps,
             student_steps=p.local_steps, batch_size=p.batch_size, lr=p.lr, ig_steps=p.ig_steps,
-            tau=p.tau,
+            tau=p.tau, fills=p.fills, precision=p.precision,
         )  # fmt: skip
         self.server_test = make_beats(p.server_windows, client_seed(cfg["seed"], 0, 0, salt=201))
 
@@ -583,32 +608,32 @@ class SensoryGating(Workload):
         }  # fmt: skip
 
     @staticmethod
-    def _pack(mods: dict[str, nn.Module], threshold: float) -> ArrayRecord:
+    def _pack(mods: dict[str, nn.Module], threshold: float, mask_keep: float) -> ArrayRecord:
         state = {f"{name}.{k}": v for name in PARTS for k, v in mods[name].state_dict().items()}
         record = ArrayRecord(state)
-        record["gate_threshold"] = Array(np.array([threshold], dtype=np.float32))
+        record["gate_calibration"] = Array(np.array([threshold, mask_keep], dtype=np.float32))
         return record
 
-    def _unpack(self, arrays: ArrayRecord) -> tuple[dict[str, nn.Module], float]:
+    def _unpack(self, arrays: ArrayRecord) -> tuple[dict[str, nn.Module], float, float]:
         mods = self._modules()
-        threshold = float(arrays["gate_threshold"].numpy()[0])
+        threshold, mask_keep = (float(v) for v in arrays["gate_calibration"].numpy())
         state = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in arrays if "." in k}
         for name, mod in mods.items():
             prefix = f"{name}."
             mod.load_state_dict({k[len(prefix) :]: v for k, v in state.items()
                                  if k.startswith(prefix)})  # fmt: skip
             mod.eval()
-        return mods, threshold
+        return mods, threshold, mask_keep
 
     def init_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])
-        return self._pack(self._modules(), 0.0)
+        return self._pack(self._modules(), 0.0, 1.0)
 
     def fit(
         self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
-        mods, threshold = self._unpack(arrays)
+        mods, threshold, mask_keep = self._unpack(arrays)
         stage = self.stage(int(config["server-round"]))
         seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
         torch.manual_seed(seed)
@@ -623,19 +648,22 @@ class SensoryGating(Workload):
             with torch.no_grad():
                 pred = teacher(x).argmax(1)
             attr = integrated_gradients(teacher, x, pred, self.stage_cfg.ig_steps)
-            masks = sufficient_masks(teacher, x, attr, self.stage_cfg.tau)  # never leaves here
+            cfg = self.stage_cfg
+            masks = sufficient_masks(teacher, x, attr, cfg.tau, cfg.fills, cfg.precision, seed)
+            # the masks (and the other windows used as fills) never leave the client
             metrics["gate_bce"] = train_gate(mods["gate"], x, masks, self.stage_cfg, seed)
-            metrics["mask_keep_frac"] = float(masks.mean())
-            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x),
-                                            float(masks.mean()))  # fmt: skip
-        else:
+            metrics["mask_keep_frac"] = mask_keep = float(masks.mean())
+            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x), mask_keep)
+        else:  # the gate is final: calibrate its threshold, then distil
+            threshold = calibrate_threshold(mods["gate"], mods["teacher"], _tensor(data.calib.x),
+                                            mask_keep)  # fmt: skip
             metrics["student_kl"] = train_student(mods["student"], mods["teacher"], mods["gate"],
                                                   threshold, x, self.stage_cfg, seed)  # fmt: skip
         metrics["stage"] = float(PARTS.index(stage))
-        return self._pack(mods, threshold), metrics
+        return self._pack(mods, threshold, mask_keep), metrics
 
     def _score(self, arrays: ArrayRecord, beats: Beats, seed: int) -> dict[str, float]:
-        mods, threshold = self._unpack(arrays)
+        mods, threshold, _ = self._unpack(arrays)
         x, y = _tensor(beats.x), torch.from_numpy(beats.y)
         out = {"teacher_acc": accuracy(mods["teacher"], x, y)}
         out |= gate_metrics(mods["teacher"], mods["gate"], threshold, mods["student"], beats, seed)

@@ -14,6 +14,7 @@ from clients.workloads.sensory_gating import (
     make_beats,
     random_masks_like,
     run_pipeline,
+    sufficient_masks,
     teacher_stage,
 )
 
@@ -41,7 +42,7 @@ def test_fjepa_teacher_beats_the_same_classifier_without_it_at_low_label_ratio()
     with_jepa = teacher_stage(0, LOWEST, CFG)[1]
     without = teacher_stage(0, LOWEST, NO_JEPA)[1]
     assert with_jepa["teacher_jepa"] > 0 and without["teacher_jepa"] == 0
-    assert with_jepa["teacher_acc"] > without["teacher_acc"]
+    assert with_jepa["teacher_acc"] >= without["teacher_acc"] + 0.02  # 12 of 600 test windows
 
 
 @pytest.fixture(scope="module")
@@ -50,25 +51,24 @@ def pipeline():
 
 
 def test_sufficient_masks_keep_the_teachers_prediction(pipeline) -> None:
-    assert pipeline.calib_preserved == 1.0
-    assert 0.0 < float(pipeline.masks.mean()) < 0.6
-    # blurring the same number of *other* segments does change predictions: the selection matters
-    x = torch.from_numpy(make_beats(300, 0 * 3 + 2).x).unsqueeze(1)
+    p = pipeline
+    assert p.preserved == 1.0
+    assert 0.15 <= float(p.masks.mean()) <= 0.5
+    # blurring the selected segments instead does change predictions: the selection matters
     with torch.no_grad():
-        pred = pipeline.teacher(x).argmax(1)
-        flipped = pipeline.teacher(apply_mask(x, 1 - pipeline.masks)).argmax(1)
+        pred = p.teacher(p.windows).argmax(1)
+        flipped = p.teacher(apply_mask(p.windows, 1 - p.masks)).argmax(1)
     assert float((flipped == pred).float().mean()) < 0.9
+    # ablation: sufficiency against the blur fill alone (which the teacher reads as N) is met by
+    # far smaller sets, under the 15 % floor
+    blur_only = sufficient_masks(p.teacher, p.windows, p.attributions, n_fills=0)
+    assert float(blur_only.mean()) < 0.15
 
 
-def test_gate_keeps_a_small_subset_close_to_the_sufficient_masks(pipeline) -> None:
+def test_gate_keeps_15_to_50_percent_close_to_the_sufficient_masks(pipeline) -> None:
     m = pipeline.metrics
-    assert 0.1 <= m["keep_frac"] <= 0.5
+    assert 0.15 <= m["keep_frac"] <= 0.5
     assert abs(m["keep_frac"] - m["mask_keep_frac"]) < 0.05
-
-
-@pytest.mark.xfail(strict=True, reason="measured keep 0.127 (seed 0): masks are smaller than 15 %")
-def test_gate_keeps_15_to_50_percent(pipeline) -> None:
-    assert 0.15 <= pipeline.metrics["keep_frac"] <= 0.5
 
 
 def test_student_on_gated_input_agrees_with_teacher(pipeline) -> None:
