@@ -18,9 +18,15 @@ matrix ``C / tr C`` (the "capacity of entanglement"). It is reported, not gated 
 
 Settings with known learning events: a deep linear network ``W2 W1`` learning the singular modes of
 a linear teacher one at a time (saddle-to-saddle dynamics), and grokking of modular addition by a
-tiny MLP. The federated workload (``two-rdm``) trains the deep linear network with FedAvg; each
-client reports the 2RDM of its local steps and of Gaussian perturbations, and the server computes
-the 2RDM across rounds with the global model's checkpoints.
+tiny MLP. The network is trained by Langevin dynamics on the population loss from a small init,
+with singular values a factor 4 apart: minibatch noise scales with the unlearned residual and, with
+modes close in time, the relaxation of the mode just learned, bury the onset of the next mode (the
+ablation, ``batch_size > 0``). The early-warning detector is per transition: ``log10 tr C`` against
+its running minimum since the previous transition, not against a global baseline.
+
+The federated workload (``two-rdm``) trains the deep linear network with FedAvg (minibatch SGD
+on client shards); each client reports the 2RDM of its local steps and of Gaussian perturbations,
+and the server computes the 2RDM across rounds with the global model's checkpoints.
 """
 
 from __future__ import annotations
