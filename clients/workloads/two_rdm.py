@@ -284,7 +284,6 @@ class PhaseTrace:
     signatures: np.ndarray | None = None  # (P, k)
     full_loss: np.ndarray | None = None  # mean probe loss at every checkpoint
     full_steps: np.ndarray | None = None
-    history: np.ndarray | None = None  # (T, P) probe losses at every checkpoint
 
 
 def observe(
@@ -306,7 +305,6 @@ def observe(
         top_vectors=np.array([r[3] for r in rows]),
         full_loss=loss_history.mean(1),
         full_steps=checkpoint_steps,
-        history=loss_history,
     )
 
 
@@ -355,7 +353,8 @@ def rise_above_recent_minimum(values: np.ndarray) -> np.ndarray:
 
 @dataclass
 class EarlyWarning:
-    """When log tr C first rose ``decades`` above its recent minimum vs when the loss moved."""
+    """When log tr C began its sustained rise ``decades`` above its recent minimum vs when the
+    loss moved (``warning_step`` is None if it was not that far above by then)."""
 
     transition_step: int
     warning_step: int | None
