@@ -3,6 +3,7 @@
 PYTHONPATH=. python benchmarks/two_rdm.py            # DLN table + docs/img/two_rdm_dln.png
 PYTHONPATH=. python benchmarks/two_rdm.py --sgd      # + minibatch-SGD ablation (two_rdm_dln_sgd.png)
 PYTHONPATH=. python benchmarks/two_rdm.py --seeds 0 --before  # the earlier s = 4, 2, 1 setting
+PYTHONPATH=. python benchmarks/two_rdm.py --seeds 0 --sweep   # temperature x detector threshold
 PYTHONPATH=. python benchmarks/two_rdm.py --grokking # also the grokking run (~1 min)
 """
 
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--federated", action="store_true")
     parser.add_argument("--sgd", action="store_true", help="also the minibatch-SGD ablation")
     parser.add_argument("--before", action="store_true", help="also the earlier s = 4, 2, 1 runs")
+    parser.add_argument("--sweep", action="store_true", help="temperature x threshold, seed 0")
     args = parser.parse_args()
     IMG.mkdir(parents=True, exist_ok=True)
     configs = [DLNConfig(seed=seed) for seed in range(args.seeds)]
@@ -150,6 +152,15 @@ def main() -> None:
                      "warning": [w.warning_step for w in warnings if w.warning_step is not None]}  # fmt: skip
             plot(trace.steps, trace.loss, trace.log_trace, trace.participation_ratio, marks,
                  f"deep linear network, teacher s = 8, 2, 0.5 ({kind})", IMG / name)  # fmt: skip
+    if args.sweep:  # the warning shrinks as the thermal floor in the plateaus rises
+        print("\n| temperature | rise when loss moved, drops 0 / 1 / 2 (decades) | margin, 1-decade "
+              "rise | margin, 2-decade rise | margin, 3-decade rise |\n|---|---|---|---|---|")  # fmt: skip
+        for temperature in (1e-14, 1e-12, 1e-10, 1e-8):
+            trace = run_dln(DLNConfig(temperature=temperature))
+            cells = [" / ".join(str(w.margin) if w.margin is not None else "none"
+                                for w in early_warnings(trace, decades=d)) for d in (1, 2, 3)]  # fmt: skip
+            rises = " / ".join(f"{w.rise_at_loss_moved:.1f}" for w in early_warnings(trace))
+            print(f"| {temperature:g} | {rises} | " + " | ".join(cells) + " |")
     if args.federated:
         federated()
     if args.grokking:
