@@ -44,9 +44,14 @@ def dln_table(config: DLNConfig) -> tuple[list[str], object, list[int], list]:
         shc = float(np.median(at_step(trace, trace.heat_capacity, s)))
         corr = float(np.median([abs_corr(v, trace.signatures[:, m])
                                 for v in at_step(trace, trace.top_vectors, s)]))  # fmt: skip
+        early = "–"
+        if ew.warning_step is not None:
+            v = at_step(trace, trace.top_vectors, ew.warning_step, half_width=0)[0]
+            early = f"{abs_corr(v, trace.signatures[:, m]):.3f}"
         rows.append(
             f"| {config.seed} | {m} | {s} | {ew.loss_moved_step} | {ew.rise_at_loss_moved:.1f} | "
-            f"{ew.margin if ew.margin is not None else 'none'} | {pr:.2f} | {corr:.3f} | {shc:.2f} |"
+            f"{ew.margin if ew.margin is not None else 'none'} | {pr:.2f} | {corr:.3f} | {early} "
+            f"| {shc:.2f} |"
         )
     late = trace.steps >= 0.75 * trace.steps[-1]
     converged = float(np.median(trace.participation_ratio[late]))
@@ -54,7 +59,7 @@ def dln_table(config: DLNConfig) -> tuple[list[str], object, list[int], list]:
     if trace.steps[late][0] >= steps[-1] + 1000:  # only when the last mode has settled
         rows.append(
             f"| {config.seed} | converged | ≥ {int(trace.steps[late][0])} | | max rise "
-            f"{false_alarm:.1f} | | {converged:.2f} | | |"
+            f"{false_alarm:.1f} | | {converged:.2f} | | | |"
         )
     return rows, trace, steps, warnings
 
@@ -137,12 +142,13 @@ def main() -> None:
     if configs:
         print("| seed | mode | transition step | loss moved 5 % at | log10 tr C rise above recent "
               "min when loss moved (decades) | warning margin (steps, sustained 2-decade rise) | "
-              "PR at transition | top-eigvec \\|corr\\| | SHC |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+              "PR at transition | top-eigvec \\|corr\\| | same at warning | SHC |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
     for config in configs:
-        if config.batch_size or config.singular_values != DLNConfig().singular_values:
+        other = config.batch_size or config.singular_values != DLNConfig().singular_values
+        if other and config.seed == 0:
             print(f"| *s = {config.singular_values}, init {config.init_scale:g}, "
-                  f"{f'SGD batch {config.batch_size}, label noise {config.label_noise}' if config.batch_size else 'Langevin'}* | | | | | | | | |")  # fmt: skip
+                  f"{f'SGD batch {config.batch_size}, label noise {config.label_noise}' if config.batch_size else 'Langevin'}* | | | | | | | | | |")  # fmt: skip
         rows, trace, steps, warnings = dln_table(config)
         print("\n".join(rows))
         if config.seed == 0 and config.singular_values == DLNConfig().singular_values:

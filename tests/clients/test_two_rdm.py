@@ -86,11 +86,15 @@ def test_top_eigenvector_aligns_with_the_mode_being_learned(dln):
         vectors = at_step(trace, trace.top_vectors, s)
         return [float(np.median([abs_corr(v, sig) for v in vectors])) for sig in trace.signatures.T]
 
-    trace, steps, _ = dln["langevin"]
+    trace, steps, warnings = dln["langevin"]
     for m, s in enumerate(steps):
         corr = corrs(trace, s)
         assert corr[m] >= 0.9, (m, corr)
         assert max(c for k, c in enumerate(corr) if k != m) < 0.5, (m, corr)
+        # already at the warning, hundreds of steps earlier, it names the mode that is coming
+        v = at_step(trace, trace.top_vectors, warnings[m].warning_step, half_width=0)[0]
+        early = [abs_corr(v, sig) for sig in trace.signatures.T]
+        assert early[m] >= 0.9 and max(c for k, c in enumerate(early) if k != m) < 0.5, early
     # ablations: under minibatch noise the last mode is missed; a random covariance aligns with none
     sgd, sgd_steps, _ = dln["sgd"]
     assert corrs(sgd, sgd_steps[2])[2] < 0.9
