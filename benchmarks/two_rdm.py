@@ -1,6 +1,9 @@
 """2RDM on a deep linear network and on grokking: the numbers and plots of docs/workloads.md.
 
-PYTHONPATH=. python benchmarks/two_rdm.py            # DLN table + docs/img/two_rdm_*.png
+PYTHONPATH=. python benchmarks/two_rdm.py            # DLN table + docs/img/two_rdm_dln.png
+PYTHONPATH=. python benchmarks/two_rdm.py --sgd      # + minibatch-SGD ablation (two_rdm_dln_sgd.png)
+PYTHONPATH=. python benchmarks/two_rdm.py --seeds 0 --before  # the earlier s = 4, 2, 1 setting
+PYTHONPATH=. python benchmarks/two_rdm.py --seeds 0 --sweep   # temperature x detector threshold
 PYTHONPATH=. python benchmarks/two_rdm.py --grokking # also the grokking run (~1 min)
 """
 
@@ -20,7 +23,8 @@ from clients.workloads.two_rdm import (  # noqa: E402
     GrokConfig,
     abs_corr,
     at_step,
-    early_warning,
+    early_warnings,
+    rise_above_recent_minimum,
     run_dln,
     run_grokking,
     transition_steps,
@@ -29,26 +33,35 @@ from clients.workloads.two_rdm import (  # noqa: E402
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
 
-def dln_table(seed: int) -> tuple[list[str], object, list[int]]:
-    trace = run_dln(DLNConfig(seed=seed))
+def dln_table(config: DLNConfig) -> tuple[list[str], object, list[int], list]:
+    """One row per transition (early warning, PR, top-eigenvector alignment) and one converged."""
+    trace = run_dln(config)
     steps = transition_steps(trace)
-    bounds = (
-        [0] + [(a + b) // 2 for a, b in zip(steps, steps[1:], strict=False)] + [steps[-1] + 500]
-    )
+    warnings = early_warnings(trace, decades=2.0, fraction=0.05)
     rows = []
-    for m, s in enumerate(steps):
-        ew = early_warning(trace, bounds[m], bounds[m + 1], decades=3.0, fraction=0.05)
+    for m, (s, ew) in enumerate(zip(steps, warnings, strict=True)):
         pr = float(np.median(at_step(trace, trace.participation_ratio, s)))
         shc = float(np.median(at_step(trace, trace.heat_capacity, s)))
         corr = float(np.median([abs_corr(v, trace.signatures[:, m])
                                 for v in at_step(trace, trace.top_vectors, s)]))  # fmt: skip
+        early = "–"
+        if ew.warning_step is not None:
+            v = at_step(trace, trace.top_vectors, ew.warning_step, half_width=0)[0]
+            early = f"{abs_corr(v, trace.signatures[:, m]):.3f}"
         rows.append(
-            f"| {seed} | {m} | {s} | {ew.rise_at_loss_moved:.1f} | "
-            f"{ew.margin if ew.margin is not None else 'none'} | {pr:.2f} | {corr:.3f} | {shc:.2f} |"
+            f"| {config.seed} | {m} | {s} | {ew.loss_moved_step} | {ew.rise_at_loss_moved:.1f} | "
+            f"{ew.margin if ew.margin is not None else 'none'} | {pr:.2f} | {corr:.3f} | {early} "
+            f"| {shc:.2f} |"
         )
-    converged = float(np.median(trace.participation_ratio[trace.steps >= steps[-1] + 1000]))
-    rows.append(f"| {seed} | converged | >= {steps[-1] + 1000} | | | {converged:.2f} | | |")
-    return rows, trace, steps
+    late = trace.steps >= 0.75 * trace.steps[-1]
+    converged = float(np.median(trace.participation_ratio[late]))
+    false_alarm = float(rise_above_recent_minimum(trace.log_trace[late]).max())
+    if trace.steps[late][0] >= steps[-1] + 1000:  # only when the last mode has settled
+        rows.append(
+            f"| {config.seed} | converged | ≥ {int(trace.steps[late][0])} | | max rise "
+            f"{false_alarm:.1f} | | {converged:.2f} | | | |"
+        )
+    return rows, trace, steps, warnings
 
 
 def plot(steps, loss, log_trace, pr, marks, title, path, extra=None) -> None:  # noqa: ANN001
@@ -66,9 +79,13 @@ def plot(steps, loss, log_trace, pr, marks, title, path, extra=None) -> None:  #
     axes[2].plot(steps, pr)
     axes[2].set_ylabel("participation ratio")
     axes[2].set_xlabel("step")
+    styles = {"transition": ("grey", ":"), "warning": ("tab:red", "--")}
     for ax in axes:
-        for s in marks:
-            ax.axvline(s, color="grey", lw=0.8, ls=":")
+        for label, xs in marks.items():
+            color, ls = styles.get(label, ("grey", ":"))
+            for k, s in enumerate(xs):
+                ax.axvline(s, color=color, lw=0.8, ls=ls, label=label if k == 0 else None)
+    axes[1].legend(loc="lower right", fontsize=8)
     axes[0].set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -109,19 +126,47 @@ def main() -> None:
     parser.add_argument("--grokking", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--federated", action="store_true")
+    parser.add_argument("--sgd", action="store_true", help="also the minibatch-SGD ablation")
+    parser.add_argument("--before", action="store_true", help="also the earlier s = 4, 2, 1 runs")
+    parser.add_argument("--sweep", action="store_true", help="temperature x threshold, seed 0")
     args = parser.parse_args()
     IMG.mkdir(parents=True, exist_ok=True)
-    if args.seeds:
-        print("| seed | mode | transition step | log10 tr C rise when loss moved 5 % (decades) | "
-              "warning margin (steps, 3-decade rise) | PR at transition | top-eigvec \\|corr\\| "
-              "| SHC |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
-    for seed in range(args.seeds):
-        rows, trace, steps = dln_table(seed)
+    configs = [DLNConfig(seed=seed) for seed in range(args.seeds)]
+    if args.sgd:  # ablation: minibatch noise (batch 256) instead of Langevin noise
+        configs += [DLNConfig(seed=seed, batch_size=256, steps=6500) for seed in range(args.seeds)]
+    if args.before:  # the earlier setting (s = 4, 2, 1, init 1e-5), and which change fixes what
+        old = {"singular_values": [4.0, 2.0, 1.0], "init_scale": 1e-5, "steps": 4000}
+        configs += [DLNConfig(**old, batch_size=256),  # the earlier setting
+                    DLNConfig(**old, batch_size=256, label_noise=0.0),  # floor is not label noise
+                    DLNConfig(**old)]  # Langevin, but modes too close in time  # fmt: skip
+    if configs:
+        print("| seed | mode | transition step | loss moved 5 % at | log10 tr C rise above recent "
+              "min when loss moved (decades) | warning margin (steps, sustained 2-decade rise) | "
+              "PR at transition | top-eigvec \\|corr\\| | same at warning | SHC |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    for config in configs:
+        other = config.batch_size or config.singular_values != DLNConfig().singular_values
+        if other and config.seed == 0:
+            print(f"| *s = {config.singular_values}, init {config.init_scale:g}, "
+                  f"{f'SGD batch {config.batch_size}, label noise {config.label_noise}' if config.batch_size else 'Langevin'}* | | | | | | | | | |")  # fmt: skip
+        rows, trace, steps, warnings = dln_table(config)
         print("\n".join(rows))
-        if seed == 0:
-            plot(trace.steps, trace.loss, trace.log_trace, trace.participation_ratio, steps,
-                 "deep linear network (teacher s = 4, 2, 1)", IMG / "two_rdm_dln.png")  # fmt: skip
+        if config.seed == 0 and config.singular_values == DLNConfig().singular_values:
+            name = "two_rdm_dln_sgd.png" if config.batch_size else "two_rdm_dln.png"
+            kind = f"minibatch SGD, batch {config.batch_size}" if config.batch_size else "Langevin"
+            marks = {"transition": steps,
+                     "warning": [w.warning_step for w in warnings if w.warning_step is not None]}  # fmt: skip
+            plot(trace.steps, trace.loss, trace.log_trace, trace.participation_ratio, marks,
+                 f"deep linear network, teacher s = 8, 2, 0.5 ({kind})", IMG / name)  # fmt: skip
+    if args.sweep:  # the warning shrinks as the thermal floor in the plateaus rises
+        print("\n| temperature | rise when loss moved, drops 0 / 1 / 2 (decades) | margin, 1-decade "
+              "rise | margin, 2-decade rise | margin, 3-decade rise |\n|---|---|---|---|---|")  # fmt: skip
+        for temperature in (1e-14, 1e-12, 1e-10, 1e-8):
+            trace = run_dln(DLNConfig(temperature=temperature))
+            cells = [" / ".join(str(w.margin) if w.margin is not None else "none"
+                                for w in early_warnings(trace, decades=d)) for d in (1, 2, 3)]  # fmt: skip
+            rises = " / ".join(f"{w.rise_at_loss_moved:.1f}" for w in early_warnings(trace))
+            print(f"| {temperature:g} | {rises} | " + " | ".join(cells) + " |")
     if args.federated:
         federated()
     if args.grokking:
@@ -131,7 +176,7 @@ def main() -> None:
         half = int(ph.full_steps[np.argmax(grok.test_accuracy >= 0.5)])
         extra = {"train acc": (ph.full_steps, grok.train_accuracy),
                  "test acc": (ph.full_steps, grok.test_accuracy)}  # fmt: skip
-        plot(ph.steps, ph.loss, ph.log_trace, ph.participation_ratio, [half],
+        plot(ph.steps, ph.loss, ph.log_trace, ph.participation_ratio, {"test acc 0.5": [half]},
              f"grokking (a + b) mod {cfg.modulus}", IMG / "two_rdm_grokking.png", extra)  # fmt: skip
         i = int(np.searchsorted(ph.steps, half))
         print(f"grokking: train acc 1.0 at step {int(ph.full_steps[np.argmax(grok.train_accuracy >= 0.99)])}, "

@@ -18,9 +18,15 @@ matrix ``C / tr C`` (the "capacity of entanglement"). It is reported, not gated 
 
 Settings with known learning events: a deep linear network ``W2 W1`` learning the singular modes of
 a linear teacher one at a time (saddle-to-saddle dynamics), and grokking of modular addition by a
-tiny MLP. The federated workload (``two-rdm``) trains the deep linear network with FedAvg; each
-client reports the 2RDM of its local steps and of Gaussian perturbations, and the server computes
-the 2RDM across rounds with the global model's checkpoints.
+tiny MLP. The network is trained by Langevin dynamics on the population loss from a small init,
+with singular values a factor 4 apart: minibatch noise scales with the unlearned residual and, with
+modes close in time, the relaxation of the mode just learned, bury the onset of the next mode (the
+ablation, ``batch_size > 0``). The early-warning detector is per transition: ``log10 tr C`` against
+its running minimum since the previous transition, not against a global baseline.
+
+The federated workload (``two-rdm``) trains the deep linear network with FedAvg (minibatch SGD
+on client shards); each client reports the 2RDM of its local steps and of Gaussian perturbations,
+and the server computes the 2RDM across rounds with the global model's checkpoints.
 """
 
 from __future__ import annotations
@@ -119,6 +125,26 @@ def dln_sgd_step(params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, lr
     params["w1"] -= lr * grad_w1
     params["w2"] -= lr * grad_w2
     return float(0.5 * (err**2).sum(1).mean())
+
+
+def dln_langevin_step(
+    params: dict[str, np.ndarray],
+    teacher_weight: np.ndarray,
+    lr: float,
+    temperature: float,
+    rng: np.random.Generator,
+) -> None:
+    """One Langevin step on the population loss ``0.5 ||W2 W1 - W*||_F^2`` (in place).
+
+    For whitened Gaussian inputs this is the exact expected gradient. The thermal noise
+    ``N(0, 2 lr T)`` keeps the weights fluctuating after convergence but, unlike minibatch noise,
+    does not scale with the unlearned residual, so it does not bury the next saddle escape.
+    """
+    err = params["w2"] @ params["w1"] - teacher_weight
+    grad_w1, grad_w2 = params["w2"].T @ err, err @ params["w1"].T
+    amp = np.sqrt(2 * lr * temperature)
+    params["w1"] -= lr * grad_w1 + amp * rng.normal(size=grad_w1.shape)
+    params["w2"] -= lr * grad_w2 + amp * rng.normal(size=grad_w2.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,17 +249,23 @@ def mode_signatures(teacher: Teacher, probe_x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class DLNConfig:
+    """Saddle-to-saddle setting: small init and teacher singular values a factor 4 apart, so each
+    plateau is long compared with the relaxation of the mode learned before it; Langevin dynamics
+    on the population loss. ``batch_size > 0`` switches to online SGD with label noise (the earlier
+    setting, kept as the ablation: its minibatch noise scales with the unlearned residual)."""
+
     dim: int = 8
     hidden: int = 16
-    singular_values: list[float] = field(default_factory=lambda: [4.0, 2.0, 1.0])
-    init_scale: float = 1e-5
+    singular_values: list[float] = field(default_factory=lambda: [8.0, 2.0, 0.5])
+    init_scale: float = 1e-7
     lr: float = 0.005
-    batch_size: int = 256
-    label_noise: float = 0.1  # keeps SGD fluctuating after convergence
-    steps: int = 4000
+    temperature: float = 1e-12  # Langevin noise; keeps the converged network fluctuating
+    batch_size: int = 0  # 0: population gradient + Langevin noise; > 0: online SGD
+    label_noise: float = 0.1  # online SGD only
+    steps: int = 10000
     probes: int = 64
     stride: int = 10  # steps between checkpoints
-    window: int = 20  # checkpoints per dynamical 2RDM
+    window: int = 10  # checkpoints per dynamical 2RDM
     heat_capacity: str = "entropy_variance"
     seed: int = 0
 
@@ -277,20 +309,25 @@ def observe(
 
 
 def run_dln(config: DLNConfig) -> PhaseTrace:
-    """Online SGD of a deep linear network on a teacher; probe losses at every checkpoint."""
+    """Train a deep linear network on a teacher; probe losses at every checkpoint."""
     rng = np.random.default_rng(config.seed)
     teacher = make_teacher(config.dim, config.singular_values, config.seed)
     params = init_dln(config.dim, config.hidden, config.init_scale, rng)
     probe_x, probe_y = teacher_data(teacher, config.probes, 0.0, rng)
+    weight = teacher.weight
     history, strengths, steps = [], [], []
     for step in range(config.steps + 1):
         if step % config.stride == 0:
             history.append(dln_losses(params, probe_x, probe_y))
             strengths.append(mode_strengths(params, teacher))
             steps.append(step)
-        if step < config.steps:
+        if step == config.steps:
+            break
+        if config.batch_size > 0:
             x, y = teacher_data(teacher, config.batch_size, config.label_noise, rng)
             dln_sgd_step(params, x, y, config.lr)
+        else:
+            dln_langevin_step(params, weight, config.lr, config.temperature, rng)
     trace = observe(np.array(history), np.array(steps), config.window, config.heat_capacity)
     trace.strengths = np.array(strengths)[config.window :]
     trace.signatures = mode_signatures(teacher, probe_x)
@@ -309,36 +346,56 @@ def at_step(trace: PhaseTrace, values: np.ndarray, step: int, half_width: int = 
     return values[max(i - half_width, 0) : i + half_width + 1]
 
 
+def rise_above_recent_minimum(values: np.ndarray) -> np.ndarray:
+    """``values[t] - min(values[:t + 1])``: the rise against the running baseline (causal)."""
+    return values - np.minimum.accumulate(values)
+
+
 @dataclass
 class EarlyWarning:
-    """When the log-trace first rose ``decades`` above its baseline vs when the loss moved."""
+    """When log tr C began its sustained rise ``decades`` above its recent minimum vs when the
+    loss moved (``warning_step`` is None if it was not that far above by then)."""
 
+    transition_step: int
     warning_step: int | None
     loss_moved_step: int
-    rise_at_loss_moved: float  # decades above baseline when the loss had dropped ``fraction``
+    rise_at_loss_moved: float  # decades above the recent minimum when the loss had moved
 
     @property
     def margin(self) -> int | None:
         return None if self.warning_step is None else self.loss_moved_step - self.warning_step
 
 
-def early_warning(
-    trace: PhaseTrace, start: int, end: int, decades: float = 3.0, fraction: float = 0.05
-) -> EarlyWarning:
-    """Early warning for the loss drop between ``start`` and ``end`` (steps).
+def early_warnings(
+    trace: PhaseTrace, decades: float = 2.0, fraction: float = 0.05
+) -> list[EarlyWarning]:
+    """A per-transition early-warning detector on ``log10 tr C``, one result per loss drop.
 
-    Baseline: the minimum log-trace in ``[start, loss moved]``. The loss has "moved" when it has
-    fallen by ``fraction`` of its total drop over the interval.
+    For drop ``m`` the baseline is the running minimum of ``log10 tr C`` since the previous
+    transition, not over the whole run: just after a transition the relaxation of the mode just
+    learned dominates ``C`` by decades, and the onset of the next mode can only be seen against
+    the quiet plateau that follows. The loss has "moved" once it has fallen ``fraction`` of the
+    drop from the saddle (the flattest checkpoint since the previous transition) to the next
+    plateau (the flattest checkpoint before the next transition, or the end of the run).
     """
-    sel = (trace.steps >= start) & (trace.steps <= end)
-    steps, loss, log_trace = trace.steps[sel], trace.loss[sel], trace.log_trace[sel]
-    drop = loss[0] - loss.min()
-    moved = int(np.argmax(loss <= loss[0] - fraction * drop))
-    base_idx = int(np.argmin(log_trace[: moved + 1]))
-    rise = log_trace - log_trace[base_idx]
-    hits = np.nonzero(rise[base_idx : moved + 1] >= decades)[0]
-    warning = int(steps[base_idx + hits[0]]) if len(hits) else None
-    return EarlyWarning(warning, int(steps[moved]), float(rise[moved]))
+    transitions = transition_steps(trace)
+    bounds = [int(trace.steps[0]), *transitions, int(trace.steps[-1])]
+    speed = np.abs(np.gradient(trace.loss))
+    out = []
+    for m, step in enumerate(transitions):
+        lo, mid, hi = (
+            int(np.searchsorted(trace.steps, b)) for b in (bounds[m], step, bounds[m + 2])
+        )
+        saddle = lo + int(np.argmin(speed[lo:mid]))
+        plateau = mid + int(np.argmin(speed[mid:hi])) if hi > mid else len(trace.loss) - 1
+        target = trace.loss[saddle] - fraction * (trace.loss[saddle] - trace.loss[plateau])
+        moved = saddle + int(np.argmax(trace.loss[saddle:] <= target))
+        rise = rise_above_recent_minimum(trace.log_trace[lo : moved + 1])
+        below = np.nonzero(rise < decades)[0]
+        first = int(below[-1]) + 1 if len(below) else 0  # start of the sustained rise
+        warning = int(trace.steps[lo + first]) if first < len(rise) else None
+        out.append(EarlyWarning(step, warning, int(trace.steps[moved]), float(rise[-1])))
+    return out
 
 
 def dln_gaussian_2rdm(

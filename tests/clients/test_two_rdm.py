@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from clients.workloads.two_rdm import (
     HEAT_CAPACITIES,
@@ -15,9 +16,10 @@ from clients.workloads.two_rdm import (
     dln_gaussian_2rdm,
     dln_loss_gradients,
     dln_sgd_step,
-    early_warning,
+    early_warnings,
     init_dln,
     make_teacher,
+    rise_above_recent_minimum,
     run_dln,
     spectrum,
     teacher_data,
@@ -27,42 +29,79 @@ from clients.workloads.two_rdm import (
 
 @pytest.fixture(scope="module")
 def dln():
-    trace = run_dln(DLNConfig(seed=0))
-    return trace, transition_steps(trace)
+    """Langevin saddle-to-saddle run (the mechanism) and its ablation, minibatch SGD (batch 256)
+    on the same teacher: minibatch noise scales with the unlearned residual."""
+    torch.set_num_threads(1)
+    traces = {}
+    for name, config in (("langevin", DLNConfig(seed=0)),
+                         ("sgd", DLNConfig(seed=0, batch_size=256, steps=6500))):  # fmt: skip
+        trace = run_dln(config)
+        traces[name] = (trace, transition_steps(trace), early_warnings(trace, decades=2.0))
+    return traces
 
 
 def test_transitions_are_sequential(dln):
-    trace, steps = dln
-    assert steps[0] < steps[1] < steps[2]
-    assert trace.loss[-1] < 0.01 * trace.loss[0]
+    for trace, steps, _ in dln.values():
+        assert steps[0] < steps[1] < steps[2]
+        assert trace.loss[-1] < 1e-3 * trace.loss[0]
 
 
-def test_trace_rises_decades_before_first_loss_drop(dln):
-    trace, steps = dln
-    warning = early_warning(trace, 0, (steps[0] + steps[1]) // 2, decades=3.0, fraction=0.05)
-    # the fluctuation observable has risen 3 decades while the loss has not yet dropped 5 %
-    assert warning.warning_step is not None
-    assert warning.margin is not None and warning.margin >= 50
-    assert warning.rise_at_loss_moved >= 3.0
+def test_trace_rises_before_each_loss_drop(dln):
+    trace, steps, warnings = dln["langevin"]
+    margins = [w.margin for w in warnings]
+    print("early-warning margins (steps):", margins)
+    # log10 tr C is >= 2 decades above its minimum since the previous transition, and stays so,
+    # >= 150 steps before the loss has fallen 5 % of each drop
+    for w in warnings:
+        assert w.warning_step is not None and w.margin >= 150, w
+        assert w.rise_at_loss_moved >= 4.0, w
+        assert w.loss_moved_step < w.transition_step
+    # ablation: with minibatch noise the fluctuations of the learned modes bury drops 1 and 2
+    _, _, sgd = dln["sgd"]
+    assert all(w.warning_step is None and w.rise_at_loss_moved < 1.5 for w in sgd[1:]), sgd
+
+
+def test_no_false_alarm_after_convergence(dln):
+    trace, _, _ = dln["langevin"]
+    converged = trace.log_trace[trace.steps >= 0.75 * trace.steps[-1]]
+    assert rise_above_recent_minimum(converged).max() < 2.0
 
 
 def test_participation_ratio_low_at_transitions_high_after_convergence(dln):
-    trace, steps = dln
-    at_transition = [float(np.median(at_step(trace, trace.participation_ratio, s))) for s in steps]
-    assert at_transition[0] <= 1.5 and at_transition[1] <= 1.5
-    assert at_transition[2] <= 2.0
-    converged = trace.participation_ratio[trace.steps >= steps[-1] + 1000]
-    assert np.median(converged) >= 2.5
-    assert np.median(converged) > max(at_transition) + 1.0
+    def ratios(trace, steps):
+        at = [float(np.median(at_step(trace, trace.participation_ratio, s))) for s in steps]
+        converged = np.median(trace.participation_ratio[trace.steps >= 0.75 * trace.steps[-1]])
+        return at, float(converged)
+
+    at_transition, converged = ratios(*dln["langevin"][:2])
+    assert max(at_transition) <= 1.1, at_transition
+    assert converged >= 3.0
+    # ablation: under minibatch noise the later transitions are no longer one-dimensional
+    sgd_at, _ = ratios(*dln["sgd"][:2])
+    assert max(sgd_at[1:]) > 1.3, sgd_at
 
 
 def test_top_eigenvector_aligns_with_the_mode_being_learned(dln):
-    trace, steps = dln
-    for m, s in enumerate(steps):
+    def corrs(trace, s):
         vectors = at_step(trace, trace.top_vectors, s)
-        corr = [float(np.median([abs_corr(v, sig) for v in vectors])) for sig in trace.signatures.T]
+        return [float(np.median([abs_corr(v, sig) for v in vectors])) for sig in trace.signatures.T]
+
+    trace, steps, warnings = dln["langevin"]
+    for m, s in enumerate(steps):
+        corr = corrs(trace, s)
         assert corr[m] >= 0.9, (m, corr)
-        assert corr[m] == max(corr)
+        assert max(c for k, c in enumerate(corr) if k != m) < 0.5, (m, corr)
+        # already at the warning, hundreds of steps earlier, it names the mode that is coming
+        v = at_step(trace, trace.top_vectors, warnings[m].warning_step, half_width=0)[0]
+        early = [abs_corr(v, sig) for sig in trace.signatures.T]
+        assert early[m] >= 0.9 and max(c for k, c in enumerate(early) if k != m) < 0.5, early
+    # ablations: under minibatch noise the last mode is missed; a random covariance aligns with none
+    sgd, sgd_steps, _ = dln["sgd"]
+    assert corrs(sgd, sgd_steps[2])[2] < 0.9
+    rng = np.random.default_rng(0)
+    increments = rng.normal(size=(DLNConfig().window, trace.signatures.shape[0]))
+    top = spectrum(increments.T @ increments).eigenvectors[:, 0]
+    assert max(abs_corr(top, sig) for sig in trace.signatures.T) < 0.9
 
 
 def test_gaussian_2rdm_matches_linearisation():
