@@ -324,15 +324,14 @@ class ContourNet(nn.Module):
 
     def __init__(
         self, size: int, slices: int, k: int, width: int = 32, cross_slice: bool = True,
-        layers: int = 2,
+        layers: int = 1, reference: bool = True,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.size, self.k, self.cross_slice = size, k, cross_slice
+        self.size, self.k, self.cross_slice, self.reference = size, k, cross_slice, reference
         q = len(STRUCTURES)
         self.encoder = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, width, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, width, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1),
         )  # fmt: skip
@@ -366,7 +365,10 @@ class ContourNet(nn.Module):
             anat, attn = layer(anat, tokens)
         stride = h // feats.shape[-1]
         token_xy = (grid.flatten(1).T + 1) / 2 * (feats.shape[-1] - 1) * stride + (stride - 1) / 2
-        ref = moment_reference(attn, token_xy, self.k)  # [B*S, Q, 3+2K]
+        if self.reference:
+            ref = moment_reference(attn, token_xy, self.k)  # [B*S, Q, 3+2K]
+        else:  # ablation: a fixed prior (the generator's mean contour)
+            ref = self.mean.expand(b * s, -1, -1)
         q = anat.shape[1]
         if self.cross_slice:
             seq = anat.reshape(b, s, q, -1).transpose(1, 2).reshape(b * q, s, -1)
