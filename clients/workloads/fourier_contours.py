@@ -607,8 +607,11 @@ class LocalSetup:
     labelled: float = 1.0
     hospitals: int = 3
     cross_slice: bool = True
+    reference: bool = True  # False: the ablation without the attention-moment reference
+    weights: LossWeights = LossWeights()
 
 
+@functools.lru_cache(maxsize=8)
 def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms:
     """``n`` stacks split evenly over ``setup.hospitals`` scanner profiles."""
     parts = [
@@ -618,27 +621,49 @@ def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms
         )
         for h in range(setup.hospitals)
     ]  # fmt: skip
-    return Phantoms(
-        *(
-            torch.cat([getattr(p, f) for p in parts])
-            for f in ("images", "radial", "coeffs", "labels")
-        )
+    fields = ("images", "radial", "coeffs", "labels")
+    return Phantoms(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
+
+
+def _data(setup: LocalSetup, seed: int) -> tuple[Phantoms, Phantoms]:
+    """Pooled train/test stacks; depend only on the data fields of ``setup`` (cached)."""
+    data_setup = LocalSetup(setup.size, setup.slices, setup.k, hospitals=setup.hospitals)
+    return (
+        hospital_data(data_setup, seed, setup.n_train, 1),
+        hospital_data(data_setup, seed, setup.n_test, 2),
     )
 
 
 @functools.lru_cache(maxsize=8)
-def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict[str, float]]:
-    """Train the contour model and the U-Net on the same pooled data and budget; test metrics."""
+def run_contours(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, float]:
+    """Train the contour model on the pooled hospitals; test metrics."""
     torch.set_num_threads(1)
-    train = hospital_data(setup, seed, setup.n_train, 1)
-    test = hospital_data(setup, seed, setup.n_test, 2)
+    train, test = _data(setup, seed)
     torch.manual_seed(seed)
-    net = ContourNet(setup.size, setup.slices, setup.k, cross_slice=setup.cross_slice)
-    train_contours(net, train, setup.steps, seed, setup.lr, setup.batch, setup.labelled)
+    net = ContourNet(
+        setup.size, setup.slices, setup.k, cross_slice=setup.cross_slice,
+        reference=setup.reference,
+    )  # fmt: skip
+    train_contours(
+        net, train, setup.steps, seed, setup.lr, setup.batch, setup.labelled, setup.weights
+    )
+    return evaluate_contours(net, test)
+
+
+@functools.lru_cache(maxsize=8)
+def run_unet(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, float]:
+    """Train the U-Net baseline on the same data, steps, batch and schedule; test metrics."""
+    torch.set_num_threads(1)
+    train, test = _data(setup, seed)
     torch.manual_seed(seed)
     unet = UNet()
     train_unet(unet, train, setup.steps, seed, setup.lr, setup.batch)
-    return {"fourier": evaluate_contours(net, test), "unet": evaluate_unet(unet, test)}
+    return evaluate_unet(unet, test)
+
+
+def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict[str, float]]:
+    """Both arms on the same pooled data and budget."""
+    return {"fourier": run_contours(seed, setup), "unet": run_unet(seed, setup)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -660,14 +685,14 @@ class FourierContours(Workload):
         lr: float = 3e-3
         labelled_fraction: float = 1.0
         cross_slice: bool = True
-
-    def _setup(self) -> LocalSetup:
-        p = self.params
-        return LocalSetup(p.size, p.slices, p.harmonics, cross_slice=p.cross_slice)
+        reference: bool = True  # attention-moment reference (False: ablation)
 
     def _models(self, arrays: ArrayRecord | None = None) -> tuple[ContourNet, UNet]:
         p = self.params
-        net, unet = ContourNet(p.size, p.slices, p.harmonics, cross_slice=p.cross_slice), UNet()
+        net = ContourNet(
+            p.size, p.slices, p.harmonics, cross_slice=p.cross_slice, reference=p.reference
+        )
+        unet = UNet()
         if arrays is not None:
             state = arrays.to_torch_state_dict()
             for prefix, model in (("fourier.", net), ("unet.", unet)):
