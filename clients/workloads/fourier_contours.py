@@ -601,7 +601,7 @@ class LocalSetup:
     k: int = 3
     n_train: int = 96
     n_test: int = 24
-    steps: int = 200
+    steps: int = 150
     batch: int = 4
     lr: float = 3e-3
     labelled: float = 1.0

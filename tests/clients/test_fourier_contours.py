@@ -137,7 +137,7 @@ def test_without_the_moment_reference_the_contours_fall_short(local) -> None:
 def test_federated_hospitals_fedavg(tmp_path) -> None:
     overrides = [
         "engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}",
-        "workload.params.stacks_per_client=8", "workload.params.local_steps=15",
+        "workload.params.stacks_per_client=6", "workload.params.local_steps=8",
         "workload.params.test_stacks=4",
     ]  # fmt: skip
     summary = run_inline(load_experiment("fourier-contours", overrides))
