@@ -1,19 +1,26 @@
 """Fourier Contour Learning: cardiac boundaries as a few Fourier coefficients per structure.
 
-A closed contour is ``z(tau) = sum_{k=-K..K} c_k exp(i 2 pi k tau)`` with complex ``c_k``, so a
-structure costs ``2 (2K + 1)`` reals instead of one logit per pixel. Its enclosed area follows from
-Green's theorem, ``A = pi sum_k k |c_k|^2``, and a stack's volume is ``sum_s A_s * thickness``: both
-are differentiable, so measurement supervision is a plain loss term.
+A closed contour is ``z(tau) = sum_{k=-K..K} c_k exp(i 2 pi k tau)`` with complex ``c_k``. Its
+enclosed area follows from Green's theorem, ``A = pi sum_k k |c_k|^2``, and a stack's volume is
+``sum_s A_s * thickness``: both are differentiable, so measurement supervision is a plain loss term.
 
-The model is a per-slice CNN encoder, learned anatomy queries (LV endocardium, LV epicardium) that
-cross-attend to the slice's tokens, a Transformer layer across the slice axis, and a head that emits
-the coefficients. The loss combines point supervision (exact via Parseval), a soft-rasterised mask
-Dice, an area (measurement) term, and a flip-equivariance regulariser on unlabelled stacks. The
-baseline is a small U-Net (three-class dense masks, volume by voxel counting).
+The model predicts star-shaped contours, ``z(t) = centre + r(t) e^{it}`` with
+``r(t) = a_0 + sum_{k<=K} a_k cos kt + b_k sin kt`` (``3 + 2K`` reals per structure); this is an exact
+Fourier series with harmonics ``-(K+1)..K+1`` (``radial_to_complex``), so the area formula applies
+unchanged, and ``r(t) - |z - centre|`` is an exact inside test and a cheap differentiable raster.
+
+Network: per-slice CNN encoder (CoordConv), learned anatomy queries (LV endocardium, LV epicardium)
+cross-attending to the slice's tokens, a Transformer layer across the slice axis, and a head that
+emits the coefficients as an offset from a reference read off the query's attention map (centroid,
+spread and elongation: ``moment_reference``). Without that reference the regressor cannot localise
+the centre and underfits. Loss: normalised coefficient error (direct supervision from the known
+contours), soft-raster Dice with annealed sharpness (mask supervision), relative area error
+(measurement supervision), and a flip-equivariance regulariser on unlabelled stacks. Baseline: a
+small U-Net (three-class dense masks, volume by voxel counting).
 
 Data are synthetic short-axis phantoms: a bright blood pool inside a dark myocardial ring, shrinking
 toward the apex, on a textured background, with blur, a bias field, noise, and per-"hospital"
-contrast (gamma), noise and bias differences. Ground-truth contours are exact Fourier series.
+contrast (gamma), noise and bias differences. Ground-truth contours are exact radial series.
 """
 
 from __future__ import annotations
@@ -39,18 +46,8 @@ STRUCTURES = ("lv_endo", "lv_epi")  # myocardium = inside epi and outside endo
 # Fourier contour algebra
 # ----------------------------------------------------------------------------------------------
 def harmonics(k: int) -> torch.Tensor:
-    """The frequencies ``-K..K`` (index ``K`` is the DC term, the contour's centre)."""
+    """The frequencies ``-K..K`` (index ``K`` is the DC term)."""
     return torch.arange(-k, k + 1)
-
-
-def to_complex(coeffs: torch.Tensor) -> torch.Tensor:
-    """Reals ``[..., 2(2K+1)]`` (re, im interleaved) -> complex ``[..., 2K+1]``."""
-    return torch.view_as_complex(coeffs.reshape(*coeffs.shape[:-1], -1, 2).contiguous())
-
-
-def to_real(coeffs: torch.Tensor) -> torch.Tensor:
-    """Complex ``[..., 2K+1]`` -> reals ``[..., 2(2K+1)]``."""
-    return torch.view_as_real(coeffs).flatten(-2)
 
 
 def contour_points(coeffs: torch.Tensor, m: int) -> torch.Tensor:
