@@ -1,23 +1,32 @@
 """Fourier contours vs U-Net: local (pooled hospitals) and federated (FedAvg over hospitals).
 
-    python -m benchmarks.fourier_contours                 # local, seed 0, default LocalSetup
-    python -m benchmarks.fourier_contours --steps 400     # longer training (same for both arms)
-    python -m benchmarks.fourier_contours --federated     # + the `fourier-contours` preset, inline
+    python -m benchmarks.fourier_contours                  # local, seed 0, default LocalSetup
+    python -m benchmarks.fourier_contours --seeds 0 1 2    # per-seed rows
+    python -m benchmarks.fourier_contours --ablations      # + contour-model ablations (seed(s) given)
+    python -m benchmarks.fourier_contours --federated      # + the `fourier-contours` preset, inline
 
-Prints one markdown row per arm and the Fourier/U-Net ratios.
+Prints one markdown row per arm and seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 
 from clients.config import load_experiment
-from clients.workloads.fourier_contours import LocalSetup, run_local
+from clients.workloads.fourier_contours import LocalSetup, LossWeights, run_contours, run_unet
 from server.engines.inline import run_inline
 
 KEYS = ("dice_lv", "dice_myo", "dice", "boundary_px", "vol_err_pct", "n_output_params")
+ABLATIONS = {
+    "no moment reference (fixed prior)": {"reference": False},
+    "no cross-slice attention": {"cross_slice": False},
+    "no mask (soft-raster Dice) loss": {"weights": LossWeights(mask=0.0)},
+    "no coefficient loss": {"weights": LossWeights(coef=0.0)},
+    "no area (measurement) loss": {"weights": LossWeights(area=0.0)},
+}
 
 
 def row(name: str, m: dict[str, float]) -> str:
@@ -26,17 +35,23 @@ def row(name: str, m: dict[str, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=LocalSetup.steps)
+    ap.add_argument("--ablations", action="store_true")
     ap.add_argument("--federated", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    setup = LocalSetup(steps=args.steps)
     print("| arm | " + " | ".join(KEYS) + " |\n|---|" + "---|" * len(KEYS))
-    t0 = time.perf_counter()
-    local = run_local(args.seed, LocalSetup(steps=args.steps))
-    print(row("local Fourier", local["fourier"]))
-    print(row("local U-Net", local["unet"]))
-    print(f"(local wall {time.perf_counter() - t0:.1f} s)")
+    for seed in args.seeds:
+        t0 = time.perf_counter()
+        print(row(f"local Fourier, seed {seed}", run_contours(seed, setup)))
+        print(row(f"local U-Net, seed {seed}", run_unet(seed, setup)))
+        if args.ablations:
+            for name, change in ABLATIONS.items():
+                m = run_contours(seed, dataclasses.replace(setup, **change))
+                print(row(f"Fourier, {name}, seed {seed}", m))
+        print(f"(seed {seed} wall {time.perf_counter() - t0:.1f} s)")
     if args.federated:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
@@ -45,21 +60,14 @@ def main() -> None:
                 [
                     "engine=inline",
                     f"rounds={args.rounds}",
-                    f"seed={args.seed}",
+                    f"seed={args.seeds[0]}",
                     f"output.dir={tmp}",
                 ],
             )
             m = run_inline(cfg)["metrics"]
-        fed = {k: m[f"central.{k}"] for k in KEYS}
-        fed_unet = {k: m[f"central.unet_{k}"] for k in KEYS}
-        print(row("federated Fourier", fed))
-        print(row("federated U-Net", fed_unet))
+        print(row("federated Fourier", {k: m[f"central.{k}"] for k in KEYS}))
+        print(row("federated U-Net", {k: m[f"central.unet_{k}"] for k in KEYS}))
         print(f"(federated wall {time.perf_counter() - t0:.1f} s)")
-    f, u = local["fourier"], local["unet"]
-    print(
-        f"\nlocal Fourier - U-Net Dice {f['dice'] - u['dice']:+.3f}; output params ratio "
-        f"{f['n_output_params'] / u['n_output_params']:.4f}"
-    )
 
 
 if __name__ == "__main__":

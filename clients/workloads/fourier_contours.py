@@ -1,19 +1,26 @@
 """Fourier Contour Learning: cardiac boundaries as a few Fourier coefficients per structure.
 
-A closed contour is ``z(tau) = sum_{k=-K..K} c_k exp(i 2 pi k tau)`` with complex ``c_k``, so a
-structure costs ``2 (2K + 1)`` reals instead of one logit per pixel. Its enclosed area follows from
-Green's theorem, ``A = pi sum_k k |c_k|^2``, and a stack's volume is ``sum_s A_s * thickness``: both
-are differentiable, so measurement supervision is a plain loss term.
+A closed contour is ``z(tau) = sum_{k=-K..K} c_k exp(i 2 pi k tau)`` with complex ``c_k``. Its
+enclosed area follows from Green's theorem, ``A = pi sum_k k |c_k|^2``, and a stack's volume is
+``sum_s A_s * thickness``: both are differentiable, so measurement supervision is a plain loss term.
 
-The model is a per-slice CNN encoder, learned anatomy queries (LV endocardium, LV epicardium) that
-cross-attend to the slice's tokens, a Transformer layer across the slice axis, and a head that emits
-the coefficients. The loss combines point supervision (exact via Parseval), a soft-rasterised mask
-Dice, an area (measurement) term, and a flip-equivariance regulariser on unlabelled stacks. The
-baseline is a small U-Net (three-class dense masks, volume by voxel counting).
+The model predicts star-shaped contours, ``z(t) = centre + r(t) e^{it}`` with
+``r(t) = a_0 + sum_{k<=K} a_k cos kt + b_k sin kt`` (``3 + 2K`` reals per structure); this is an exact
+Fourier series with harmonics ``-(K+1)..K+1`` (``radial_to_complex``), so the area formula applies
+unchanged, and ``r(t) - |z - centre|`` is an exact inside test and a cheap differentiable raster.
+
+Network: per-slice CNN encoder (CoordConv), learned anatomy queries (LV endocardium, LV epicardium)
+cross-attending to the slice's tokens, a Transformer layer across the slice axis, and a head that
+emits the coefficients as an offset from a reference read off the query's attention map (centroid,
+spread and elongation: ``moment_reference``). Without that reference the regressor cannot localise
+the centre and underfits. Loss: normalised coefficient error (direct supervision from the known
+contours), soft-raster Dice with annealed sharpness (mask supervision), relative area error
+(measurement supervision), and a flip-equivariance regulariser on unlabelled stacks. Baseline: a
+small U-Net (three-class dense masks, volume by voxel counting).
 
 Data are synthetic short-axis phantoms: a bright blood pool inside a dark myocardial ring, shrinking
 toward the apex, on a textured background, with blur, a bias field, noise, and per-"hospital"
-contrast (gamma), noise and bias differences. Ground-truth contours are exact Fourier series.
+contrast (gamma), noise and bias differences. Ground-truth contours are exact radial series.
 """
 
 from __future__ import annotations
@@ -39,18 +46,8 @@ STRUCTURES = ("lv_endo", "lv_epi")  # myocardium = inside epi and outside endo
 # Fourier contour algebra
 # ----------------------------------------------------------------------------------------------
 def harmonics(k: int) -> torch.Tensor:
-    """The frequencies ``-K..K`` (index ``K`` is the DC term, the contour's centre)."""
+    """The frequencies ``-K..K`` (index ``K`` is the DC term)."""
     return torch.arange(-k, k + 1)
-
-
-def to_complex(coeffs: torch.Tensor) -> torch.Tensor:
-    """Reals ``[..., 2(2K+1)]`` (re, im interleaved) -> complex ``[..., 2K+1]``."""
-    return torch.view_as_complex(coeffs.reshape(*coeffs.shape[:-1], -1, 2).contiguous())
-
-
-def to_real(coeffs: torch.Tensor) -> torch.Tensor:
-    """Complex ``[..., 2K+1]`` -> reals ``[..., 2(2K+1)]``."""
-    return torch.view_as_real(coeffs).flatten(-2)
 
 
 def contour_points(coeffs: torch.Tensor, m: int) -> torch.Tensor:
@@ -85,12 +82,6 @@ def flip_coeffs(coeffs: torch.Tensor, width: int) -> torch.Tensor:
     return out + shift
 
 
-def pixel_grid(size: int) -> torch.Tensor:
-    """Complex pixel-centre coordinates ``x + i y`` (x = column, y = row), flattened."""
-    ys, xs = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
-    return torch.complex(xs.flatten().double(), ys.flatten().double())
-
-
 def inside(points: torch.Tensor, size: int) -> torch.Tensor:
     """Hard inside test of every pixel centre; complex ``points [..., m]`` -> bool ``[..., HW]``."""
     ys, xs = np.mgrid[0:size, 0:size]
@@ -105,12 +96,65 @@ def label_map(endo: torch.Tensor, epi: torch.Tensor) -> torch.Tensor:
     return torch.where(endo, 2, torch.where(epi, 1, 0)).long()
 
 
-def soft_mask(points: torch.Tensor, size: int, sigma: float = 0.5) -> torch.Tensor:
-    """Differentiable raster: ``sigmoid(signed distance to the sampled contour / sigma)``."""
-    grid = pixel_grid(size).to(points.dtype)
-    dist = (points[..., None, :] - grid[:, None]).abs().min(-1).values
-    sign = inside(points, size).to(dist.dtype) * 2 - 1
-    return torch.sigmoid(sign * dist / sigma)
+# ----------------------------------------------------------------------------------------------
+# Star-shaped (radial) contours: the model's output parameterisation
+# ----------------------------------------------------------------------------------------------
+def n_radial(k: int) -> int:
+    """Reals per structure: centre (x, y), ``a_0``, ``a_1..a_K``, ``b_1..b_K``."""
+    return 3 + 2 * k
+
+
+def radial_to_complex(p: torch.Tensor) -> torch.Tensor:
+    """Radial parameters ``[..., 3+2K]`` -> complex coefficients ``[..., 2K+3]`` (``-(K+1)..K+1``).
+
+    ``z(theta) = centre + r(theta) e^{i theta}`` with ``r = sum_k rho_k e^{ik theta}``,
+    ``rho_{+-k} = (a_k -+ i b_k) / 2``: so ``c_{k+1} = rho_k`` and ``c_0`` also holds the centre.
+    The map is linear, hence the area formula and all losses stay differentiable.
+    """
+    k = (p.shape[-1] - 3) // 2
+    p = p.double()
+    centre = torch.complex(p[..., 0], p[..., 1])
+    a, b = p[..., 3 : 3 + k], p[..., 3 + k :]
+    pos, neg = torch.complex(a, -b) / 2, torch.complex(a, b) / 2  # rho_k, rho_{-k} (k = 1..K)
+    zero = torch.zeros_like(centre)[..., None]
+    parts = [
+        zero, zero,  # frequencies -(K+1), -K
+        neg[..., 1:].flip(-1),  # -(K-1)..-1
+        (neg[..., 0] + centre)[..., None],  # 0
+        torch.complex(p[..., 2], torch.zeros_like(p[..., 2]))[..., None],  # 1
+        pos,  # 2..K+1
+    ]  # fmt: skip
+    return torch.cat(parts, -1)
+
+
+def pixel_xy(size: int, scale: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flattened centres of a ``scale``-times supersampled grid, in pixel units (x = column)."""
+    t = (torch.arange(size * scale, dtype=torch.float64) + 0.5) / scale - 0.5
+    ys, xs = torch.meshgrid(t, t, indexing="ij")
+    return xs.flatten(), ys.flatten()
+
+
+def radial_distance(p: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """``r(theta_j) - |z_j - centre|`` for points ``j``: > 0 inside; ``[..., 3+2K]`` -> ``[..., N]``.
+
+    Exact inside test for star-shaped contours and a cheap, differentiable signed distance."""
+    k = (p.shape[-1] - 3) // 2
+    dx, dy = xs.to(p.dtype) - p[..., 0:1], ys.to(p.dtype) - p[..., 1:2]
+    rho = torch.sqrt(dx**2 + dy**2 + 1e-9)
+    ang = torch.atan2(dy, dx)[..., None] * torch.arange(1, k + 1, dtype=p.dtype)  # [..., N, K]
+    r = p[..., 2:3] + (ang.cos() * p[..., None, 3 : 3 + k]).sum(-1)
+    return r + (ang.sin() * p[..., None, 3 + k :]).sum(-1) - rho
+
+
+def flip_radial(p: torch.Tensor, width: int) -> torch.Tensor:
+    """Radial parameters of the left-right mirror (``x -> width - 1 - x``, ``r'(t) = r(pi - t)``);
+    the complex image is ``flip_coeffs``."""
+    k = (p.shape[-1] - 3) // 2
+    sign = (-1.0) ** torch.arange(1, k + 1, dtype=p.dtype)
+    return torch.cat(
+        [width - 1 - p[..., :1], p[..., 1:3], p[..., 3 : 3 + k] * sign, -p[..., 3 + k :] * sign],
+        -1,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,42 +182,42 @@ def hospital(seed: int, hospital_id: int) -> Hospital:
 @dataclass
 class Phantoms:
     images: torch.Tensor  # [n, S, H, W] float32, per-stack standardised
-    coeffs: torch.Tensor  # [n, S, 2, 2K+1] complex128, ground-truth contours
+    radial: torch.Tensor  # [n, S, 2, 3+2K] float64, ground-truth radial parameters
+    coeffs: torch.Tensor  # [n, S, 2, 2K+3] complex128, the same contours as Fourier series
     labels: torch.Tensor  # [n, S, H, W] int64: 0 background, 1 myocardium, 2 LV cavity
 
     def __len__(self) -> int:
         return len(self.images)
 
 
-def phantom_coeffs(rng: np.random.Generator, size: int, slices: int, k: int) -> np.ndarray:
-    """Ground-truth endo/epi coefficients ``[S, 2, 2K+1]`` of one stack (c_1 real: start angle 0)."""
+def phantom_radial(rng: np.random.Generator, size: int, slices: int, k: int) -> np.ndarray:
+    """Ground-truth endo/epi radial parameters ``[S, 2, 3+2K]`` of one stack.
+
+    One shape per stack (ellipse ``k = 2`` plus small other harmonics), scaled per structure;
+    the cavity shrinks toward the apex and the centre drifts a little between slices."""
     centre = (size - 1) / 2 + rng.uniform(-2.0, 2.0, 2)
     radius = rng.uniform(0.25, 0.31) * size
     thickness = rng.uniform(0.08, 0.11) * size
-    base = np.zeros(2 * k + 1, complex)
-    base[k + 1] = 1.0
-    base[k - 1] = rng.uniform(0.0, 0.12) * np.exp(1j * rng.uniform(0, 2 * np.pi))
-    for h in range(2, k + 1):
-        base[k + h] = rng.normal(0, 0.025) + 1j * rng.normal(0, 0.025)
-        base[k - h] = rng.normal(0, 0.025) + 1j * rng.normal(0, 0.025)
+    a, b = rng.normal(0, 0.025, k), rng.normal(0, 0.025, k)
+    if k >= 2:
+        ecc, phase = rng.uniform(0.0, 0.12), rng.uniform(0, np.pi)
+        a[1], b[1] = ecc * np.cos(2 * phase), ecc * np.sin(2 * phase)
+    shape = np.concatenate([[1.0], a, b])
     shrink = 1 - rng.uniform(0.3, 0.45) * np.arange(slices) / max(slices - 1, 1)
-    out = np.zeros((slices, 2, 2 * k + 1), complex)
+    out = np.zeros((slices, 2, n_radial(k)))
     for s in range(slices):
-        drift = rng.normal(0, 0.3, 2)
         r_endo = radius * shrink[s]
-        for q, r in enumerate((r_endo, r_endo + thickness * (0.9 + 0.1 * shrink[s]))):
-            out[s, q] = base * r
-            out[s, q, k] = complex(centre[0] + drift[0], centre[1] + drift[1])
+        out[s, :, :2] = centre + rng.normal(0, 0.3, 2)
+        out[s, 0, 2:] = shape * r_endo
+        out[s, 1, 2:] = shape * (r_endo + thickness * (0.9 + 0.1 * shrink[s]))
     return out
 
 
-def render(coeffs: np.ndarray, size: int, site: Hospital, rng: np.random.Generator) -> np.ndarray:
+def render(radial: np.ndarray, size: int, site: Hospital, rng: np.random.Generator) -> np.ndarray:
     """A short-axis slice: 2x supersampled partial volume, texture, blur, bias field, gamma, noise."""
     fine = 2 * size
-    fine_coeffs = torch.from_numpy(coeffs) * 2  # fine pixel centre = 2 x + 0.5
-    fine_coeffs[..., (coeffs.shape[-1] - 1) // 2] += complex(0.5, 0.5)
-    pts = contour_points(fine_coeffs, 256)
-    endo, epi = inside(pts, fine).reshape(2, fine, fine).double().numpy()
+    dist = radial_distance(torch.from_numpy(radial), *pixel_xy(size, 2))
+    endo, epi = (dist > 0).reshape(2, fine, fine).double().numpy()
     texture = ndimage.gaussian_filter(rng.normal(0, 1, (fine, fine)), 3.0)
     texture = 0.45 + 0.12 * texture / (texture.std() + 1e-9)
     img = texture * (1 - epi) + 0.15 * (epi - endo) + 0.95 * endo
@@ -186,79 +230,152 @@ def render(coeffs: np.ndarray, size: int, site: Hospital, rng: np.random.Generat
     return img + rng.normal(0, site.noise, img.shape)
 
 
+def rasterise(radial: torch.Tensor, size: int) -> torch.Tensor:
+    """Label maps ``[..., H, W]`` of endo/epi radial parameters ``[..., 2, 3+2K]``."""
+    inner = radial_distance(radial.double(), *pixel_xy(size)) > 0
+    return label_map(inner[..., 0, :], inner[..., 1, :]).reshape(*radial.shape[:-2], size, size)
+
+
 def make_phantoms(
     n: int, size: int, slices: int, k: int, seed: int, site: Hospital = Hospital()
 ) -> Phantoms:
     """``n`` stacks of ``slices`` short-axis slices of ``size x size`` with exact contours."""
     rng = np.random.default_rng(seed)
-    coeffs = np.stack([phantom_coeffs(rng, size, slices, k) for _ in range(n)])
-    images = np.stack([[render(c, size, site, rng) for c in stack] for stack in coeffs])
+    radial = np.stack([phantom_radial(rng, size, slices, k) for _ in range(n)])
+    images = np.stack([[render(r, size, site, rng) for r in stack] for stack in radial])
     mu = images.mean((1, 2, 3), keepdims=True)
     sd = images.std((1, 2, 3), keepdims=True)
-    coeff_t = torch.from_numpy(coeffs)
-    masks = inside(contour_points(coeff_t, 256), size).reshape(n, slices, 2, size, size)
-    labels = label_map(masks[:, :, 0], masks[:, :, 1])
-    return Phantoms(torch.from_numpy((images - mu) / sd).float(), coeff_t, labels)
+    radial_t = torch.from_numpy(radial)
+    return Phantoms(
+        torch.from_numpy((images - mu) / sd).float(),
+        radial_t,
+        radial_to_complex(radial_t),
+        rasterise(radial_t, size),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def radial_stats(size: int, slices: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std ``[2, 3+2K]`` of the generator's parameters: the head's output normaliser."""
+    rng = np.random.default_rng(12345)
+    p = torch.from_numpy(np.stack([phantom_radial(rng, size, slices, k) for _ in range(2048)]))
+    p = p.flatten(0, 1).float()
+    return p.mean(0), p.std(0)
 
 
 # ----------------------------------------------------------------------------------------------
 # Models
 # ----------------------------------------------------------------------------------------------
+def _coords(h: int, w: int) -> torch.Tensor:
+    """``[2, H, W]`` x and y ramps in ``[-1, 1]`` (CoordConv channels)."""
+    ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    return torch.stack([xs, ys])
+
+
+class QueryLayer(nn.Module):
+    """Pre-norm decoder layer: queries self-attend, cross-attend to the slice tokens, MLP.
+
+    Also returns the head-averaged cross-attention weights ``[B, Q, T]``."""
+
+    def __init__(self, width: int, heads: int = 4) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(3))
+        self.self_attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.cross = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width)
+        )
+
+    def forward(self, q: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.norms[0](q)
+        q = q + self.self_attn(x, x, x, need_weights=False)[0]
+        out, weights = self.cross(self.norms[1](q), tokens, tokens)
+        q = q + out
+        return q + self.mlp(self.norms[2](q)), weights
+
+
+def moment_reference(attn: torch.Tensor, xy: torch.Tensor, k: int) -> torch.Tensor:
+    """Radial parameters of the ellipse with the attention map's moments ``[..., 3+2K]``.
+
+    For a map uniform over an ellipse ``r = a_0 + a_2 cos 2t + b_2 sin 2t`` (small ``a_2, b_2``):
+    centre = mean, ``a_0^2 = 2 (var x + var y)``, ``a_2 = (var x - var y) / a_0``,
+    ``b_2 = 2 cov / a_0``; the other harmonics are 0."""
+    mean = attn @ xy  # [..., 2]
+    d = xy - mean[..., None, :]  # [..., T, 2]
+    vx, vy = (attn * d[..., 0] ** 2).sum(-1), (attn * d[..., 1] ** 2).sum(-1)
+    cov = (attn * d[..., 0] * d[..., 1]).sum(-1)
+    a0 = torch.sqrt(2 * (vx + vy) + 1e-6)
+    a, b = torch.zeros(*a0.shape, k).to(a0), torch.zeros(*a0.shape, k).to(a0)
+    if k >= 2:
+        a[..., 1], b[..., 1] = (vx - vy) / a0, 2 * cov / a0
+    return torch.cat([mean, a0[..., None], a, b], -1)
+
+
 class ContourNet(nn.Module):
-    """CNN encoder -> anatomy queries (cross-attention) -> cross-slice attention -> coefficients."""
+    """CNN encoder -> anatomy queries (cross-attention) -> cross-slice attention -> coefficients.
+
+    Each query's last cross-attention map is a soft segmentation of its structure: its
+    attention-weighted token position (a soft-argmax) is the reference centre, and the head adds an
+    offset to it. The other outputs are normalised radial coefficients,
+    ``mean + std * head``, with mean/std from the generator (``radial_stats``)."""
 
     def __init__(
-        self, size: int, slices: int, k: int, width: int = 32, cross_slice: bool = True
-    ) -> None:
+        self, size: int, slices: int, k: int, width: int = 32, cross_slice: bool = True,
+        layers: int = 1, reference: bool = True,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.size, self.k, self.cross_slice = size, k, cross_slice
+        self.size, self.k, self.cross_slice, self.reference = size, k, cross_slice, reference
         q = len(STRUCTURES)
         self.encoder = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(32, width, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, width, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1),
         )  # fmt: skip
-        tokens = (size // 4) ** 2
-        self.token_pos = nn.Parameter(torch.randn(tokens, width) * 0.1)
+        self.token_pos = nn.Conv2d(2, width, 1)  # linear position embedding of the tokens
+        self.token_norm = nn.LayerNorm(width)
         self.queries = nn.Parameter(torch.randn(q, width) * 0.1)
-        self.cross = nn.MultiheadAttention(width, 4, batch_first=True)
+        self.decoder = nn.ModuleList(QueryLayer(width) for _ in range(layers))
         self.slice_pos = nn.Parameter(torch.randn(slices, width) * 0.1)
         self.slice_attn = nn.TransformerEncoderLayer(
-            width, 4, 2 * width, dropout=0.0, batch_first=True
+            width, 4, 2 * width, dropout=0.0, batch_first=True, norm_first=True
         )
         self.head = nn.Sequential(
-            nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 2 * (2 * k + 1))
-        )  # fmt: skip
+            nn.LayerNorm(width), nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, n_radial(k))
+        )
         nn.init.zeros_(self.head[-1].weight)
         nn.init.zeros_(self.head[-1].bias)
-        prior = torch.zeros(q, 2 * k + 1, dtype=torch.complex64)
-        prior[:, k] = complex((size - 1) / 2, (size - 1) / 2)
-        prior[:, k + 1] = torch.tensor([0.22, 0.32]) * size
-        self.register_buffer("prior", to_real(prior))
+        mean, std = radial_stats(size, slices, k)
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """``[B, S, H, W]`` -> complex coefficients ``[B, S, Q, 2K+1]`` in pixel units."""
+        """``[B, S, H, W]`` -> radial parameters ``[B, S, Q, 3+2K]`` in pixel units."""
         b, s, h, w = images.shape
-        ramp = torch.linspace(-1, 1, h, device=images.device)
-        coords = torch.stack(torch.meshgrid(ramp, ramp, indexing="ij")).expand(b * s, 2, h, w)
-        x = torch.cat([images.reshape(b * s, 1, h, w), coords], 1)  # CoordConv: absolute position
-        feats = self.encoder(x).flatten(2).transpose(1, 2)
-        feats = feats + self.token_pos
-        queries = self.queries.expand(b * s, -1, -1)
-        anat, _ = self.cross(queries, feats, feats)  # [B*S, Q, D]
-        anat = anat + queries
+        coords = _coords(h, w).to(images).expand(b * s, 2, h, w)
+        feats = self.encoder(torch.cat([images.reshape(b * s, 1, h, w), coords], 1))
+        grid = _coords(*feats.shape[-2:]).to(images)
+        feats = feats + self.token_pos(grid[None])
+        tokens = self.token_norm(feats.flatten(2).transpose(1, 2))  # [B*S, T, D]
+        anat = self.queries.expand(b * s, -1, -1)
+        for layer in self.decoder:
+            anat, attn = layer(anat, tokens)
+        stride = h // feats.shape[-1]
+        token_xy = (grid.flatten(1).T + 1) / 2 * (feats.shape[-1] - 1) * stride + (stride - 1) / 2
+        if self.reference:
+            ref = moment_reference(attn, token_xy, self.k)  # [B*S, Q, 3+2K]
+        else:  # ablation: a fixed prior (the generator's mean contour)
+            ref = self.mean.expand(b * s, -1, -1)
         q = anat.shape[1]
         if self.cross_slice:
             seq = anat.reshape(b, s, q, -1).transpose(1, 2).reshape(b * q, s, -1)
             seq = self.slice_attn(seq + self.slice_pos[:s])
             anat = seq.reshape(b, q, s, -1).transpose(1, 2).reshape(b * s, q, -1)
-        out = self.prior + self.head(anat) * (self.size / 4)
-        return to_complex(out.reshape(b, s, q, -1).double())
+        return (ref + self.std * self.head(anat)).reshape(b, s, q, -1)
 
     def n_output_params(self) -> int:
         """Reals output per slice (all structures)."""
-        return len(STRUCTURES) * 2 * (2 * self.k + 1)
+        return len(STRUCTURES) * n_radial(self.k)
 
 
 class UNet(nn.Module):
@@ -300,64 +417,88 @@ class UNet(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Local steps
 # ----------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class LossWeights:
-    point: float = 1.0  # mean squared distance of corresponding points (= sum |dc_k|^2, Parseval)
-    mask: float = 0.5  # 1 - soft Dice of the rasterised endo and epi masks
+    coef: float = 1.0  # normalised squared error of the radial coefficients
+    mask: float = 1.0  # 1 - soft Dice of cavity, epicardium and myocardium (soft raster)
     area: float = 0.5  # relative area error (measurement supervision)
     flip: float = 0.2  # flip-equivariance on unlabelled stacks
+    sigma: tuple[float, float] = (1.0, 0.25)  # soft-raster sharpness (px), annealed start -> end
+
+
+def soft_dice(soft: torch.Tensor, hard: torch.Tensor) -> torch.Tensor:
+    """Per-mask soft Dice over the last axis."""
+    return 2 * (soft * hard).sum(-1) / (soft.sum(-1) + hard.sum(-1) + 1e-6)
 
 
 def contour_loss(
-    model: ContourNet, images: torch.Tensor, target: torch.Tensor | None, w: LossWeights
-) -> torch.Tensor:
+    model: ContourNet, images: torch.Tensor, target: Phantoms | None, w: LossWeights,
+    sigma: float = 0.5,
+) -> torch.Tensor:  # fmt: skip
     """Combined loss; ``target=None`` means the stacks are unlabelled (regulariser only)."""
     pred = model(images)
     size = images.shape[-1]
-    loss = torch.zeros((), dtype=torch.float64)
+    loss = torch.zeros(())
     if target is not None:
-        scale = size / 8
-        loss = loss + w.point * ((pred - target).abs() ** 2).sum(-1).mean() / scale**2
-        a_pred, a_true = fourier_area(pred), fourier_area(target)
-        loss = loss + w.area * ((a_pred - a_true).abs() / a_true).mean()
+        loss = loss + w.coef * (((pred - target.radial.float()) / model.std) ** 2).mean()
+        a_pred, a_true = fourier_area(radial_to_complex(pred)), fourier_area(target.coeffs)
+        loss = loss + w.area * ((a_pred - a_true).abs() / a_true).mean().float()
         if w.mask > 0:
-            soft = soft_mask(contour_points(pred, 32).to(torch.complex64), size).double()
-            hard = inside(contour_points(target, 64), size).double()
-            dice = 2 * (soft * hard).sum(-1) / (soft.sum(-1) + hard.sum(-1) + 1e-6)
+            soft = torch.sigmoid(radial_distance(pred, *pixel_xy(size)) / sigma)
+            endo, epi = soft[..., 0, :], soft[..., 1, :]
+            labels = target.labels.flatten(-2)
+            dice = torch.stack(
+                [
+                    soft_dice(endo, (labels == 2).float()),
+                    soft_dice(epi, (labels > 0).float()),
+                    soft_dice((epi - endo).clamp(min=0), (labels == 1).float()),
+                ]
+            )
             loss = loss + w.mask * (1 - dice).mean()
     if w.flip > 0:
         flipped = model(images.flip(-1))
-        loss = (
-            loss
-            + w.flip
-            * ((flipped - flip_coeffs(pred, size)).abs() ** 2).sum(-1).mean()
-            / (size / 8) ** 2
-        )
+        loss = loss + w.flip * (((flipped - flip_radial(pred, size)) / model.std) ** 2).mean()
     return loss
+
+
+def _cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine decay to 5 % of the initial rate (both arms use it)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(t / max(steps, 1), 1)))
+    )
+
+
+def _subset(data: Phantoms, idx: torch.Tensor | slice) -> Phantoms:
+    return Phantoms(data.images[idx], data.radial[idx], data.coeffs[idx], data.labels[idx])
 
 
 def train_contours(
     model: ContourNet, data: Phantoms, steps: int, seed: int, lr: float = 3e-3,
     batch: int = 8, labelled: float = 1.0, weights: LossWeights = LossWeights(),
 ) -> float:  # fmt: skip
-    """Adam on the combined loss; the first ``labelled`` fraction of stacks carry contours."""
+    """Adam on the combined loss; the first ``labelled`` fraction of stacks carry contours; the
+    soft raster's ``sigma`` is annealed geometrically from coarse (wide gradients) to sharp."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = _cosine(opt, steps)
     n_lab = max(1, int(round(labelled * len(data))))
+    sup = LossWeights(weights.coef, weights.mask, weights.area, 0.0)
+    no_sup = LossWeights(0, 0, 0, weights.flip)
     model.train()
     total = 0.0
-    for _ in range(steps):
+    for t in range(steps):
+        s0, s1 = weights.sigma
+        sigma = s0 * (s1 / s0) ** (t / max(steps - 1, 1))
         idx = torch.randint(0, n_lab, (batch,), generator=gen)
-        sup = LossWeights(weights.point, weights.mask, weights.area, 0.0)
-        loss = contour_loss(model, data.images[idx], data.coeffs[idx], sup)
+        loss = contour_loss(model, data.images[idx], _subset(data, idx), sup, sigma)
         if n_lab < len(data) and weights.flip > 0:
             unl = torch.randint(n_lab, len(data), (batch,), generator=gen)
-            no_sup = LossWeights(0, 0, 0, weights.flip)
             loss = loss + contour_loss(model, data.images[unl], None, no_sup)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         total += float(loss.detach())
     return total / max(steps, 1)
 
@@ -365,10 +506,11 @@ def train_contours(
 def train_unet(
     model: UNet, data: Phantoms, steps: int, seed: int, lr: float = 3e-3, batch: int = 8
 ) -> float:
-    """Adam on pixel-wise cross-entropy, same budget as the contour model."""
+    """Adam on pixel-wise cross-entropy, same budget and schedule as the contour model."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = _cosine(opt, steps)
     model.train()
     total = 0.0
     for _ in range(steps):
@@ -378,6 +520,7 @@ def train_unet(
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         total += float(loss.detach())
     return total / max(steps, 1)
 
@@ -427,10 +570,8 @@ def evaluate_contours(
     """Rasterise predicted contours for Dice/boundary; LV volume from the analytic areas."""
     model.eval()
     pred = model(data.images)
-    size = data.images.shape[-1]
-    masks = inside(contour_points(pred, 128), size).reshape(*pred.shape[:3], size, size)
-    labels = label_map(masks[:, :, 0], masks[:, :, 1]).numpy()
-    vol_pred = (fourier_area(pred[:, :, 0]) * thickness).sum(1).numpy()
+    labels = rasterise(pred, data.images.shape[-1]).numpy()
+    vol_pred = (fourier_area(radial_to_complex(pred[:, :, 0])) * thickness).sum(1).numpy()
     vol_true = (fourier_area(data.coeffs[:, :, 0]) * thickness).sum(1).numpy()
     out = segmentation_metrics(labels, data.labels.numpy(), vol_pred, vol_true)
     out["n_output_params"] = float(model.n_output_params())
@@ -457,14 +598,17 @@ class LocalSetup:
     k: int = 3
     n_train: int = 96
     n_test: int = 24
-    steps: int = 200
+    steps: int = 150
     batch: int = 4
     lr: float = 3e-3
     labelled: float = 1.0
     hospitals: int = 3
     cross_slice: bool = True
+    reference: bool = True  # False: the ablation without the attention-moment reference
+    weights: LossWeights = LossWeights()
 
 
+@functools.lru_cache(maxsize=8)
 def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms:
     """``n`` stacks split evenly over ``setup.hospitals`` scanner profiles."""
     parts = [
@@ -474,24 +618,49 @@ def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms
         )
         for h in range(setup.hospitals)
     ]  # fmt: skip
-    return Phantoms(
-        *(torch.cat([getattr(p, f) for p in parts]) for f in ("images", "coeffs", "labels"))
+    fields = ("images", "radial", "coeffs", "labels")
+    return Phantoms(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
+
+
+def _data(setup: LocalSetup, seed: int) -> tuple[Phantoms, Phantoms]:
+    """Pooled train/test stacks; depend only on the data fields of ``setup`` (cached)."""
+    data_setup = LocalSetup(setup.size, setup.slices, setup.k, hospitals=setup.hospitals)
+    return (
+        hospital_data(data_setup, seed, setup.n_train, 1),
+        hospital_data(data_setup, seed, setup.n_test, 2),
     )
 
 
 @functools.lru_cache(maxsize=8)
-def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict[str, float]]:
-    """Train the contour model and the U-Net on the same pooled data and budget; test metrics."""
+def run_contours(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, float]:
+    """Train the contour model on the pooled hospitals; test metrics."""
     torch.set_num_threads(1)
-    train = hospital_data(setup, seed, setup.n_train, 1)
-    test = hospital_data(setup, seed, setup.n_test, 2)
+    train, test = _data(setup, seed)
     torch.manual_seed(seed)
-    net = ContourNet(setup.size, setup.slices, setup.k, cross_slice=setup.cross_slice)
-    train_contours(net, train, setup.steps, seed, setup.lr, setup.batch, setup.labelled)
+    net = ContourNet(
+        setup.size, setup.slices, setup.k, cross_slice=setup.cross_slice,
+        reference=setup.reference,
+    )  # fmt: skip
+    train_contours(
+        net, train, setup.steps, seed, setup.lr, setup.batch, setup.labelled, setup.weights
+    )
+    return evaluate_contours(net, test)
+
+
+@functools.lru_cache(maxsize=8)
+def run_unet(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, float]:
+    """Train the U-Net baseline on the same data, steps, batch and schedule; test metrics."""
+    torch.set_num_threads(1)
+    train, test = _data(setup, seed)
     torch.manual_seed(seed)
     unet = UNet()
     train_unet(unet, train, setup.steps, seed, setup.lr, setup.batch)
-    return {"fourier": evaluate_contours(net, test), "unet": evaluate_unet(unet, test)}
+    return evaluate_unet(unet, test)
+
+
+def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict[str, float]]:
+    """Both arms on the same pooled data and budget."""
+    return {"fourier": run_contours(seed, setup), "unet": run_unet(seed, setup)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,14 +682,14 @@ class FourierContours(Workload):
         lr: float = 3e-3
         labelled_fraction: float = 1.0
         cross_slice: bool = True
-
-    def _setup(self) -> LocalSetup:
-        p = self.params
-        return LocalSetup(p.size, p.slices, p.harmonics, cross_slice=p.cross_slice)
+        reference: bool = True  # attention-moment reference (False: ablation)
 
     def _models(self, arrays: ArrayRecord | None = None) -> tuple[ContourNet, UNet]:
         p = self.params
-        net, unet = ContourNet(p.size, p.slices, p.harmonics, cross_slice=p.cross_slice), UNet()
+        net = ContourNet(
+            p.size, p.slices, p.harmonics, cross_slice=p.cross_slice, reference=p.reference
+        )
+        unet = UNet()
         if arrays is not None:
             state = arrays.to_torch_state_dict()
             for prefix, model in (("fourier.", net), ("unet.", unet)):
@@ -544,11 +713,7 @@ class FourierContours(Workload):
             client_seed(seed, partition_id, 0, salt=1), site,
         )  # fmt: skip
         cut = p.stacks_per_client
-        split = [
-            Phantoms(data.images[s], data.coeffs[s], data.labels[s])
-            for s in (slice(0, cut), slice(cut, None))
-        ]
-        return {"train": split[0], "test": split[1]}
+        return {"train": _subset(data, slice(0, cut)), "test": _subset(data, slice(cut, None))}
 
     def init_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])

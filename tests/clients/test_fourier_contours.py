@@ -1,4 +1,5 @@
-"""Fourier contours: the area identity, the flip map, the local claims vs U-Net, the federated path."""
+"""Fourier contours: the area identity, the radial <-> Fourier map, the flip maps, the moment
+reference, the local claims vs U-Net (with the ablation), the federated path."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import torch
 
 from clients.config import load_experiment
 from clients.workloads.fourier_contours import (
+    LocalSetup,
     contour_points,
     flip_coeffs,
+    flip_radial,
     fourier_area,
     inside,
     make_phantoms,
+    moment_reference,
+    pixel_xy,
+    radial_distance,
+    radial_to_complex,
+    rasterise,
+    run_contours,
     run_local,
     shoelace_area,
 )
@@ -56,6 +65,43 @@ def test_flip_coeffs_mirror_the_rasterised_contour() -> None:
     assert (flip_coeffs(coeffs, size)[:, 4].real > 0).all()  # start point stays at angle 0
 
 
+def test_radial_parameters_are_an_exact_fourier_series() -> None:
+    """``c + r(t) e^{it}`` with ``r = a_0 + sum a_k cos kt + b_k sin kt`` is the series of
+    ``radial_to_complex``; its Fourier area is the polar area ``pi a_0^2 + pi/2 sum (a^2 + b^2)``."""
+    gen = torch.Generator().manual_seed(3)
+    p = torch.randn(5, 9, generator=gen, dtype=torch.float64) * 0.3
+    p[:, :2] += 16.0
+    p[:, 2] = 6.0 + torch.rand(5, generator=gen, dtype=torch.float64)
+    t = 2 * math.pi * torch.arange(64, dtype=torch.float64) / 64
+    kt = torch.arange(1, 4, dtype=torch.float64)[:, None] * t
+    r = p[:, 2:3] + p[:, 3:6] @ kt.cos() + p[:, 6:9] @ kt.sin()
+    polar = torch.complex(p[:, :1], p[:, 1:2]) + r * torch.exp(1j * t)
+    assert torch.allclose(contour_points(radial_to_complex(p), 64), polar, atol=1e-9)
+    area = math.pi * p[:, 2] ** 2 + math.pi / 2 * (p[:, 3:] ** 2).sum(-1)
+    assert torch.allclose(fourier_area(radial_to_complex(p)), area, rtol=1e-12)
+
+
+def test_phantom_labels_and_flips_agree_with_the_fourier_contours() -> None:
+    data = make_phantoms(3, 32, 4, 3, seed=0)
+    polygon = inside(contour_points(data.coeffs, 256), 32).reshape(3, 4, 2, 32, 32)
+    from_polygon = torch.where(polygon[:, :, 0], 2, torch.where(polygon[:, :, 1], 1, 0))
+    assert (from_polygon != data.labels).float().mean() < 1e-3  # radial raster = polygon test
+    flipped = flip_radial(data.radial, 32)
+    assert torch.allclose(radial_to_complex(flipped), flip_coeffs(data.coeffs, 32), atol=1e-12)
+    assert torch.equal(rasterise(flipped, 32), data.labels.flip(-1))
+
+
+def test_moment_reference_recovers_an_ellipse_from_a_uniform_map() -> None:
+    """The head's reference: a map uniform inside an ellipse gives its centre, a_0, a_2, b_2."""
+    k, size = 3, 32
+    true = torch.tensor([14.3, 16.8, 8.0, 0.0, 0.6, 0.0, 0.0, -0.4, 0.0], dtype=torch.float64)
+    xs, ys = pixel_xy(size, 4)  # 4x supersampled map
+    attn = (radial_distance(true, xs, ys) > 0).double()
+    ref = moment_reference(attn / attn.sum(), torch.stack([xs, ys], -1), k)
+    assert torch.allclose(ref[:3], true[:3], atol=0.1)  # first order in the eccentricity
+    assert torch.allclose(ref[[4, 7]], true[[4, 7]], atol=0.05)
+
+
 def test_phantom_voxel_counts_track_the_analytic_area() -> None:
     data = make_phantoms(3, 32, 4, 3, seed=0)
     voxels = (data.labels == 2).sum((2, 3)).double()
@@ -69,33 +115,29 @@ def local() -> dict[str, dict[str, float]]:
     return run_local(0)
 
 
-SHORTFALL = (
-    "Done-when not met at this budget: measured (seed 0, 200 steps) Fourier Dice 0.700 vs U-Net "
-    "0.936, LV volume error 8.9 %; the contour regressor underfits (train Dice ~ test Dice)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SHORTFALL)
 def test_contours_match_unet_dice_with_under_1pct_of_its_outputs(local) -> None:
     fourier, unet = local["fourier"], local["unet"]
+    assert unet["dice"] > 0.9  # the baseline is a real, trained segmenter
     assert fourier["dice"] >= unet["dice"] - 0.05, (fourier, unet)
     assert fourier["n_output_params"] <= 0.01 * unet["n_output_params"]
 
 
-def test_contours_use_under_1pct_of_the_unet_outputs(local) -> None:
-    assert local["fourier"]["n_output_params"] <= 0.01 * local["unet"]["n_output_params"]
-    assert local["unet"]["dice"] > 0.85  # the baseline is a real, trained segmenter
-
-
-@pytest.mark.xfail(strict=True, reason=SHORTFALL)
 def test_volume_from_analytic_area_is_within_5pct(local) -> None:
     assert local["fourier"]["vol_err_pct"] <= 5.0, local["fourier"]
+
+
+def test_without_the_moment_reference_the_contours_fall_short(local) -> None:
+    """Ablation: the same model and training with a fixed prior contour instead of the attention
+    moments misses both thresholds (it cannot localise the centre)."""
+    ablated = run_contours(0, LocalSetup(reference=False))
+    assert ablated["dice"] < local["unet"]["dice"] - 0.1, ablated
+    assert ablated["vol_err_pct"] > local["fourier"]["vol_err_pct"] + 2, ablated
 
 
 def test_federated_hospitals_fedavg(tmp_path) -> None:
     overrides = [
         "engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}",
-        "workload.params.stacks_per_client=8", "workload.params.local_steps=15",
+        "workload.params.stacks_per_client=6", "workload.params.local_steps=8",
         "workload.params.test_stacks=4",
     ]  # fmt: skip
     summary = run_inline(load_experiment("fourier-contours", overrides))
