@@ -139,7 +139,7 @@ def table(df: pd.DataFrame) -> str:
     piv = df.pivot_table(
         index=["dataset", "regime", "attack"], columns="B", values="accuracy", aggfunc="mean"
     )
-    piv["mean"] = piv.mean(1)
+    piv["mean"] = piv.mean(axis=1)
     lines = ["| dataset | regime | attack | " + " | ".join(f"B={c}" for c in piv.columns[:-1]) + " | mean |",
              "|---" * (len(piv.columns) + 3) + "|"]  # fmt: skip
     for (ds, rg, at), r in piv.iterrows():

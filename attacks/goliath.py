@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
+from sklearn.cluster import AgglomerativeClustering
 
 from attacks import ATTACKS
 from clients.tabdiff.model import (
@@ -47,6 +48,7 @@ from clients.tabdiff.model import (
 from clients.tabdiff.preprocess import TablePreprocessor
 from clients.tabdiff.training import Protocol, local_update
 
+LOCAL_SGD_ACCEPT = 1e-2  # gradient-match score under which the local-SGD closed form is kept
 BOUND = 5.2  # QuantileTransformer's normal output lives in [-5.2, 5.2]
 GROUPS = ("numeric", "categorical", "shared")
 
@@ -452,7 +454,7 @@ def _head_residuals(know: Knowledge, target: dict[str, torch.Tensor], head: str,
 
 def _mixed_rows(
     know: Knowledge, target: dict[str, torch.Tensor], batch: int, x_in: torch.Tensor,
-    t: torch.Tensor,
+    t: torch.Tensor, norm: int | None = None,
 ) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Rows of the mixed regime from the recovered inputs [c_in x_t, masked one-hot] and t: x from
     the numeric head's per-row residuals, masked categories from the categorical head's (iDLG)."""
@@ -464,7 +466,7 @@ def _mixed_rows(
     x_t = z / c_in
     h, f_num, _ = _forward64(know, x_in, t)
     resid = _head_residuals(know, target, "num_head", h)
-    target_c = f_num - resid * len(x_in) * n / (2 * max(spec.c_lambda, 1e-12))
+    target_c = f_num - resid * (norm or batch) * n / (2 * max(spec.c_lambda, 1e-12))
     a_ = target_c * (sigma**2 + 1).sqrt()
     num = (x_t + sigma * a_) / (1 + sigma**2)
     rho = _head_residuals(know, target, "cat_head", h)
@@ -548,7 +550,7 @@ def _refine_timesteps(g: torch.Tensor, t0: torch.Tensor, hidden: int) -> torch.T
 
 
 def analytic_time(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int
+    know: Knowledge, target: dict[str, torch.Tensor], batch: int, norm: int | None = None
 ) -> tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
     """Closed-form inversion of a FedSGD update through the time embedding, both regimes, B <= h.
 
@@ -558,9 +560,11 @@ def analytic_time(
     sum_i delta_i x_i^T then gives every row's input x_i (Gaussian: x_t; mixed: [c_in x_t, masked
     one-hot]); (4) a float64 forward pass gives each row's last hidden layer, and the heads'
     gradients give the per-row residuals: eps (Gaussian) -> x_0, or x and masked categories
-    (mixed). Needs distinct timesteps and linearly independent per-row deltas."""
+    (mixed). Needs distinct timesteps and linearly independent per-row deltas. ``target`` is a
+    sum of gradients of ``batch`` row visits, each weighted 1/``norm`` (default: one FedSGD batch)."""
     spec = know.spec
-    if know.protocol.kind != "fedsgd" or batch > spec.hidden // 2:
+    norm = norm or batch
+    if batch > spec.hidden // 2:
         return None
     dt = torch.float64
     g_time = target["time_embed.0.weight"]
@@ -584,7 +588,7 @@ def analytic_time(
         for k in spec.cat_sizes:  # snap each column's [values, MASK] block to a one-hot
             parts.append(F.one_hot(x_in[:, pos : pos + k + 1].argmax(1), k + 1).to(dt))
             pos += k + 1
-        return _mixed_rows(know, target, batch, torch.cat(parts, 1), t)
+        return _mixed_rows(know, target, batch, torch.cat(parts, 1), t, norm)
     h, e_num, e_cat = _forward64(know, x_in, t)
     eps_hat = torch.cat([e_num, e_cat], 1)
     resid = torch.cat(
@@ -594,7 +598,7 @@ def analytic_time(
         ],
         1,
     )
-    eps = eps_hat - resid * batch * spec.eps_dim / 2
+    eps = eps_hat - resid * norm * spec.eps_dim / 2
     ab = alpha_bar(t)[:, None]
     x0 = (x_in - (1 - ab).sqrt() * eps) / ab.sqrt()
     n = spec.n_num
@@ -834,13 +838,60 @@ def closed_form(
     return best, best_score
 
 
+def closed_form_local_sgd(
+    know: Knowledge, target: dict[str, torch.Tensor], batch: int
+) -> tuple[Rows, float] | None:
+    """FedAvg with plain local SGD: delta / lr is the sum of the local steps' minibatch-mean
+    gradients, and at FL learning rates lr x curvature stays below the float32 rounding of the
+    update, so all of them can be taken at the global model. That is a FedSGD update of E x B row
+    *visits* (each row once per epoch, with fresh latents): invert the visits through the time
+    embedding, then group them into the B rows (agglomerative clustering on the TabLeak cell
+    cost) and vote per cell. Adam is out of reach: its normalised steps keep ~sign(g) only."""
+    p, spec = know.protocol, know.spec
+    per = min(p.batch_size, batch)
+    if p.kind != "fedavg" or p.optimizer != "sgd" or batch % per:
+        return None
+    visits = local_steps(p, batch) * per
+    grad = {k: v / p.lr for k, v in target.items()}
+    try:
+        out = analytic_time(know, grad, visits, norm=per)
+    except (RuntimeError, ValueError):
+        return None
+    if out is None:
+        return None
+    rows, t, mask, eps = out
+    sim = loss_grad(know.model, know.params, rows, Latents(t, eps, mask))
+    score = float(match_loss(sim, grad, spec, GOLIATH))
+    if visits == batch:
+        return rows, score
+    num, cat = rows.num.numpy(), rows.cat.numpy()
+    split = lambda c: np.split(c, np.cumsum(spec.cat_sizes)[:-1], axis=1)  # noqa: E731
+    cost = _soft_cost(num, split(cat), num, split(cat))
+    labels = AgglomerativeClustering(n_clusters=batch, metric="precomputed", linkage="average")
+    groups = labels.fit_predict((cost + cost.T) / 2)
+    out_num = np.stack([np.median(num[groups == g], 0) for g in range(batch)])
+    blocks = []
+    for block in split(cat):
+        votes = [np.eye(block.shape[1])[block[groups == g].argmax(1)].sum(0) for g in range(batch)]
+        blocks.append(np.eye(block.shape[1])[np.stack(votes).argmax(1)])
+    out_cat = np.concatenate(blocks, 1) if blocks else np.zeros((batch, 0))
+    return Rows(torch.from_numpy(out_num).float(), torch.from_numpy(out_cat).float()), score
+
+
 def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
            oracle: Any = None) -> Reconstruction:  # fmt: skip
     """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode."""
     torch.set_num_threads(1)
     start = time.perf_counter()
     closed = None
-    if cfg.analytic_init and cfg.latents != "oracle" and local_steps(know.protocol, batch) == 1:
+    if cfg.analytic_init and cfg.latents != "oracle" and know.protocol.kind == "fedavg":
+        local = closed_form_local_sgd(know, target, batch)
+        if local is not None and local[1] < LOCAL_SGD_ACCEPT:
+            rec = Reconstruction(local[0].num, local[0].cat, None, None, local[1])
+            rec.frame = decode(know, rec.num, rec.cat)
+            rec.seconds = time.perf_counter() - start
+            return rec
+    if cfg.analytic_init and cfg.latents != "oracle" and know.protocol.kind == "fedsgd":
         closed, score = closed_form(know, target, batch)
         if closed is not None and score < 1e-3:  # every row separated: exact, keep it
             rows, t0, m0, _ = closed

@@ -154,6 +154,20 @@ def test_mixed_regime_b16_time_route_beats_signature_search() -> None:
     assert np.mean(searched) < np.mean(timed) - 0.2
 
 
+def test_fedavg_local_sgd_visits_are_inverted_and_grouped() -> None:
+    """FedAvg, 2 local epochs of SGD: the update is a FedSGD update of 2 x B row visits; they are
+    inverted in closed form and grouped back into the B rows. Without it the engine must
+    differentiate through the local steps and, at this budget, stays far below."""
+    cfg = experiment("adult", "mixed", "fedavg", [*SMALL, "workload.params.optimizer=sgd"])
+    case = make_case(cfg, 4, seed=4001)[0]
+    assert case.know.protocol.local_epochs == 2
+    budget = replace(CONFIGS["goliath"], restarts=1, iterations=20, cycles=1)
+    full = _acc(case, invert(case.know, case.target, 4, budget))
+    off = replace(budget, analytic_init=False, label_recovery=False)
+    assert full > 0.95
+    assert full > _acc(case, invert(case.know, case.target, 4, off)) + 0.2
+
+
 def test_multi_round_vote_fixes_disagreeing_cells() -> None:
     """Aligning reconstructions of the same rows and voting beats each single reconstruction."""
     cfg = experiment("adult", "mixed", "fedsgd", SMALL)
