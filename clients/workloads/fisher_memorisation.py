@@ -99,6 +99,7 @@ def noisy_split(
 
 
 def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
+    """Fully connected ReLU network; every layer is an ``nn.Linear``."""
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [nn.Linear(in_dim, width), nn.ReLU()]
@@ -107,8 +108,35 @@ def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
-    return [m for m in model if isinstance(m, nn.Linear)]
+class PatchConv(nn.Module):
+    """A ``k x k`` convolution (stride 1, same padding) written as one ``nn.Linear`` on patches.
+
+    The weight is shared across positions, so the layer cannot store a per-image detail in its
+    own parameters; K-FAC sees every patch as a sample of the same linear map (Grosse & Martens'
+    KFC), and the projection code treats it exactly like a dense layer.
+    """
+
+    def __init__(self, channels_in: int, channels_out: int, side: int, kernel: int = 3) -> None:
+        super().__init__()
+        self.channels_in, self.side, self.kernel = channels_in, side, kernel
+        self.linear = nn.Linear(channels_in * kernel * kernel, channels_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), self.channels_in, self.side, self.side)
+        patches = nn.functional.unfold(x, self.kernel, padding=self.kernel // 2).transpose(1, 2)
+        out = self.linear(patches)  # (N, positions, channels_out)
+        return out.transpose(1, 2).reshape(len(x), -1, self.side, self.side)
+
+
+def make_cnn(side: int, channels: int, hidden: list[int], classes: int) -> nn.Sequential:
+    """Conv input layer and 2x2 average pooling, then the dense layers of ``make_mlp``."""
+    head = make_mlp(channels * (side // 2) ** 2, hidden, classes)
+    return nn.Sequential(PatchConv(1, channels, side), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), *head)
+
+
+def linear_layers(model: nn.Module) -> list[nn.Linear]:
+    """The model's weight layers in forward order (a ``PatchConv`` contributes its ``linear``)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,30 +153,35 @@ train = train_cross_entropy  # Adam on cross-entropy in shuffled minibatches (sh
 
 
 def _inputs_and_output_grads(
-    model: nn.Sequential, x: torch.Tensor
+    model: nn.Module, x: torch.Tensor
 ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
-    """Per layer: inputs with a 1 appended (N, in+1) and, per class y, ``sqrt(p_y) dL_y/ds`` (N, out).
+    """Per weight layer: inputs with a 1 appended (N, P, in+1) and, per class y,
+    ``sqrt(p_y) dL_y/ds`` (N, P, out); P = 1 for a dense layer, the positions for a conv layer.
 
     Summing outer products of the latter over classes gives the *true* Fisher (labels from the
     model) exactly, without sampling.
     """
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
-    h = x
-    for module in model:
-        if isinstance(module, nn.Linear):
-            inputs.append(torch.cat([h.detach(), torch.ones(len(h), 1)], dim=1))
-            h = module(h)
-            outputs.append(h)
-        else:
-            h = module(h)
-    logp = torch.log_softmax(h, dim=1)
+
+    def capture(module: nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+        a = args[0].detach().reshape(len(x), -1, module.in_features)
+        inputs.append(torch.cat([a, torch.ones(*a.shape[:2], 1)], dim=2))
+        outputs.append(out)
+
+    hooks = [layer.register_forward_hook(capture) for layer in linear_layers(model)]
+    try:
+        logits = model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    logp = torch.log_softmax(logits, dim=1)
     weight = logp.detach().exp().sqrt()
     grads: list[list[torch.Tensor]] = [[] for _ in outputs]
-    for c in range(h.shape[1]):
+    for c in range(logits.shape[1]):
         loss = -(weight[:, c] * logp[:, c]).sum()
         for layer, g in enumerate(torch.autograd.grad(loss, outputs, retain_graph=True)):
-            grads[layer].append(g.detach())
+            grads[layer].append(g.detach().reshape(len(x), -1, g.shape[-1]))
     return inputs, grads
 
 
@@ -158,25 +191,30 @@ def _no_grad_eval(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-def kfac_factors(model: nn.Sequential, x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(A, G)`` per linear layer, averaged over the samples ``x`` (float64)."""
+def kfac_factors(model: nn.Module, x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(A, G)`` per weight layer, summed over positions and averaged over the samples ``x``."""
     inputs, grads = _inputs_and_output_grads(model, x)
     n = len(x)
     factors = []
     for a, per_class in zip(inputs, grads, strict=True):
-        a64 = a.double()
-        g = sum(gc.double().T @ gc.double() for gc in per_class)
+        a64 = a.double().reshape(-1, a.shape[-1])
+        g = sum((gc := c.double().reshape(-1, c.shape[-1])).T @ gc for c in per_class)
         factors.append(((a64.T @ a64 / n).numpy(), (g / n).numpy()))
     return factors
 
 
-def exact_diagonal_fisher(model: nn.Sequential, x: torch.Tensor) -> list[np.ndarray]:
-    """The exact Fisher diagonal per layer, ``E_x sum_y p_y (g_o a_j)^2`` as an (out, in+1) array."""
+def exact_diagonal_fisher(model: nn.Module, x: torch.Tensor) -> list[np.ndarray]:
+    """The exact Fisher diagonal per layer, ``E_x sum_y p_y (dL_y/dW)^2`` as an (out, in+1) array."""
     inputs, grads = _inputs_and_output_grads(model, x)
     out = []
     for a, per_class in zip(inputs, grads, strict=True):
-        g2 = sum(gc.double() ** 2 for gc in per_class)
-        out.append((g2.T @ a.double() ** 2 / len(x)).numpy())
+        a64 = a.double()
+        if a.shape[1] == 1:  # dense: the per-sample gradient g a^T is rank one, so square factors
+            g2 = sum(gc.double()[:, 0] ** 2 for gc in per_class)
+            out.append((g2.T @ a64[:, 0] ** 2 / len(x)).numpy())
+            continue
+        per_sample = (torch.einsum("npo,npi->noi", gc.double(), a64) for gc in per_class)
+        out.append((sum(g**2 for g in per_sample).sum(0) / len(x)).numpy())
     return out
 
 
@@ -255,7 +293,7 @@ def scores(model: nn.Module, data: NoisySplit) -> Scores:
 
 
 def projected_scores(
-    model: nn.Sequential,
+    model: nn.Module,
     basis: KroneckerBasis,
     data: NoisySplit,
     layer: int,
@@ -273,13 +311,17 @@ def projected_scores(
 
 
 def projection_sweep(
-    model: nn.Sequential, data: NoisySplit, keeps: list[float], order: str = "top"
+    model: nn.Module,
+    data: NoisySplit,
+    keeps: list[float],
+    order: str = "top",
+    layers: list[int] | None = None,
 ) -> dict[tuple[int, float], Scores]:
-    """Layer x kept-fraction table; K-FAC factors from the training inputs."""
+    """Layer x kept-fraction table (all layers unless ``layers``); K-FAC from the training inputs."""
     bases = [KroneckerBasis.of(a, g) for a, g in kfac_factors(model, data.x_train)]
     return {
-        (layer, keep): projected_scores(model, basis, data, layer, keep, order)
-        for layer, basis in enumerate(bases)
+        (layer, keep): projected_scores(model, bases[layer], data, layer, keep, order)
+        for layer in (range(len(bases)) if layers is None else layers)
         for keep in keeps
     }
 
