@@ -4,16 +4,21 @@ A network trained on data with a fraction of flipped labels memorises them. Proj
 weights onto the top eigen-directions of its Fisher information (K-FAC: ``F ~ G (x) A`` with
 ``A = E[a a^T]`` over layer inputs, bias appended, and ``G = E[g g^T]`` over output gradients with
 labels drawn from the model) keeps the shared structure and drops the directions used to
-memorise: memorisation of the noisy labels falls while test accuracy holds or rises — but only in
-deeper layers; in the input layer the two fall together ("the layer where decoupling emerges").
-After Merullo et al. 2025 (arXiv 2510.24256) and the abstract; the paper itself was not located.
+memorise: memorisation of the noisy labels falls while test accuracy holds or rises — in the deeper
+layers. The model is the paper's vision setting in small: a convolutional input layer (weights
+shared over positions, as in every CIFAR-10 model), a dense hidden layer and the output layer.
+Projecting the conv input layer only blurs its filters, and memorisation falls only together with
+test accuracy ("the layer where the decoupling emerges"). A *dense* input layer (``make_mlp``)
+decouples too: its ``A`` is the pixel second moment, so its top-Fisher projection is a PCA denoiser
+of the inputs. After Merullo et al. 2025 (arXiv 2510.24256) and the abstract; the paper itself was
+not located.
 
 The analytically solvable case: least squares on fixed features, where the Fisher is ``X^T X``
 and the top-k projection is principal-component regression; the memorised share of the label
 noise is ``||U_k^T eps||^2 / ||eps||^2`` in closed form.
 
 Federated (``fisher-memorisation``): clients with different label-noise rates train the shared
-MLP with FedAvg and also return the K-FAC factors of the model they received; FedAvg's
+model with FedAvg and also return the K-FAC factors of the model they received; FedAvg's
 example-weighted mean of those factors is exactly the pooled-data factor, so the server projects
 the previous round's global model with the pooled Fisher.
 """
@@ -390,7 +395,7 @@ def linear_check(
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. registration: FedAvg of the MLP, K-FAC factors pooled by sample count
+# 5. registration: FedAvg of the model, K-FAC factors pooled by sample count
 # ---------------------------------------------------------------------------------------------
 
 
@@ -407,7 +412,7 @@ class ClientShard:
     "Fisher (K-FAC) projection separates generalisation from memorised label noise (FedAvg)",
 )
 class FisherMemorisation(Workload):
-    """Clients with different label-noise rates train a shared MLP and return K-FAC factors.
+    """Clients with different label-noise rates train a shared CNN (or MLP), return K-FAC factors.
 
     Every reply carries, next to the trained weights, the factors ``A``, ``G`` of the model the
     client *received*, averaged over its samples; FedAvg's example-weighted mean of them is the
@@ -420,19 +425,23 @@ class FisherMemorisation(Workload):
     @dataclass
     class Params:
         dataset: str = "digits"  # or "image-like"
-        hidden: list[int] = field(default_factory=lambda: [128, 128])
+        model: str = "cnn"  # conv input layer + dense layers, or "mlp" (dense input layer)
+        channels: int = 16  # conv input layer (model "cnn")
+        hidden: list[int] = field(default_factory=lambda: [256])
         noise_rates: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
         train_size: int = 1200
         lr: float = 3e-3
         local_epochs: int = 20
         batch_size: int = 0  # 0 = full batch
-        project_layer: int = 1
+        project_layer: int = 2
         keep_fractions: list[float] = field(default_factory=lambda: [0.05, 0.01])
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         if self.params.dataset not in ("digits", "image-like"):
             raise ValueError("dataset must be 'digits' or 'image-like'")
+        if self.params.model not in ("cnn", "mlp"):
+            raise ValueError("model must be 'cnn' or 'mlp'")
         x, y = (
             digits_data() if self.params.dataset == "digits" else image_like_data(1800, cfg["seed"])
         )
@@ -446,7 +455,10 @@ class FisherMemorisation(Workload):
         self._shards: list[ClientShard] | None = None
 
     def _model(self) -> nn.Sequential:
-        return make_mlp(self.in_dim, list(self.params.hidden), self.classes)
+        hidden = list(self.params.hidden)
+        if self.params.model == "mlp":
+            return make_mlp(self.in_dim, hidden, self.classes)
+        return make_cnn(int(round(self.in_dim**0.5)), self.params.channels, hidden, self.classes)
 
     def _layer_sizes(self) -> list[tuple[int, int]]:
         return [(lin.in_features + 1, lin.out_features) for lin in linear_layers(self._model())]
