@@ -136,7 +136,9 @@ class PatchConv(nn.Module):
 def make_cnn(side: int, channels: int, hidden: list[int], classes: int) -> nn.Sequential:
     """Conv input layer and 2x2 average pooling, then the dense layers of ``make_mlp``."""
     head = make_mlp(channels * (side // 2) ** 2, hidden, classes)
-    return nn.Sequential(PatchConv(1, channels, side), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), *head)
+    return nn.Sequential(
+        PatchConv(1, channels, side), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), *head
+    )
 
 
 def linear_layers(model: nn.Module) -> list[nn.Linear]:
