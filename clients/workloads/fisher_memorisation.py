@@ -205,7 +205,8 @@ def kfac_factors(model: nn.Module, x: torch.Tensor) -> list[tuple[np.ndarray, np
     factors = []
     for a, per_class in zip(inputs, grads, strict=True):
         a64 = a.double().reshape(-1, a.shape[-1])
-        g = sum((gc := c.double().reshape(-1, c.shape[-1])).T @ gc for c in per_class)
+        flat = (c.double().reshape(-1, c.shape[-1]) for c in per_class)
+        g = sum(gc.T @ gc for gc in flat)
         factors.append(((a64.T @ a64 / n).numpy(), (g / n).numpy()))
     return factors
 
