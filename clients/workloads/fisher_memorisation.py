@@ -25,6 +25,7 @@ the previous round's global model with the pooled Fisher.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,32 +163,38 @@ train = train_cross_entropy  # Adam on cross-entropy in shuffled minibatches (sh
 def _inputs_and_output_grads(
     model: nn.Module, x: torch.Tensor
 ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
-    """Per weight layer: inputs with a 1 appended (N, P, in+1) and, per class y,
-    ``sqrt(p_y) dL_y/ds`` (N, P, out); P = 1 for a dense layer, the positions for a conv layer.
+    """Per weight layer: inputs (N, P, in), a 1 appended where the layer has a bias, and, per class
+    y, ``sqrt(p_y) dL_y/ds`` (N, P, out); P = 1 for a dense layer, the positions for a conv layer.
 
     Summing outer products of the latter over classes gives the *true* Fisher (labels from the
-    model) exactly, without sampling.
+    model) exactly, without sampling. A model with one output per sample is a regression with
+    unit-variance Gaussian noise: its true Fisher has the single term ``df/ds``.
     """
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
 
-    def capture(module: nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+    def capture(module: nn.Linear, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
         a = args[0].detach().reshape(len(x), -1, module.in_features)
-        inputs.append(torch.cat([a, torch.ones(*a.shape[:2], 1)], dim=2))
+        if module.bias is not None:
+            a = torch.cat([a, torch.ones(*a.shape[:2], 1)], dim=2)
+        inputs.append(a)
         outputs.append(out)
 
     hooks = [layer.register_forward_hook(capture) for layer in linear_layers(model)]
     try:
-        logits = model(x)
+        out = model(x)
     finally:
         for hook in hooks:
             hook.remove()
-    logp = torch.log_softmax(logits, dim=1)
-    weight = logp.detach().exp().sqrt()
+    if out.dim() == 1:  # regression
+        terms = [out.sum()]
+    else:
+        logp = torch.log_softmax(out, dim=1)
+        weight = logp.detach().exp().sqrt()
+        terms = [-(weight[:, c] * logp[:, c]).sum() for c in range(out.shape[1])]
     grads: list[list[torch.Tensor]] = [[] for _ in outputs]
-    for c in range(logits.shape[1]):
-        loss = -(weight[:, c] * logp[:, c]).sum()
-        for layer, g in enumerate(torch.autograd.grad(loss, outputs, retain_graph=True)):
+    for term in terms:
+        for layer, g in enumerate(torch.autograd.grad(term, outputs, retain_graph=True)):
             grads[layer].append(g.detach().reshape(len(x), -1, g.shape[-1]))
     return inputs, grads
 
@@ -227,7 +234,9 @@ def exact_diagonal_fisher(model: nn.Module, x: torch.Tensor) -> list[np.ndarray]
 
 
 def layer_weight(layer: nn.Linear) -> np.ndarray:
-    """The layer's weight with its bias as a last column, (out, in+1)."""
+    """The layer's weight with its bias (if any) as a last column, (out, in[+1])."""
+    if layer.bias is None:
+        return layer.weight.detach().double().numpy()
     return torch.cat([layer.weight, layer.bias[:, None]], dim=1).detach().double().numpy()
 
 
@@ -278,8 +287,9 @@ def fisher_projection(
 
 def set_layer_weight(layer: nn.Linear, w: np.ndarray) -> None:
     with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(w[:, :-1]).float())
-        layer.bias.copy_(torch.from_numpy(w[:, -1]).float())
+        layer.weight.copy_(torch.from_numpy(w[:, : layer.in_features]).float())
+        if layer.bias is not None:
+            layer.bias.copy_(torch.from_numpy(w[:, -1]).float())
 
 
 @dataclass
@@ -307,13 +317,14 @@ def projected_scores(
     layer: int,
     keep: float,
     order: str = "top",
-) -> Scores:
-    """Scores after projecting one layer (the model is restored afterwards)."""
+    score: Callable[[nn.Module, NoisySplit], Any] = scores,
+) -> Any:
+    """``score`` after projecting one layer (the model is restored afterwards)."""
     target = linear_layers(model)[layer]
     original = layer_weight(target)
     set_layer_weight(target, fisher_projection(original, basis, keep=keep, order=order))
     try:
-        return scores(model, data)
+        return score(model, data)
     finally:
         set_layer_weight(target, original)
 
@@ -324,11 +335,12 @@ def projection_sweep(
     keeps: list[float],
     order: str = "top",
     layers: list[int] | None = None,
-) -> dict[tuple[int, float], Scores]:
+    score: Callable[[nn.Module, NoisySplit], Any] = scores,
+) -> dict[tuple[int, float], Any]:
     """Layer x kept-fraction table (all layers unless ``layers``); K-FAC from the training inputs."""
     bases = [KroneckerBasis.of(a, g) for a, g in kfac_factors(model, data.x_train)]
     return {
-        (layer, keep): projected_scores(model, bases[layer], data, layer, keep, order)
+        (layer, keep): projected_scores(model, bases[layer], data, layer, keep, order, score)
         for layer in (range(len(bases)) if layers is None else layers)
         for keep in keeps
     }
@@ -395,6 +407,92 @@ def linear_check(
         test_accuracy=float(((test_features @ w_k.T).argmax(1) == y_test).mean()),
         memorisation=float((numeric_fit[flipped].argmax(1) == y_noisy[flipped]).mean()),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Second setting: a small transformer doing in-context linear regression
+# ---------------------------------------------------------------------------------------------
+
+
+def icl_prompts(n: int, dim: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` prompts ``(x_1, y_1) ... (x_k, y_k), (x_q, 0)`` with ``y = w.x``, a fresh ``w`` per prompt.
+
+    Tokens (n, context + 1, dim + 1); returns them and the query targets ``w.x_q``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, context + 1, dim, generator=gen)
+    w = torch.randn(n, dim, generator=gen) / dim**0.5
+    y = (x @ w[:, :, None])[..., 0]
+    tokens = torch.cat([x, y[..., None]], dim=-1)
+    tokens[:, -1, dim] = 0.0
+    return tokens, y[:, -1].clone()
+
+
+def icl_split(
+    n_train: int, noise_rate: float, seed: int, dim: int = 3, context: int = 10
+) -> NoisySplit:
+    """Training prompts of which a ``noise_rate`` fraction get a random query target
+    (learnable only by memorising that prompt), and fresh test prompts."""
+    x, y = icl_prompts(n_train, dim, context, seed)
+    noisy = y.clone()
+    flipped = torch.from_numpy(np.random.default_rng(seed).random(n_train) < noise_rate)
+    gen = torch.Generator().manual_seed(seed + 1)
+    noisy[flipped] = torch.randn(int(flipped.sum()), generator=gen)
+    x_test, y_test = icl_prompts(2000, dim, context, seed + 2)
+    return NoisySplit(x, noisy, y, x_test, y_test)
+
+
+class InContextRegressor(nn.Module):
+    """A one-block transformer: linear self-attention from the query to the context (which can
+    learn in-context regression as one gradient step, von Oswald et al. 2023), then a ReLU MLP on
+    the query token and the attention update, with residual connections. Weight layers in order:
+    ``kq``, ``pv`` (attention), ``mlp_in``, ``mlp_out``."""
+
+    def __init__(self, dim: int = 3, hidden: int = 128) -> None:
+        super().__init__()
+        d = dim + 1
+        self.kq = nn.Linear(d, d, bias=False)
+        self.pv = nn.Linear(d, d, bias=False)
+        self.mlp_in = nn.Linear(2 * d, hidden)
+        self.mlp_out = nn.Linear(hidden, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        context, query = tokens[:, :-1], tokens[:, -1:]
+        score = self.kq(context) @ query.transpose(1, 2) / context.shape[1]  # (n, k, 1)
+        update = (self.pv(context) * score).sum(1)  # (n, d)
+        h = torch.relu(self.mlp_in(torch.cat([query[:, 0], update], dim=-1)))
+        return update[:, -1] + self.mlp_out(h)[:, 0]
+
+
+def train_in_context(
+    model: nn.Module, data: NoisySplit, warm_steps: int, steps: int, lr: float, seed: int
+) -> None:
+    """Adam on squared error: first on fresh prompts (in-context regression emerges), then
+    full-batch on the fixed noisy training prompts until their random targets are memorised."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    dim, context = data.x_train.shape[2] - 1, data.x_train.shape[1] - 1
+    for step in range(warm_steps + steps):
+        if step < warm_steps:
+            x, y = icl_prompts(256, dim, context, seed=10_000 * (seed + 1) + step)
+        else:
+            x, y = data.x_train, data.y_noisy
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+@dataclass
+class IclScores:
+    test_mse: float  # on fresh prompts; predicting 0 gives about 1
+    memorisation: float  # noisy prompts predicted closer to their random target than to w.x_q
+
+
+def icl_scores(model: nn.Module, data: NoisySplit) -> IclScores:
+    flipped = data.flipped
+    pred = _no_grad_eval(model, data.x_train[flipped])
+    closer = (pred - data.y_noisy[flipped]).abs() < (pred - data.y_clean[flipped]).abs()
+    test = _no_grad_eval(model, data.x_test)
+    return IclScores(float(((test - data.y_test) ** 2).mean()), float(closer.float().mean()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,9 +8,12 @@ import torch
 
 from clients.workloads.fisher_memorisation import (
     FisherMemorisation,
+    InContextRegressor,
     digits_data,
     exact_diagonal_fisher,
     flip_labels,
+    icl_scores,
+    icl_split,
     kfac_factors,
     linear_check,
     linear_layers,
@@ -21,6 +24,7 @@ from clients.workloads.fisher_memorisation import (
     random_relu_features,
     scores,
     train,
+    train_in_context,
 )
 
 # kept fractions of a layer's K-FAC eigen-directions (conv input layer: 16 x 10 = 160 of them)
@@ -89,6 +93,44 @@ def test_dense_input_layer_decouples_too_the_ablation():
     model, data, base = _memorise(make_mlp(64, [128, 128], 10))
     assert base.memorisation >= 0.95
     assert _decoupled(projection_sweep(model, data, KEEPS, layers=[0]), base)
+
+
+ICL_KEEPS = [0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01]
+
+
+def test_in_context_transformer_decouples_in_the_mlp_not_in_the_attention():
+    """Second setting: in-context linear regression learned on fresh prompts, then 30 % of a fixed
+    pool of 300 prompts with random targets memorised. Projecting the MLP's output layer removes
+    the memorised targets and restores in-context regression; projecting the attention (the
+    in-context mechanism) never does — memorisation falls there only as test error rises."""
+    torch.set_num_threads(1)
+    data = icl_split(300, 0.3, seed=0)
+    torch.manual_seed(0)
+    model = InContextRegressor()
+    train_in_context(model, data, 600, 2000, 3e-3, seed=0)
+    base = icl_scores(model, data)
+    assert base.memorisation >= 0.95
+
+    def decoupled(cells: dict) -> list:
+        return [
+            cell
+            for cell, s in cells.items()
+            if base.memorisation - s.memorisation >= 0.5 and s.test_mse <= base.test_mse
+        ]
+
+    top = projection_sweep(model, data, ICL_KEEPS, score=icl_scores)
+    mlp = decoupled({c: s for c, s in top.items() if c[0] == 3})
+    assert mlp, {k: (v.test_mse, v.memorisation) for k, v in top.items()}
+    best = min(mlp, key=lambda cell: top[cell].test_mse)
+    assert top[best].test_mse <= base.test_mse - 0.3
+    rand = projection_sweep(model, data, ICL_KEEPS, "random", layers=[3], score=icl_scores)
+    assert top[best].test_mse <= rand[best].test_mse - 0.1  # the Fisher ordering matters
+    attention = {c: s for c, s in top.items() if c[0] in (0, 1)}
+    assert not decoupled(attention)
+    falls = [c for c, s in attention.items() if base.memorisation - s.memorisation >= 0.5]
+    assert falls
+    for cell in falls:
+        assert attention[cell].test_mse >= base.test_mse + 0.2, (cell, attention[cell])
 
 
 def test_linear_fisher_projection_is_principal_component_regression():
