@@ -5,6 +5,7 @@
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --model mlp --hidden 256 256 --epochs 400
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --n 500 --epochs 300 --seeds 0 1 2 --summary
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --linear
+    PYTHONPATH=. python benchmarks/fisher_memorisation.py --icl --seeds 0 1 2
 
 Prints the layer x kept-fraction table (test accuracy / memorisation), the same with a random
 choice of as many eigen-directions (ablation), per layer the best cell where memorisation falls by
@@ -20,10 +21,13 @@ import numpy as np
 import torch
 
 from clients.workloads.fisher_memorisation import (
+    InContextRegressor,
     Scores,
     digits_data,
     exact_diagonal_fisher,
     flip_labels,
+    icl_scores,
+    icl_split,
     kfac_factors,
     linear_check,
     linear_layers,
@@ -34,6 +38,7 @@ from clients.workloads.fisher_memorisation import (
     random_relu_features,
     scores,
     train,
+    train_in_context,
 )
 
 KEEPS = [0.8, 0.5, 0.3, 0.2, 0.1, 0.06, 0.04, 0.02, 0.01]
@@ -113,6 +118,38 @@ def linear(args: argparse.Namespace) -> None:
               f"{c.closed_noise_share:.4f} | {k / 1200:.3f} | {err:.1e} |", flush=True)  # fmt: skip
 
 
+ICL_KEEPS = [0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01]
+ICL_LAYERS = ["attention kq", "attention pv", "MLP in", "MLP out"]
+
+
+def in_context(seed: int) -> None:
+    """The transformer setting (test's sizes): layer x kept-fraction of test MSE / memorisation."""
+    torch.set_num_threads(1)
+    data = icl_split(300, 0.3, seed)
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    warm = InContextRegressor()  # the same first 600 steps as the model below
+    train_in_context(warm, data, 600, 0, 3e-3, seed)
+    torch.manual_seed(seed)
+    model = InContextRegressor()
+    train_in_context(model, data, 600, 2000, 3e-3, seed)
+    base, fresh = icl_scores(model, data), icl_scores(warm, data)
+    print(f"in-context regression, seed {seed} ({time.perf_counter() - start:.1f} s): test MSE / "
+          f"memorisation after the fresh-prompt phase {fresh.test_mse:.3f} / "
+          f"{fresh.memorisation:.2f}, after memorising {base.test_mse:.3f} / "
+          f"{base.memorisation:.2f}")  # fmt: skip
+    for order in ("top", "random"):
+        table = projection_sweep(model, data, ICL_KEEPS, order, score=icl_scores)
+        print(f"\n{order} directions: test MSE / memorisation")
+        print("| layer | " + " | ".join(f"keep {k:g}" for k in ICL_KEEPS) + " |")
+        print("|---" * (len(ICL_KEEPS) + 1) + "|")
+        for layer, name in enumerate(ICL_LAYERS):
+            cells = [table[(layer, k)] for k in ICL_KEEPS]
+            print(f"| {name} | " + " | ".join(
+                f"{c.test_mse:.2f} / {c.memorisation:.2f}" for c in cells) + " |")  # fmt: skip
+    print()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dataset", default="digits", choices=["digits", "image-like"])
@@ -127,9 +164,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--summary", action="store_true", help="per-layer summary only")
     p.add_argument("--linear", action="store_true")
+    p.add_argument("--icl", action="store_true", help="the in-context regression transformer")
     args = p.parse_args()
     if args.linear:
         linear(args)
+        return
+    if args.icl:
+        for seed in args.seeds:
+            in_context(seed)
         return
     for seed in args.seeds:
         network(args, seed)
