@@ -17,6 +17,11 @@ The analytically solvable case: least squares on fixed features, where the Fishe
 and the top-k projection is principal-component regression; the memorised share of the label
 noise is ``||U_k^T eps||^2 / ||eps||^2`` in closed form.
 
+The second setting: a one-block transformer (linear self-attention + MLP) learns in-context
+linear regression on fresh prompts, then memorises random targets of a fixed prompt pool;
+projecting the MLP removes them and restores in-context regression, projecting the attention
+does not (memorisation falls there only as test error rises).
+
 Federated (``fisher-memorisation``): clients with different label-noise rates train the shared
 model with FedAvg and also return the K-FAC factors of the model they received; FedAvg's
 example-weighted mean of those factors is exactly the pooled-data factor, so the server projects
