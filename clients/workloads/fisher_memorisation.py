@@ -4,22 +4,33 @@ A network trained on data with a fraction of flipped labels memorises them. Proj
 weights onto the top eigen-directions of its Fisher information (K-FAC: ``F ~ G (x) A`` with
 ``A = E[a a^T]`` over layer inputs, bias appended, and ``G = E[g g^T]`` over output gradients with
 labels drawn from the model) keeps the shared structure and drops the directions used to
-memorise: memorisation of the noisy labels falls while test accuracy holds or rises — but only in
-deeper layers; in the input layer the two fall together ("the layer where decoupling emerges").
-After Merullo et al. 2025 (arXiv 2510.24256) and the abstract; the paper itself was not located.
+memorise: memorisation of the noisy labels falls while test accuracy holds or rises — in the deeper
+layers. The model is the paper's vision setting in small: a convolutional input layer (weights
+shared over positions, as in every CIFAR-10 model), a dense hidden layer and the output layer.
+Projecting the conv input layer only blurs its filters, and memorisation falls only together with
+test accuracy ("the layer where the decoupling emerges"). A *dense* input layer (``make_mlp``)
+decouples too: its ``A`` is the pixel second moment, so its top-Fisher projection is a PCA denoiser
+of the inputs. After Merullo et al. 2025 (arXiv 2510.24256) and the abstract; the paper itself was
+not located.
 
 The analytically solvable case: least squares on fixed features, where the Fisher is ``X^T X``
 and the top-k projection is principal-component regression; the memorised share of the label
 noise is ``||U_k^T eps||^2 / ||eps||^2`` in closed form.
 
+The second setting: a one-block transformer (linear self-attention + MLP) learns in-context
+linear regression on fresh prompts, then memorises random targets of a fixed prompt pool;
+projecting the MLP removes them and restores in-context regression, projecting the attention
+does not (memorisation falls there only as test error rises).
+
 Federated (``fisher-memorisation``): clients with different label-noise rates train the shared
-MLP with FedAvg and also return the K-FAC factors of the model they received; FedAvg's
+model with FedAvg and also return the K-FAC factors of the model they received; FedAvg's
 example-weighted mean of those factors is exactly the pooled-data factor, so the server projects
 the previous round's global model with the pooled Fisher.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +110,7 @@ def noisy_split(
 
 
 def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
+    """Fully connected ReLU network; every layer is an ``nn.Linear``."""
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [nn.Linear(in_dim, width), nn.ReLU()]
@@ -107,8 +119,37 @@ def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
-    return [m for m in model if isinstance(m, nn.Linear)]
+class PatchConv(nn.Module):
+    """A ``k x k`` convolution (stride 1, same padding) written as one ``nn.Linear`` on patches.
+
+    The weight is shared across positions, so the layer cannot store a per-image detail in its
+    own parameters; K-FAC sees every patch as a sample of the same linear map (Grosse & Martens'
+    KFC), and the projection code treats it exactly like a dense layer.
+    """
+
+    def __init__(self, channels_in: int, channels_out: int, side: int, kernel: int = 3) -> None:
+        super().__init__()
+        self.channels_in, self.side, self.kernel = channels_in, side, kernel
+        self.linear = nn.Linear(channels_in * kernel * kernel, channels_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), self.channels_in, self.side, self.side)
+        patches = nn.functional.unfold(x, self.kernel, padding=self.kernel // 2).transpose(1, 2)
+        out = self.linear(patches)  # (N, positions, channels_out)
+        return out.transpose(1, 2).reshape(len(x), -1, self.side, self.side)
+
+
+def make_cnn(side: int, channels: int, hidden: list[int], classes: int) -> nn.Sequential:
+    """Conv input layer and 2x2 average pooling, then the dense layers of ``make_mlp``."""
+    head = make_mlp(channels * (side // 2) ** 2, hidden, classes)
+    return nn.Sequential(
+        PatchConv(1, channels, side), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), *head
+    )
+
+
+def linear_layers(model: nn.Module) -> list[nn.Linear]:
+    """The model's weight layers in forward order (a ``PatchConv`` contributes its ``linear``)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,30 +166,41 @@ train = train_cross_entropy  # Adam on cross-entropy in shuffled minibatches (sh
 
 
 def _inputs_and_output_grads(
-    model: nn.Sequential, x: torch.Tensor
+    model: nn.Module, x: torch.Tensor
 ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
-    """Per layer: inputs with a 1 appended (N, in+1) and, per class y, ``sqrt(p_y) dL_y/ds`` (N, out).
+    """Per weight layer: inputs (N, P, in), a 1 appended where the layer has a bias, and, per class
+    y, ``sqrt(p_y) dL_y/ds`` (N, P, out); P = 1 for a dense layer, the positions for a conv layer.
 
     Summing outer products of the latter over classes gives the *true* Fisher (labels from the
-    model) exactly, without sampling.
+    model) exactly, without sampling. A model with one output per sample is a regression with
+    unit-variance Gaussian noise: its true Fisher has the single term ``df/ds``.
     """
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
-    h = x
-    for module in model:
-        if isinstance(module, nn.Linear):
-            inputs.append(torch.cat([h.detach(), torch.ones(len(h), 1)], dim=1))
-            h = module(h)
-            outputs.append(h)
-        else:
-            h = module(h)
-    logp = torch.log_softmax(h, dim=1)
-    weight = logp.detach().exp().sqrt()
+
+    def capture(module: nn.Linear, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+        a = args[0].detach().reshape(len(x), -1, module.in_features)
+        if module.bias is not None:
+            a = torch.cat([a, torch.ones(*a.shape[:2], 1)], dim=2)
+        inputs.append(a)
+        outputs.append(out)
+
+    hooks = [layer.register_forward_hook(capture) for layer in linear_layers(model)]
+    try:
+        out = model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if out.dim() == 1:  # regression
+        terms = [out.sum()]
+    else:
+        logp = torch.log_softmax(out, dim=1)
+        weight = logp.detach().exp().sqrt()
+        terms = [-(weight[:, c] * logp[:, c]).sum() for c in range(out.shape[1])]
     grads: list[list[torch.Tensor]] = [[] for _ in outputs]
-    for c in range(h.shape[1]):
-        loss = -(weight[:, c] * logp[:, c]).sum()
-        for layer, g in enumerate(torch.autograd.grad(loss, outputs, retain_graph=True)):
-            grads[layer].append(g.detach())
+    for term in terms:
+        for layer, g in enumerate(torch.autograd.grad(term, outputs, retain_graph=True)):
+            grads[layer].append(g.detach().reshape(len(x), -1, g.shape[-1]))
     return inputs, grads
 
 
@@ -158,30 +210,38 @@ def _no_grad_eval(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-def kfac_factors(model: nn.Sequential, x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(A, G)`` per linear layer, averaged over the samples ``x`` (float64)."""
+def kfac_factors(model: nn.Module, x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(A, G)`` per weight layer, summed over positions and averaged over the samples ``x``."""
     inputs, grads = _inputs_and_output_grads(model, x)
     n = len(x)
     factors = []
     for a, per_class in zip(inputs, grads, strict=True):
-        a64 = a.double()
-        g = sum(gc.double().T @ gc.double() for gc in per_class)
+        a64 = a.double().reshape(-1, a.shape[-1])
+        flat = (c.double().reshape(-1, c.shape[-1]) for c in per_class)
+        g = sum(gc.T @ gc for gc in flat)
         factors.append(((a64.T @ a64 / n).numpy(), (g / n).numpy()))
     return factors
 
 
-def exact_diagonal_fisher(model: nn.Sequential, x: torch.Tensor) -> list[np.ndarray]:
-    """The exact Fisher diagonal per layer, ``E_x sum_y p_y (g_o a_j)^2`` as an (out, in+1) array."""
+def exact_diagonal_fisher(model: nn.Module, x: torch.Tensor) -> list[np.ndarray]:
+    """The exact Fisher diagonal per layer, ``E_x sum_y p_y (dL_y/dW)^2`` as an (out, in+1) array."""
     inputs, grads = _inputs_and_output_grads(model, x)
     out = []
     for a, per_class in zip(inputs, grads, strict=True):
-        g2 = sum(gc.double() ** 2 for gc in per_class)
-        out.append((g2.T @ a.double() ** 2 / len(x)).numpy())
+        a64 = a.double()
+        if a.shape[1] == 1:  # dense: the per-sample gradient g a^T is rank one, so square factors
+            g2 = sum(gc.double()[:, 0] ** 2 for gc in per_class)
+            out.append((g2.T @ a64[:, 0] ** 2 / len(x)).numpy())
+            continue
+        per_sample = (torch.einsum("npo,npi->noi", gc.double(), a64) for gc in per_class)
+        out.append((sum(g**2 for g in per_sample).sum(0) / len(x)).numpy())
     return out
 
 
 def layer_weight(layer: nn.Linear) -> np.ndarray:
-    """The layer's weight with its bias as a last column, (out, in+1)."""
+    """The layer's weight with its bias (if any) as a last column, (out, in[+1])."""
+    if layer.bias is None:
+        return layer.weight.detach().double().numpy()
     return torch.cat([layer.weight, layer.bias[:, None]], dim=1).detach().double().numpy()
 
 
@@ -232,8 +292,9 @@ def fisher_projection(
 
 def set_layer_weight(layer: nn.Linear, w: np.ndarray) -> None:
     with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(w[:, :-1]).float())
-        layer.bias.copy_(torch.from_numpy(w[:, -1]).float())
+        layer.weight.copy_(torch.from_numpy(w[:, : layer.in_features]).float())
+        if layer.bias is not None:
+            layer.bias.copy_(torch.from_numpy(w[:, -1]).float())
 
 
 @dataclass
@@ -255,31 +316,37 @@ def scores(model: nn.Module, data: NoisySplit) -> Scores:
 
 
 def projected_scores(
-    model: nn.Sequential,
+    model: nn.Module,
     basis: KroneckerBasis,
     data: NoisySplit,
     layer: int,
     keep: float,
     order: str = "top",
-) -> Scores:
-    """Scores after projecting one layer (the model is restored afterwards)."""
+    score: Callable[[nn.Module, NoisySplit], Any] = scores,
+) -> Any:
+    """``score`` after projecting one layer (the model is restored afterwards)."""
     target = linear_layers(model)[layer]
     original = layer_weight(target)
     set_layer_weight(target, fisher_projection(original, basis, keep=keep, order=order))
     try:
-        return scores(model, data)
+        return score(model, data)
     finally:
         set_layer_weight(target, original)
 
 
 def projection_sweep(
-    model: nn.Sequential, data: NoisySplit, keeps: list[float], order: str = "top"
-) -> dict[tuple[int, float], Scores]:
-    """Layer x kept-fraction table; K-FAC factors from the training inputs."""
+    model: nn.Module,
+    data: NoisySplit,
+    keeps: list[float],
+    order: str = "top",
+    layers: list[int] | None = None,
+    score: Callable[[nn.Module, NoisySplit], Any] = scores,
+) -> dict[tuple[int, float], Any]:
+    """Layer x kept-fraction table (all layers unless ``layers``); K-FAC from the training inputs."""
     bases = [KroneckerBasis.of(a, g) for a, g in kfac_factors(model, data.x_train)]
     return {
-        (layer, keep): projected_scores(model, basis, data, layer, keep, order)
-        for layer, basis in enumerate(bases)
+        (layer, keep): projected_scores(model, bases[layer], data, layer, keep, order, score)
+        for layer in (range(len(bases)) if layers is None else layers)
         for keep in keeps
     }
 
@@ -348,7 +415,93 @@ def linear_check(
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. registration: FedAvg of the MLP, K-FAC factors pooled by sample count
+# Second setting: a small transformer doing in-context linear regression
+# ---------------------------------------------------------------------------------------------
+
+
+def icl_prompts(n: int, dim: int, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` prompts ``(x_1, y_1) ... (x_k, y_k), (x_q, 0)`` with ``y = w.x``, a fresh ``w`` per prompt.
+
+    Tokens (n, context + 1, dim + 1); returns them and the query targets ``w.x_q``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, context + 1, dim, generator=gen)
+    w = torch.randn(n, dim, generator=gen) / dim**0.5
+    y = (x @ w[:, :, None])[..., 0]
+    tokens = torch.cat([x, y[..., None]], dim=-1)
+    tokens[:, -1, dim] = 0.0
+    return tokens, y[:, -1].clone()
+
+
+def icl_split(
+    n_train: int, noise_rate: float, seed: int, dim: int = 3, context: int = 10
+) -> NoisySplit:
+    """Training prompts of which a ``noise_rate`` fraction get a random query target
+    (learnable only by memorising that prompt), and fresh test prompts."""
+    x, y = icl_prompts(n_train, dim, context, seed)
+    noisy = y.clone()
+    flipped = torch.from_numpy(np.random.default_rng(seed).random(n_train) < noise_rate)
+    gen = torch.Generator().manual_seed(seed + 1)
+    noisy[flipped] = torch.randn(int(flipped.sum()), generator=gen)
+    x_test, y_test = icl_prompts(2000, dim, context, seed + 2)
+    return NoisySplit(x, noisy, y, x_test, y_test)
+
+
+class InContextRegressor(nn.Module):
+    """A one-block transformer: linear self-attention from the query to the context (which can
+    learn in-context regression as one gradient step, von Oswald et al. 2023), then a ReLU MLP on
+    the query token and the attention update, with residual connections. Weight layers in order:
+    ``kq``, ``pv`` (attention), ``mlp_in``, ``mlp_out``."""
+
+    def __init__(self, dim: int = 3, hidden: int = 128) -> None:
+        super().__init__()
+        d = dim + 1
+        self.kq = nn.Linear(d, d, bias=False)
+        self.pv = nn.Linear(d, d, bias=False)
+        self.mlp_in = nn.Linear(2 * d, hidden)
+        self.mlp_out = nn.Linear(hidden, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        context, query = tokens[:, :-1], tokens[:, -1:]
+        score = self.kq(context) @ query.transpose(1, 2) / context.shape[1]  # (n, k, 1)
+        update = (self.pv(context) * score).sum(1)  # (n, d)
+        h = torch.relu(self.mlp_in(torch.cat([query[:, 0], update], dim=-1)))
+        return update[:, -1] + self.mlp_out(h)[:, 0]
+
+
+def train_in_context(
+    model: nn.Module, data: NoisySplit, warm_steps: int, steps: int, lr: float, seed: int
+) -> None:
+    """Adam on squared error: first on fresh prompts (in-context regression emerges), then
+    full-batch on the fixed noisy training prompts until their random targets are memorised."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    dim, context = data.x_train.shape[2] - 1, data.x_train.shape[1] - 1
+    for step in range(warm_steps + steps):
+        if step < warm_steps:
+            x, y = icl_prompts(256, dim, context, seed=10_000 * (seed + 1) + step)
+        else:
+            x, y = data.x_train, data.y_noisy
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+@dataclass
+class IclScores:
+    test_mse: float  # on fresh prompts; predicting 0 gives about 1
+    memorisation: float  # noisy prompts predicted closer to their random target than to w.x_q
+
+
+def icl_scores(model: nn.Module, data: NoisySplit) -> IclScores:
+    flipped = data.flipped
+    pred = _no_grad_eval(model, data.x_train[flipped])
+    closer = (pred - data.y_noisy[flipped]).abs() < (pred - data.y_clean[flipped]).abs()
+    test = _no_grad_eval(model, data.x_test)
+    return IclScores(float(((test - data.y_test) ** 2).mean()), float(closer.float().mean()))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. registration: FedAvg of the model, K-FAC factors pooled by sample count
 # ---------------------------------------------------------------------------------------------
 
 
@@ -365,7 +518,7 @@ class ClientShard:
     "Fisher (K-FAC) projection separates generalisation from memorised label noise (FedAvg)",
 )
 class FisherMemorisation(Workload):
-    """Clients with different label-noise rates train a shared MLP and return K-FAC factors.
+    """Clients with different label-noise rates train a shared CNN (or MLP), return K-FAC factors.
 
     Every reply carries, next to the trained weights, the factors ``A``, ``G`` of the model the
     client *received*, averaged over its samples; FedAvg's example-weighted mean of them is the
@@ -378,19 +531,23 @@ class FisherMemorisation(Workload):
     @dataclass
     class Params:
         dataset: str = "digits"  # or "image-like"
-        hidden: list[int] = field(default_factory=lambda: [128, 128])
+        model: str = "cnn"  # conv input layer + dense layers, or "mlp" (dense input layer)
+        channels: int = 16  # conv input layer (model "cnn")
+        hidden: list[int] = field(default_factory=lambda: [256])
         noise_rates: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
         train_size: int = 1200
         lr: float = 3e-3
         local_epochs: int = 20
         batch_size: int = 0  # 0 = full batch
-        project_layer: int = 1
+        project_layer: int = 2
         keep_fractions: list[float] = field(default_factory=lambda: [0.05, 0.01])
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         if self.params.dataset not in ("digits", "image-like"):
             raise ValueError("dataset must be 'digits' or 'image-like'")
+        if self.params.model not in ("cnn", "mlp"):
+            raise ValueError("model must be 'cnn' or 'mlp'")
         x, y = (
             digits_data() if self.params.dataset == "digits" else image_like_data(1800, cfg["seed"])
         )
@@ -404,7 +561,10 @@ class FisherMemorisation(Workload):
         self._shards: list[ClientShard] | None = None
 
     def _model(self) -> nn.Sequential:
-        return make_mlp(self.in_dim, list(self.params.hidden), self.classes)
+        hidden = list(self.params.hidden)
+        if self.params.model == "mlp":
+            return make_mlp(self.in_dim, hidden, self.classes)
+        return make_cnn(int(round(self.in_dim**0.5)), self.params.channels, hidden, self.classes)
 
     def _layer_sizes(self) -> list[tuple[int, int]]:
         return [(lin.in_features + 1, lin.out_features) for lin in linear_layers(self._model())]
