@@ -9,9 +9,12 @@ The engine below inverts ``clients.tabdiff.model.diffusion_loss`` — the very f
 train with. Goliath = tabular-aware objective (per-group normalised gradient matching of numeric,
 categorical and shared parameters + noise prior + mask/noise-level consistency) optimised by a
 cyclic loop (rows with latents fixed; timesteps by grid search and noise by Adam with rows fixed;
-masks by Adam then a density projection tied to move_chance(t)), analytic B = 1 initialisation
-from the first-layer and head-bias gradients, restarts scored by gradient match, and multi-round
-aggregation (Hungarian row alignment + per-cell vote). The baselines (``attacks.baselines``) are
+masks by Adam then a density projection tied to move_chance(t)), closed-form initialisation
+(B = 1 from the first-layer and head-bias gradients; B > 1 through the time embedding — the rows'
+timesteps are where the sinusoid curve meets the row space of the first time layer's gradient,
+which then unlocks per-row deltas, inputs and head residuals — and, mixed regime, the one-hot
+signature search; FedAvg with local SGD as a FedSGD update of E x B row visits), restarts
+scored by gradient match, and multi-round aggregation (Hungarian row alignment + per-cell vote). The baselines (``attacks.baselines``) are
 other settings of the same engine, so every method gets the same observer and budget knobs.
 """
 

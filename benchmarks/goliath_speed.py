@@ -1,4 +1,4 @@
-"""Benchmark: wall time of one B = 8 inversion (Adult, mixed regime, FedSGD, preset model
+"""Benchmark: wall time of one B = 8 inversion (Adult, both regimes, FedSGD, preset model
 256 x 3) for Goliath vs Inverting Gradients with the same budget, in one process.
 
     python -m benchmarks.goliath_speed
@@ -20,24 +20,26 @@ def main() -> None:
     from clients.workloads.tabdiff import encoded
 
     torch.set_num_threads(2)
-    cfg = experiment("adult", "mixed", "fedsgd")
-    data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
-    stds = {c: float(data.table.train[c].std()) for c in data.prep.numeric}
-    rows = []
-    for seed in range(2):
-        case = make_case(cfg, 8, seed=8000 + seed)[0]
-        for name, icfg in (("goliath", CONFIGS["goliath"]), ("inverting-gradients", IG)):
-            rec = invert(case.know, case.target, 8, replace(icfg, iterations=200, seed=seed))
-            acc = tableak_accuracy(case.truth_frame, rec.frame, list(data.prep.numeric),
-                                   list(data.prep.categorical), stds)["accuracy"]  # fmt: skip
-            rows.append((name, seed, rec.seconds, acc))
-            print(f"{name:>20s} seed {seed}: {rec.seconds:6.1f} s, accuracy {100 * acc:.1f} %")
-    g = [r[2] for r in rows if r[0] == "goliath"]
-    i = [r[2] for r in rows if r[0] != "goliath"]
-    print(
-        f"goliath mean {sum(g) / len(g):.1f} s; IG mean {sum(i) / len(i):.1f} s; "
-        f"ratio goliath/IG {sum(g) / sum(i):.2f}"
-    )
+    for regime in ("mixed", "gaussian"):
+        cfg = experiment("adult", regime, "fedsgd")
+        data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+        stds = {c: float(data.table.train[c].std()) for c in data.prep.numeric}
+        rows = []
+        for seed in range(2):
+            case = make_case(cfg, 8, seed=8000 + seed)[0]
+            for name, icfg in (("goliath", CONFIGS["goliath"]), ("inverting-gradients", IG)):
+                rec = invert(case.know, case.target, 8, replace(icfg, iterations=200, seed=seed))
+                acc = tableak_accuracy(case.truth_frame, rec.frame, list(data.prep.numeric),
+                                       list(data.prep.categorical), stds)["accuracy"]  # fmt: skip
+                rows.append((name, seed, rec.seconds, acc))
+                print(f"{regime:>8s} {name:>20s} seed {seed}: {rec.seconds:6.1f} s, "
+                      f"accuracy {100 * acc:.1f} %")  # fmt: skip
+        g = [r[2] for r in rows if r[0] == "goliath"]
+        i = [r[2] for r in rows if r[0] != "goliath"]
+        print(
+            f"{regime}: goliath mean {sum(g) / len(g):.1f} s; IG mean {sum(i) / len(i):.1f} s; "
+            f"ratio goliath/IG {sum(g) / sum(i):.2f}"
+        )
 
 
 if __name__ == "__main__":
