@@ -135,7 +135,8 @@ def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], ba
 
 
 def table(df: pd.DataFrame) -> str:
-    """Markdown: mean per-cell accuracy (%) by dataset/regime/attack x batch size."""
+    """Markdown: mean per-cell accuracy (%) by dataset/regime/attack x batch size, then Goliath's
+    margin over the best baseline and Goliath's per-setting details."""
     piv = df.pivot_table(
         index=["dataset", "regime", "attack"], columns="B", values="accuracy", aggfunc="mean"
     )
@@ -145,6 +146,36 @@ def table(df: pd.DataFrame) -> str:
     for (ds, rg, at), r in piv.iterrows():
         lines.append(
             f"| {ds} | {rg} | {at} | " + " | ".join(f"{100 * v:.1f}" for v in r.to_numpy()) + " |"
+        )
+    if "goliath" not in set(df["attack"]):
+        return "\n".join(lines)
+    lines += ["", "| dataset | regime | goliath (mean over B) | best baseline | margin |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for (ds, rg), grp in piv.groupby(level=[0, 1]):
+        m = grp["mean"].droplevel([0, 1])
+        base = m.drop([a for a in ("goliath", "oracle") if a in m.index])
+        if base.empty:
+            continue
+        lines.append(f"| {ds} | {rg} | {100 * m['goliath']:.1f} | {100 * base.max():.1f} "
+                     f"({base.idxmax()}) | {100 * (m['goliath'] - base.max()):+.1f} |")  # fmt: skip
+    g = df[df["attack"] == "goliath"].copy()
+    for col in ("timestep_mae", "mask_f1"):
+        if col not in g:
+            g[col] = float("nan")
+    agg = g.groupby(["dataset", "regime", "B"]).agg(
+        n=("accuracy", "size"), acc=("accuracy", "mean"), sd=("accuracy", "std"),
+        num=("num_accuracy", "mean"), categ=("cat_accuracy", "mean"),
+        exact=("accuracy", lambda a: (a > 0.999).mean()), tmae=("timestep_mae", "mean"),
+        f1=("mask_f1", "mean"), sec=("seconds", "mean"), secmax=("seconds", "max"),
+    )  # fmt: skip
+    lines += ["", "| dataset | regime | B | batches | accuracy ± sd | numeric | categorical | "
+              "batches exact | t MAE | mask F1 | s mean / max |", "|---" * 11 + "|"]  # fmt: skip
+    fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
+    for (ds, rg, b), r in agg.iterrows():
+        lines.append(
+            f"| {ds} | {rg} | {b} | {int(r.n)} | {100 * r.acc:.1f} ± {fmt(100 * r.sd, '.1f')} | "
+            f"{100 * r.num:.1f} | {100 * r.categ:.1f} | {100 * r.exact:.0f} % | "
+            f"{fmt(r.tmae, '.4f')} | {fmt(r.f1, '.2f')} | {r.sec:.1f} / {r.secmax:.1f} |"
         )
     return "\n".join(lines)
 
@@ -161,10 +192,14 @@ def main() -> None:
     ap.add_argument("--protocol", default="fedsgd")
     ap.add_argument("--out", default="")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--report", nargs="+", default=[], help="render saved CSVs instead of running")
     ap.add_argument(
         "overrides", nargs="*", help="dotlist overrides, e.g. workload.params.hidden=64"
     )
     args = ap.parse_args()
+    if args.report:
+        print(table(pd.concat([pd.read_csv(f) for f in args.report], ignore_index=True)))
+        return
     start = time.perf_counter()
     df = evaluate(args.datasets, args.regimes, args.batch_sizes, args.batches, args.attacks,
                   {"iterations": args.iterations, "restarts": args.restarts}, args.protocol,
