@@ -121,6 +121,8 @@ def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], ba
                         rows.append(
                             {
                                 "dataset": ds,
+                                "protocol": protocol,
+                                "hidden": cfg["workload"]["params"]["hidden"],
                                 "regime": regime,
                                 "B": b,
                                 "batch": i,
