@@ -268,6 +268,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--plot", type=Path, default=None, help="curves of the first setting")
     parser.add_argument("--mlp-rounds", type=int, default=None, help="override the MLP preset")
+    parser.add_argument(
+        "--mlp-set", nargs="*", default=[], help="dotlist overrides of the MLP preset"
+    )
     parser.add_argument("--from-json", type=Path, default=None, help="re-print saved results")
     args = parser.parse_args()
     if args.from_json:
@@ -277,6 +280,7 @@ def main() -> None:
             plot(results[0], args.plot)
         return
     extra = [] if args.mlp_rounds is None else [f"rounds={args.mlp_rounds}"]
+    extra += args.mlp_set
     settings = [(s, a, c, extra) for a in args.alphas for c in args.coverages for s in args.seeds]
     started = time.perf_counter()
     results = []
