@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering
+from torch.func import functional_call
 
 from attacks import ATTACKS
 from clients.tabdiff.model import (
@@ -51,7 +52,8 @@ from clients.tabdiff.model import (
 from clients.tabdiff.preprocess import TablePreprocessor
 from clients.tabdiff.training import Protocol, local_update
 
-LOCAL_SGD_ACCEPT = 1e-2  # gradient-match score under which the local-SGD closed form is kept
+CLOSED_FORM_ACCEPT = 1e-3  # gradient-match score under which a FedSGD closed form is exact
+LOCAL_SGD_ACCEPT = 1e-2  # the same for local SGD (its steps are read at the global model)
 BOUND = 5.2  # QuantileTransformer's normal output lives in [-5.2, 5.2]
 GROUPS = ("numeric", "categorical", "shared")
 
@@ -263,7 +265,30 @@ def local_steps(protocol: Protocol, batch: int) -> int:
     return min(steps, protocol.max_steps) if protocol.max_steps else steps
 
 
-# -- analytic initialisation (B = 1) -----------------------------------------------------------
+# -- closed forms ------------------------------------------------------------------------------
+def argmax_onehot(cat: torch.Tensor, cat_sizes: tuple[int, ...]) -> torch.Tensor:
+    """(B, sum K) per-column scores -> the one-hot of each column's largest entry."""
+    blocks = [F.one_hot(b.argmax(1), b.shape[1]) for b in split_blocks(cat, cat_sizes)]
+    return torch.cat(blocks, 1).float() if blocks else cat.new_zeros((len(cat), 0)).float()
+
+
+def _gaussian_rows(spec: DiffusionSpec, x_t: torch.Tensor, eps: torch.Tensor,
+                   t: torch.Tensor) -> Rows:  # fmt: skip
+    """Gaussian regime: x_0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar), categoricals snapped."""
+    ab = alpha_bar(t)[:, None]
+    x0 = (x_t - (1 - ab).sqrt() * eps) / ab.sqrt()
+    n = spec.n_num
+    return Rows(x0[:, :n].float().clamp(-BOUND, BOUND), argmax_onehot(x0[:, n:], spec.cat_sizes))
+
+
+def _time_activations(know: Knowledge, t: torch.Tensor) -> torch.Tensor:
+    """silu(W0 sinusoid(t) + b0) in float64: the first time layer's output for each t."""
+    w0 = know.params["time_embed.0.weight"].to(torch.float64)
+    b0 = know.params["time_embed.0.bias"].to(torch.float64)
+    with torch.no_grad():
+        return F.silu(sinusoid(t.to(torch.float64), know.spec.hidden) @ w0.T + b0)
+
+
 def _ratio(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
     """Input of a biased linear layer for one sample: dL/dW = delta x^T, dL/db = delta."""
     return (g_b @ g_w) / (g_b @ g_b).clamp_min(1e-30)
@@ -271,7 +296,7 @@ def _ratio(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
 
 def analytic_b1(
     know: Knowledge, target: dict[str, torch.Tensor]
-) -> tuple[Rows, float, torch.Tensor | None]:
+) -> tuple[Rows, float, torch.Tensor | None, torch.Tensor]:
     """Exact single-row inversion (FedSGD): x_t from the input projection, t from the time
     embedding, eps (Gaussian) or x (mixed) from the head biases, masked categories from the
     categorical head bias (iDLG-like)."""
@@ -281,8 +306,6 @@ def analytic_b1(
     grid = torch.linspace(T_MIN, 1, 20001)
     t = grid[((sinusoid(grid, spec.hidden) - s[None]) ** 2).sum(1).argmin()]
     tt = t.reshape(1)
-    from torch.func import functional_call
-
     n = spec.n_num
     if spec.regime == "gaussian":
         with torch.no_grad():
@@ -291,16 +314,7 @@ def analytic_b1(
         eps_hat = torch.cat([e_num, e_cat], 1)[0]
         g_head = torch.cat([target["num_head.bias"], target["cat_head.bias"]])
         eps = eps_hat - g_head * d / 2 / spec.c_lambda if spec.c_lambda else eps_hat
-        ab = alpha_bar(tt)
-        x0 = (x_in - (1 - ab).sqrt() * eps) / ab.sqrt()
-        num = x0[:n]
-        cat = torch.cat(
-            [
-                F.one_hot(b.argmax(), b.numel()).float()
-                for b in split_blocks(x0[None, n:], spec.cat_sizes)
-            ]
-        )
-        return Rows(num[None], cat[None]), float(t), None, eps[None]
+        return _gaussian_rows(spec, x_in[None], eps[None], tt), float(t), None, eps[None]
     sigma = edm_sigma(tt)
     _, _, c_in = edm_coefficients(sigma)
     x_t = x_in[:n] / c_in
@@ -377,7 +391,7 @@ def analytic_mixed(
     columns), the time-embedding activations (-> t by grid search), and — after a forward pass
     of each recovered input — the per-row residuals of both heads, which give x (numeric head)
     and the categories of masked cells (categorical head, iDLG-like)."""
-    spec, params = know.spec, know.params
+    spec = know.spec
     if spec.regime != "mixed" or know.protocol.kind != "fedsgd" or not spec.n_cat:
         return None
     dt = torch.float64
@@ -398,9 +412,7 @@ def analytic_mixed(
     # A true row's time-embedding activation lies on the curve t -> silu(W0 sinusoid(t) + b0);
     # a recombination of rows does not. Keep the `batch` candidates closest to the curve.
     grid = torch.linspace(T_MIN, 1, 4001)
-    with torch.no_grad():
-        w0, b0 = params["time_embed.0.weight"].to(dt), params["time_embed.0.bias"].to(dt)
-        table = F.silu(sinusoid(grid.to(dt), spec.hidden) @ w0.T + b0)  # (G, h)
+    table = _time_activations(know, grid)  # (G, h)
     cand_acts = ys @ (basis.T @ target["time_embed.2.weight"].to(dt))
     dist = torch.cdist(cand_acts, table).min(1).values / cand_acts.norm(dim=1).clamp_min(1e-30)
     keep: list[int] = []
@@ -432,11 +444,9 @@ def _forward64(
     """The denoiser in float64: (last hidden layer, numeric head, categorical head)."""
     spec = know.spec
     p64 = {k: v.to(torch.float64) for k, v in know.params.items()}
+    emb = _time_activations(know, t)
     with torch.no_grad():
         h = x_in @ p64["proj.weight"].T + p64["proj.bias"]
-        emb = F.silu(
-            sinusoid(t, spec.hidden) @ p64["time_embed.0.weight"].T + p64["time_embed.0.bias"]
-        )
         h = h + emb @ p64["time_embed.2.weight"].T + p64["time_embed.2.bias"]
         for i in range(spec.layers):
             h = F.silu(h @ p64[f"blocks.{i}.weight"].T + p64[f"blocks.{i}.bias"])
@@ -576,10 +586,7 @@ def analytic_time(
     t = timesteps_from_embedding(g_time, batch, spec.hidden)
     if not bool(torch.isfinite(t).all()):
         return None
-    p64 = {k: v.to(dt) for k, v in know.params.items()}
-    acts = F.silu(
-        sinusoid(t, spec.hidden) @ p64["time_embed.0.weight"].T + p64["time_embed.0.bias"]
-    )
+    acts = _time_activations(know, t)
     design = torch.cat([acts, torch.ones(batch, 1, dtype=dt)], 1)  # (B, h+1)
     g2 = torch.cat([target["time_embed.2.weight"], target["time_embed.2.bias"][:, None]], 1)
     deltas = torch.linalg.lstsq(design.T, g2.to(dt).T).solution  # (B, h)
@@ -602,12 +609,7 @@ def analytic_time(
         1,
     )
     eps = eps_hat - resid * norm * spec.eps_dim / 2
-    ab = alpha_bar(t)[:, None]
-    x0 = (x_in - (1 - ab).sqrt() * eps) / ab.sqrt()
-    n = spec.n_num
-    blocks = [F.one_hot(b.argmax(1), b.shape[1]) for b in split_blocks(x0[:, n:], spec.cat_sizes)]
-    cat = torch.cat(blocks, 1).float() if blocks else x0.new_zeros((batch, 0)).float()
-    return Rows(x0[:, :n].float().clamp(-BOUND, BOUND), cat), t.float(), None, eps.float()
+    return _gaussian_rows(spec, x_in, eps, t), t.float(), None, eps.float()
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -646,13 +648,7 @@ def _hard_score(
     """Gradient match with hard projections (one-hot categoricals, binary masks)."""
     with torch.no_grad():
         rows = v.rows()
-        cat = torch.cat(
-            [
-                F.one_hot(b.argmax(1), b.shape[1]).float()
-                for b in split_blocks(rows.cat, know.spec.cat_sizes)
-            ],
-            1,
-        )
+        cat = argmax_onehot(rows.cat, know.spec.cat_sizes)
         lats = [
             Latents(x.t, x.eps, None if x.mask is None else (x.mask > 0.5).float())
             for x in v.latents()
@@ -870,8 +866,8 @@ def closed_form_local_sgd(
     num, cat = rows.num.numpy(), rows.cat.numpy()
     split = lambda c: np.split(c, np.cumsum(spec.cat_sizes)[:-1], axis=1)  # noqa: E731
     cost = _soft_cost(num, split(cat), num, split(cat))
-    labels = AgglomerativeClustering(n_clusters=batch, metric="precomputed", linkage="average")
-    groups = labels.fit_predict((cost + cost.T) / 2)
+    clustering = AgglomerativeClustering(n_clusters=batch, metric="precomputed", linkage="average")
+    groups = clustering.fit_predict((cost + cost.T) / 2)
     out_num = np.stack([np.median(num[groups == g], 0) for g in range(batch)])
     blocks = []
     for block in split(cat):
@@ -887,22 +883,20 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     torch.set_num_threads(1)
     start = time.perf_counter()
     closed = None
-    if cfg.analytic_init and cfg.latents != "oracle" and know.protocol.kind == "fedavg":
+    use_closed = cfg.analytic_init and cfg.latents != "oracle"
+    if use_closed and know.protocol.kind == "fedavg":
         local = closed_form_local_sgd(know, target, batch)
         if local is not None and local[1] < LOCAL_SGD_ACCEPT:
-            rec = Reconstruction(local[0].num, local[0].cat, None, None, local[1])
-            rec.frame = decode(know, rec.num, rec.cat)
-            rec.seconds = time.perf_counter() - start
-            return rec
-    if cfg.analytic_init and cfg.latents != "oracle" and know.protocol.kind == "fedsgd":
+            return _finish(know, Reconstruction(local[0].num, local[0].cat, None, None, local[1]),
+                           start)  # fmt: skip
+    if use_closed and know.protocol.kind == "fedsgd":
         closed, score = closed_form(know, target, batch)
-        if closed is not None and score < 1e-3:  # every row separated: exact, keep it
+        if closed is not None and score < CLOSED_FORM_ACCEPT:  # every row separated: exact
             rows, t0, m0, _ = closed
             mask0 = None if m0 is None else m0.numpy()
-            rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
-            rec.frame = decode(know, rec.num, rec.cat)
-            rec.seconds = time.perf_counter() - start
-            return rec
+            return _finish(
+                know, Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score), start
+            )
     runs = [
         invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
         for r in range(cfg.restarts)
@@ -925,6 +919,11 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
         mask = (best_v.mask()[0] > 0.5).float().numpy() if know.spec.regime == "mixed" else None
     rec = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), t, mask, float(min(scores)))
     rec.entropy = entropy
+    return _finish(know, rec, start)
+
+
+def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstruction:
+    """Decode to original units and stamp the wall time since ``start``."""
     rec.frame = decode(know, rec.num, rec.cat)
     rec.seconds = time.perf_counter() - start
     return rec
