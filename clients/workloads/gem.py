@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,8 @@ def gem_loss(
 
 @dataclass
 class LMConfig:
+    """The language model and its local training (also the first fields of the workload params)."""
+
     d_model: int = 64
     layers: int = 3
     heads: int = 4
@@ -187,7 +189,7 @@ class LMConfig:
     batch_size: int = 32
     lr: float = 3e-3
     weight_decay: float = 0.01
-    gem_lambda: float = 0.03
+    gem_lambda: float = 0.03  # 0 = the standard-training arm
     detach_p: bool = True
     target_layer: int = -1  # -1: final state after LN_f; l in 1..layers-1: LN_f(residual l)
     warmup_steps: int = 0
@@ -321,19 +323,7 @@ class LMData:
 @WORKLOADS.register("gem", "Char-level tied LM on stdlib sources with the GEM regulariser")
 class GEM(Workload):
     @dataclass
-    class Params:
-        d_model: int = 64
-        layers: int = 3
-        heads: int = 4
-        ctx: int = 64
-        batch_size: int = 32
-        lr: float = 3e-3
-        weight_decay: float = 0.01
-        gem_lambda: float = 0.03  # 0 = the standard-training arm
-        detach_p: bool = True
-        target_layer: int = -1
-        warmup_steps: int = 0
-        emb_std: float = 1.0
+    class Params(LMConfig):
         local_steps: int = 50
         num_modules: int = 60
         val_fraction: float = 0.1
@@ -342,10 +332,7 @@ class GEM(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
-        self.lm = LMConfig(
-            p.d_model, p.layers, p.heads, p.ctx, p.batch_size, p.lr, p.weight_decay,
-            p.gem_lambda, p.detach_p, p.target_layer, p.warmup_steps, p.emb_std,
-        )  # fmt: skip
+        self.lm = LMConfig(**{f.name: getattr(p, f.name) for f in fields(LMConfig)})
         if not -1 <= p.target_layer < p.layers or p.target_layer == 0:
             raise ValueError("target_layer must be -1 (final) or in 1..layers-1")
 
