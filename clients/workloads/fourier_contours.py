@@ -468,6 +468,17 @@ def _cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.
     )
 
 
+def _step(
+    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, loss: torch.Tensor
+) -> float:
+    """One optimiser and schedule step; returns the loss value."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
 def _subset(data: Phantoms, idx: torch.Tensor | slice) -> Phantoms:
     return Phantoms(data.images[idx], data.radial[idx], data.coeffs[idx], data.labels[idx])
 
@@ -495,11 +506,7 @@ def train_contours(
         if n_lab < len(data) and weights.flip > 0:
             unl = torch.randint(n_lab, len(data), (batch,), generator=gen)
             loss = loss + contour_loss(model, data.images[unl], None, no_sup)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        total += float(loss.detach())
+        total += _step(opt, sched, loss)
     return total / max(steps, 1)
 
 
@@ -517,11 +524,7 @@ def train_unet(
         idx = torch.randint(0, len(data), (batch,), generator=gen)
         logits = model(data.images[idx])
         loss = nn.functional.cross_entropy(logits, data.labels[idx].flatten(0, 1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        total += float(loss.detach())
+        total += _step(opt, sched, loss)
     return total / max(steps, 1)
 
 
