@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
 
 app = typer.Typer(
     add_completion=False,
@@ -60,9 +60,9 @@ def summary_table(summary: dict) -> RichTable:
 
 def prepare(experiment: str, overrides: list[str], **forced) -> dict:
     """Resolve and pre-flight a config (dataset readable, workload constructible)."""
-    from clients.config import load_experiment
-    from clients.datasets import load_table
-    from clients.registry import WORKLOADS
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.clients.datasets import load_table
+    from flowerbed.clients.workloads import WORKLOADS
 
     cfg = load_experiment(experiment, overrides, **forced)
     try:
@@ -75,8 +75,8 @@ def prepare(experiment: str, overrides: list[str], **forced) -> dict:
 
 def execute(cfg: dict, verbose: bool = False) -> dict:
     """Run a resolved config on its engine with a progress bar; remove the run dir on failure."""
-    from server.engines import get_engine
-    from server.results import default_run_dir
+    from flowerbed.server.engines import get_engine
+    from flowerbed.server.results import default_run_dir
 
     run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -155,11 +155,13 @@ def list_(
     kind: Annotated[str | None, typer.Argument(help=f"one of: {', '.join(KINDS)}")] = None,
 ) -> None:
     """List what is registered, each with a one-line description."""
-    from attacks import ATTACKS
-    from clients.config import load_preset, preset_names
-    from clients.registry import DATASETS, DEFENSES, WORKLOADS
-    from server.engines import ENGINE_MODULES
-    from strategies import STRATEGIES
+    from flowerbed.attacks import ATTACKS
+    from flowerbed.clients.core.config import load_preset, preset_names
+    from flowerbed.clients.datasets import DATASETS
+    from flowerbed.clients.defenses import DEFENSES
+    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.server.engines import ENGINE_MODULES
+    from flowerbed.strategies import STRATEGIES
 
     if kind is not None and kind not in KINDS:
         fail(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
@@ -209,7 +211,7 @@ def sweep(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
     """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
-    from server.sweep import cells_of, finished_ids, load_sweep, run_sweep
+    from flowerbed.server.sweep import cells_of, finished_ids, load_sweep, run_sweep
 
     try:
         spec = load_sweep(sweep_file)
@@ -248,7 +250,7 @@ def deploy_up(
     directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
-    from server.deploy import up
+    from flowerbed.server.deploy import up
 
     if nodes < 1:
         fail("--nodes must be >= 1")
@@ -265,7 +267,7 @@ def deploy_up(
 @deploy_app.command("status")
 def deploy_status(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
     """Show which processes are alive and the SuperNodes the SuperLink knows."""
-    from server.deploy import status
+    from flowerbed.server.deploy import status
 
     try:
         info = status(directory)
@@ -282,7 +284,7 @@ def deploy_status(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/depl
 @deploy_app.command("down")
 def deploy_down(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
     """Stop everything `deploy up` started, by PID."""
-    from server.deploy import down
+    from flowerbed.server.deploy import down
 
     stopped = down(directory)
     out.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
@@ -302,7 +304,7 @@ def deploy_certs(
     ] = None,
 ) -> None:
     """Write a CA, a SuperLink certificate and SuperNode keys (used by docker-compose.yml)."""
-    from server.deploy import make_certificates, make_node_key
+    from flowerbed.server.deploy import make_certificates, make_node_key
 
     if (certs / "ca.crt").is_file():
         out.print(f"{certs}/ca.crt exists; keeping the existing certificates and keys")
@@ -328,7 +330,7 @@ def deploy_register(
     import tempfile
     import time
 
-    from server.deploy import register_keys
+    from flowerbed.server.deploy import register_keys
 
     with tempfile.TemporaryDirectory() as home:
         for attempt in range(retries):

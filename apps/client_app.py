@@ -3,7 +3,7 @@
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clients.runtime import handle_evaluate, handle_train
+from flowerbed.clients.runtime import handle_evaluate, handle_train
 
 app = ClientApp()
 

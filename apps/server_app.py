@@ -12,9 +12,9 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from clients.config import decode_config, load_experiment, resolve
-from server.runner import run_experiment
-from server.sweep import run_cells
+from flowerbed.clients.core.config import decode_config, load_experiment, resolve
+from flowerbed.server.runner import run_experiment
+from flowerbed.server.sweep import run_cells
 
 app = ServerApp()
 

@@ -1,7 +1,7 @@
 """Attacks that observe what an honest-but-curious server receives, registered by name."""
 
-from clients.registry import Registry
+from flowerbed.clients.core.registry import Registry
 
-ATTACKS = Registry("attack", ("attacks",))
+ATTACKS = Registry("attack", (__name__,))
 
 __all__ = ["ATTACKS"]

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks import ATTACKS
-from attacks.goliath import GOLIATH, InversionConfig, Knowledge, Reconstruction, decode
-from attacks.observer import AttackObserver, with_config
+from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.goliath import GOLIATH, InversionConfig, Knowledge, Reconstruction, decode
+from flowerbed.attacks.observer import AttackObserver, with_config
 
 DLG = InversionConfig(objective="l2", cat_param="raw", latents="joint", restarts=1, lr=0.05, label_recovery=False,
                       analytic_init=False)  # fmt: skip
@@ -94,8 +94,8 @@ class RandomBaseline:
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        from clients.datasets import load_table
-        from clients.tabdiff.preprocess import TablePreprocessor
+        from flowerbed.clients.datasets import load_table
+        from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 
         table = load_table(cfg["dataset"])
         prep = TablePreprocessor.fit(table.schema, table.train)

@@ -33,8 +33,8 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering
 from torch.func import functional_call
 
-from attacks import ATTACKS
-from clients.tabdiff.model import (
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.tabdiff.model import (
     T_MIN,
     Denoiser,
     DiffusionSpec,
@@ -49,8 +49,8 @@ from clients.tabdiff.model import (
     sinusoid,
     split_blocks,
 )
-from clients.tabdiff.preprocess import TablePreprocessor
-from clients.tabdiff.training import Protocol, local_update
+from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.training import Protocol, local_update
 
 CLOSED_FORM_ACCEPT = 1e-3  # gradient-match score under which a FedSGD closed form is exact
 LOCAL_SGD_ACCEPT = 1e-2  # the same for local SGD (its steps are read at the global model)
@@ -798,7 +798,7 @@ def align_and_vote(nums: list[np.ndarray], cats: list[np.ndarray], scores: list[
             blocks.append(votes / votes.sum(-1, keepdims=True))
         else:
             blocks.append(runs.mean(0))
-    from attacks.metrics import cell_entropy
+    from flowerbed.attacks.metrics import cell_entropy
 
     ent = cell_entropy(
         np.stack(aligned_n),
@@ -963,7 +963,7 @@ class Goliath:
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        from attacks.observer import AttackObserver
+        from flowerbed.attacks.observer import AttackObserver
 
         p = cfg["attack"]["params"]
         icfg = replace(cls.config, restarts=p["restarts"], iterations=p["iterations"],

@@ -106,7 +106,7 @@ class TruthScorer:
     attack's inputs) and scores a reconstruction against it."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from clients.workloads.tabdiff import TabDiff, encoded
+        from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
 
         self.cfg = cfg
         self.workload = TabDiff(cfg)
@@ -116,7 +116,7 @@ class TruthScorer:
         self.stds = {c: float(train[c].std()) for c in self.numeric}
 
     def truth(self, partition_id: int, server_round: int, params: dict[str, torch.Tensor]) -> Truth:
-        from clients.workloads.tabdiff import round_plan
+        from flowerbed.clients.workloads.tabdiff import round_plan
 
         part = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
         plan, latents = round_plan(self.cfg, self.workload.spec, self.workload.protocol, params,
@@ -126,7 +126,7 @@ class TruthScorer:
         rows = self.data.prep.decode(num.double().numpy(), codes.numpy())
         lat = latents[0]
         mask = None if lat.mask is None else lat.mask.numpy()
-        from clients.tabdiff.model import onehot_rows
+        from flowerbed.clients.tabdiff.model import onehot_rows
 
         oh = onehot_rows(num, codes, self.workload.spec.cat_sizes)
         return Truth(rows, lat.t.numpy(), mask, oh.num, oh.cat, latents)

@@ -18,11 +18,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from attacks import ATTACKS
-from clients.defenses import build_defenses
-from clients.registry import ConfigError
-from clients.workloads import client_seed
-from clients.workloads.filosofer import (
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.defenses import build_defenses
+from flowerbed.clients.workloads.filosofer import (
     Release,
     accuracy,
     attacker_subset,
@@ -34,7 +35,6 @@ from clients.workloads.filosofer import (
     steal,
     unpack,
 )
-from strategies.wrapper import StrategyWrapper
 
 
 def release_with(cfg: dict[str, Any], victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001

@@ -17,7 +17,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from attacks.goliath import (
+from flowerbed.attacks.goliath import (
     InversionConfig,
     Knowledge,
     Reconstruction,
@@ -25,11 +25,11 @@ from attacks.goliath import (
     invert,
     observed_target,
 )
-from attacks.metrics import TruthScorer
-from clients.tabdiff.model import DiffusionSpec, build_model
-from clients.tabdiff.preprocess import TablePreprocessor
-from clients.tabdiff.training import Protocol
-from strategies.wrapper import StrategyWrapper
+from flowerbed.attacks.metrics import TruthScorer
+from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.tabdiff.model import DiffusionSpec, build_model
+from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.training import Protocol
 
 Attack = Callable[[Knowledge, dict[str, torch.Tensor], int], Reconstruction]
 
@@ -37,7 +37,7 @@ Attack = Callable[[Knowledge, dict[str, torch.Tensor], int], Reconstruction]
 def public_knowledge(cfg: dict[str, Any], sent: dict[str, torch.Tensor]) -> Knowledge:
     """What the server knows: architecture/loss/protocol from the workload config, the schema and
     the agreed preprocessing (quantiles = public feature statistics), and the sent parameters."""
-    from clients.datasets import load_table
+    from flowerbed.clients.datasets import load_table
 
     table = load_table(cfg["dataset"])  # schema + public feature statistics only
     prep = _prep(json.dumps(cfg["dataset"], sort_keys=True), table)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from clients.workloads.acc_pp import (
+from flowerbed.clients.workloads.acc_pp import (
     LANGUAGES,
     SEQ_LEN,
     Prompts,
@@ -85,9 +85,9 @@ def federated(seed: int) -> None:
     """Run the ``acc-pp`` preset in-process and print the server-side client distance matrices."""
     import tempfile
 
-    from clients.config import load_experiment
-    from clients.workloads.acc_pp import circuit_distances, client_circuits
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.clients.workloads.acc_pp import circuit_distances, client_circuits
+    from flowerbed.server.engines.inline import run_inline
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_experiment(

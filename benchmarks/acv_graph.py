@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from clients.workloads.acv_graph import (
+from flowerbed.clients.workloads.acv_graph import (
     alo_lasso,
     default_lambdas,
     exact_loo_lasso,
@@ -64,8 +64,8 @@ def federated_table(seeds: range = range(5)) -> None:
     F1 of the voted graph at the federated lambda vs the clients' own lambda and graph."""
     import logging
 
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     print("\n| criterion | federated lambda + vote F1 | client graph at federated lambda F1 |"

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from clients.config import load_experiment
-from clients.workloads.arao import AXES, run_local
-from server.engines.inline import run_inline
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.arao import AXES, run_local
+from flowerbed.server.engines.inline import run_inline
 
 COLS = ("clean_auc", "attacked_auc", "reattacked_auc", "reattack_success_rate")
 

@@ -19,7 +19,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import torch
 
-from clients.workloads.chamfer import (
+from flowerbed.clients.workloads.chamfer import (
     add_outliers,
     chamfer_estimate,
     chamfer_exact,

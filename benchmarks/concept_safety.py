@@ -17,8 +17,8 @@ import tempfile
 import numpy as np
 import torch
 
-from clients.workloads import client_seed
-from clients.workloads.concept_safety import (
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads.concept_safety import (
     FinetuneConfig,
     client_counts,
     concept_table,
@@ -100,8 +100,8 @@ def sweeps(seed: int = 0) -> None:
 
 
 def federated(seed: int = 0, rounds: int = 4) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_experiment("concept-safety", ["engine=inline", f"rounds={rounds}",

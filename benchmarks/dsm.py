@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from clients.workloads.dsm import run_central
+from flowerbed.clients.workloads.dsm import run_central
 
 
 def main() -> None:

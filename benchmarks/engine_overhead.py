@@ -27,9 +27,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from clients.config import load_experiment
-from clients.workloads.tabular_mlp import TabularMLP
-from server.engines.inline import InlineGrid, run_inline
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.tabular_mlp import TabularMLP
+from flowerbed.server.engines.inline import InlineGrid, run_inline
 
 ROUNDS = 5
 CLIENTS = 10
@@ -91,7 +91,7 @@ def overhead(repeats: int) -> dict:
 
 
 def peak_memory(clients: int, fraction: float, rounds: int) -> dict:
-    from server.engines.simulation import run_simulation
+    from flowerbed.server.engines.simulation import run_simulation
 
     tag = f"mem-{os.getpid()}-{time.time_ns()}"
     os.environ["FLOWERBED_BENCH_TAG"] = tag  # inherited by flwr, SuperLink, Ray and its workers

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from clients.workloads.fairtune import (
+from flowerbed.clients.workloads.fairtune import (
     Mechanism,
     best_response_equilibrium,
     build_market,
@@ -44,8 +44,8 @@ def market_rows(seed: int) -> dict[str, dict[str, float]]:
 
 
 def federated(mechanism: str, strategic: bool = True) -> dict[str, float]:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     overrides = ["engine=inline", "output.dir=/tmp/fairtune-bench",
                  f"workload.params.mechanism={mechanism}",

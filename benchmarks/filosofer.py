@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from clients.workloads.filosofer import SCHEMES, stealing_table
+from flowerbed.clients.workloads.filosofer import SCHEMES, stealing_table
 
 QS = (0.02, 0.05, 0.1)
 VARIANTS = {
@@ -69,7 +69,7 @@ def recovery(seed: int = 0) -> None:
     """User accuracy after LoRA recovery of the greedy Fisher 2 % flip: per-layer vs cross-layer."""
     import torch
 
-    from clients.workloads.filosofer import (
+    from flowerbed.clients.workloads.filosofer import (
         accuracy,
         digits_split,
         fisher_diagonal,

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from clients.workloads.fisher_memorisation import (
+from flowerbed.clients.workloads.fisher_memorisation import (
     InContextRegressor,
     Scores,
     digits_data,

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.workloads.fits import ARMS, log_uniform_near_fraction, near_task_fraction, run_arm
+from flowerbed.clients.workloads.fits import (
+    ARMS,
+    log_uniform_near_fraction,
+    near_task_fraction,
+    run_arm,
+)
 
 FREQS = (25.0, 50.0, 100.0, 200.0)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from clients.workloads.flowleak import compare
+from flowerbed.clients.workloads.flowleak import compare
 
 BUDGETS = (5, 10, 20, 30, 40, 60)
 

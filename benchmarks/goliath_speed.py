@@ -13,11 +13,11 @@ import torch
 
 
 def main() -> None:
-    from attacks.baselines import CONFIGS, IG
-    from attacks.eval import experiment, make_case
-    from attacks.goliath import invert
-    from attacks.metrics import tableak_accuracy
-    from clients.workloads.tabdiff import encoded
+    from flowerbed.attacks.baselines import CONFIGS, IG
+    from flowerbed.attacks.eval import experiment, make_case
+    from flowerbed.attacks.goliath import invert
+    from flowerbed.attacks.metrics import tableak_accuracy
+    from flowerbed.clients.workloads.tabdiff import encoded
 
     torch.set_num_threads(2)
     for regime in ("mixed", "gaussian"):

@@ -28,11 +28,11 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apps.client_app import app as client_app  # noqa: E402
-from clients.config import load_experiment, to_json  # noqa: E402
-from clients.registry import WORKLOADS  # noqa: E402
-from clients.runtime import CONFIG_KEY  # noqa: E402
-from clients.workloads.routing import (  # noqa: E402
+from flowerbed.apps.client_app import app as client_app  # noqa: E402
+from flowerbed.clients.core.config import load_experiment, to_json  # noqa: E402
+from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
+from flowerbed.clients.workloads import WORKLOADS  # noqa: E402
+from flowerbed.clients.workloads.routing import (  # noqa: E402
     MLPConfig,
     RouterData,
     benchmark_for,
@@ -44,9 +44,9 @@ from clients.workloads.routing import (  # noqa: E402
     pool,
     score_router,
 )
-from server.engines.inline import InlineGrid  # noqa: E402
-from server.runner import OrderedGrid  # noqa: E402
-from strategies import STRATEGIES  # noqa: E402
+from flowerbed.server.engines.inline import InlineGrid  # noqa: E402
+from flowerbed.server.runner import OrderedGrid  # noqa: E402
+from flowerbed.strategies import STRATEGIES  # noqa: E402
 
 CENTRAL_EPOCHS = 10  # pooled MLP: more epochs overfit (tuned on seed 0, alpha 0.1, coverage 0.3)
 ROUTERS = ["fed-mlp", "central-mlp", "local-mlp", "fed-kmeans", "central-kmeans", "local-kmeans"]
@@ -157,7 +157,7 @@ def random_auc(test: RouterData) -> float:
     """Uniformly random model per query (mixing with abstention along the hull)."""
     costs, accs = test.cost_true.mean(0), test.p_true.mean(0)
     c_lo, c_hi = float(costs.min()), float(costs.max())
-    from clients.workloads.routing import hull_auc
+    from flowerbed.clients.workloads.routing import hull_auc
 
     return hull_auc(np.array([costs.mean()]), np.array([accs.mean()]), c_lo, c_hi)
 

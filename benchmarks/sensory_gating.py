@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from clients.workloads.sensory_gating import (
+from flowerbed.clients.workloads.sensory_gating import (
     StageConfig,
     make_split,
     run_pipeline,

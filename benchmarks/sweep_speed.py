@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from server.sweep import load_sweep, run_sweep
+from flowerbed.server.sweep import load_sweep, run_sweep
 
 OVERRIDES = ["rounds=1", "clients.num=5", "output.plots=false"]
 
@@ -43,7 +43,7 @@ def main() -> None:
         for seed in seeds[: args.cold]:
             start = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-m", "apps.cli", "run", args.base, *OVERRIDES, f"seed={seed}",
+                [sys.executable, "-m", "flowerbed.apps.cli", "run", args.base, *OVERRIDES, f"seed={seed}",
                  "--engine", "inline", "--out", f"{tmp}/cold-{seed}"],
                 check=True, capture_output=True,
             )  # fmt: skip

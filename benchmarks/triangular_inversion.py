@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from clients.workloads.triangular_inversion import (
+from flowerbed.clients.workloads.triangular_inversion import (
     METHODS,
     growth_flagged,
     invert_unit_lower,
@@ -85,8 +85,8 @@ def time_table(batch: int, chunk: int) -> list[str]:
 
 def federated_table(rounds: int, out_dir: str) -> list[str]:
     """Markdown rows: the federated preset per (method, precision, gated): recall and kernel metrics."""
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     lines = [
         "| method | precision | gated | recall acc. | acc. exact kernel | acc. Neumann-bf16 kernel | loss | inv. error (median / max) "

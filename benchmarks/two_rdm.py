@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from clients.workloads.two_rdm import (  # noqa: E402
+from flowerbed.clients.workloads.two_rdm import (  # noqa: E402
     DLNConfig,
     GrokConfig,
     abs_corr,
@@ -96,8 +96,8 @@ def federated() -> None:
     """The ``two-rdm`` preset on the inline engine: server-side 2RDM with rounds as checkpoints."""
     import tempfile
 
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     rows: list[str] = []
 

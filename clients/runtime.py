@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.registry import WORKLOADS
-from clients.workloads import Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 CONFIG_KEY = "fb-config"
 PARTITION_KEY = "partition-id"

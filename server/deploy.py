@@ -24,8 +24,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from clients.registry import ConfigError
-from server.engines.simulation import flower_env, free_port, stop_process_tree, wait_for_port
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.server.engines.simulation import (
+    flower_env,
+    free_port,
+    stop_process_tree,
+    wait_for_port,
+)
 
 CONNECTION = "flowerbed"
 
@@ -76,9 +81,9 @@ def make_certificates(
     )  # fmt: skip
     pem = serialization.Encoding.PEM
     (cert_dir / "ca.crt").write_bytes(ca_cert.public_bytes(pem))
-    (cert_dir / "server.pem").write_bytes(server_cert.public_bytes(pem))
+    (cert_dir / "flowerbed.server.pem").write_bytes(server_cert.public_bytes(pem))
     _write_private(
-        cert_dir / "server.key",
+        cert_dir / "flowerbed.server.key",
         server_key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
                                  serialization.NoEncryption()),
     )  # fmt: skip
@@ -181,8 +186,8 @@ def up(
         write_connection(directory / "flwr", state["address"], None)
     else:
         make_certificates(certs)
-        link += ["--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
-                 "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth"]  # fmt: skip
+        link += ["--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "flowerbed.server.pem"),
+                 "--ssl-keyfile", str(certs / "flowerbed.server.key"), "--enable-supernode-auth"]  # fmt: skip
         write_connection(directory / "flwr", state["address"], certs / "ca.crt")
     try:
         state["pids"]["superlink"] = _spawn(link, env, directory / "superlink.log")

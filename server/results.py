@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from clients.config import to_yaml
+from flowerbed.clients.core.config import to_yaml
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
 METRICS_MARKER = "FLOWERBED-METRICS "

@@ -11,15 +11,15 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from attacks import ATTACKS
-from clients.config import to_json
-from clients.registry import WORKLOADS
-from clients.runtime import CONFIG_KEY, PARTITION_KEY
-from clients.workloads import seed_everything
-from server.results import ResultsWriter, default_run_dir
-from strategies import STRATEGIES
-from strategies.defenses import SERVER_DEFENSES
-from strategies.wrapper import StrategyWrapper
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core.config import to_json
+from flowerbed.clients.core.seeding import seed_everything
+from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.runtime import CONFIG_KEY, PARTITION_KEY
+from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.server.results import ResultsWriter, default_run_dir
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.defenses import SERVER_DEFENSES
 
 
 class OrderedGrid(Grid):

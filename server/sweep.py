@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.config import (
+from flowerbed.clients.core.config import (
+    configs_dir,
     load_base,
     load_config_file,
     parse_overrides,
     resolve,
     validate_structured,
 )
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
 
 
 @dataclass
@@ -68,7 +69,7 @@ class SweepConfig:
 def load_sweep(path: str | Path) -> SweepConfig:
     path = Path(path)
     if not path.is_file():
-        presets = Path(__file__).resolve().parents[1] / "configs" / "sweeps" / f"{path}.yaml"
+        presets = configs_dir() / "sweeps" / f"{path}.yaml"
         if not presets.is_file():
             raise ConfigError(f"sweep file not found: {path}")
         path = presets
@@ -155,7 +156,7 @@ def run_cells(
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) on one Grid, appending a row per finished cell."""
-    from server.runner import run_experiment
+    from flowerbed.server.runner import run_experiment
 
     for cell, cfg in todo:
         start = time.perf_counter()
@@ -195,12 +196,12 @@ def run_sweep(
     )
     if todo:
         if sweep.engine == "inline":
-            from apps.client_app import app as client_app
-            from server.engines.inline import InlineGrid
+            from flowerbed.apps.client_app import app as client_app
+            from flowerbed.server.engines.inline import InlineGrid
 
             run_cells(InlineGrid(client_app, nums.pop()), todo, out, on_cell)
         else:
-            from server.engines.simulation import run_simulation_sweep
+            from flowerbed.server.engines.simulation import run_simulation_sweep
 
             run_simulation_sweep([cfg for _, cfg in todo], [c for c, _ in todo], out, on_cell)
     write_outputs(sweep, out)

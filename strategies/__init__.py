@@ -3,8 +3,8 @@
 A strategy entry is a class with a ``Params`` dataclass and ``build(cfg) -> flwr Strategy``.
 """
 
-from clients.registry import Registry
+from flowerbed.clients.core.registry import Registry
 
-STRATEGIES = Registry("strategy", ("strategies",))
+STRATEGIES = Registry("strategy", (__name__,))
 
 __all__ = ["STRATEGIES"]

@@ -20,10 +20,10 @@ from flwr.serverapp.strategy import (
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from opacus.accountants import RDPAccountant
 
-from clients.registry import Registry
-from strategies.wrapper import StrategyWrapper
+from flowerbed.clients.core.registry import Registry
+from flowerbed.clients.core.wrapper import StrategyWrapper
 
-SERVER_DEFENSES = Registry("server-side defense", ("strategies",))
+SERVER_DEFENSES = Registry("server-side defense", ("flowerbed.strategies",))
 
 
 def sampled_clients(cfg: dict[str, Any]) -> int:

@@ -25,10 +25,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from clients.registry import ConfigError
-from clients.runtime import PARTITION_KEY
-from strategies import STRATEGIES
-from strategies.fedavg import sampling_kwargs
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.runtime import PARTITION_KEY
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.fedavg import sampling_kwargs
 
 REGISTRY_KEY = "fcm-registry"  # ConfigRecord key of the versioned registry (JSON)
 
@@ -113,7 +113,7 @@ class FCMStrategy(FedAvg):
         return json.dumps({"version": self.version, "concepts": self.registry})
 
     def _sync_registry(self, arrays: ArrayRecord, server_round: int) -> None:
-        from clients.workloads.fcm import concepts_of
+        from flowerbed.clients.workloads.fcm import concepts_of
 
         known = {e["name"] for e in self.registry}
         for name in concepts_of(arrays):
@@ -122,7 +122,7 @@ class FCMStrategy(FedAvg):
                 self.version += 1
 
     def _expand(self, params: dict[str, np.ndarray], new: list[str], server_round: int):  # noqa: ANN202
-        from clients.workloads.fcm import expand, init_params
+        from flowerbed.clients.workloads.fcm import expand, init_params
 
         seed = self.workload.cfg["seed"]
         for name in new:
@@ -205,7 +205,7 @@ class FCMEntry:
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FCMStrategy:
-        from clients.registry import WORKLOADS
+        from flowerbed.clients.workloads import WORKLOADS
 
         if cfg["workload"]["name"] != "fcm":
             raise ConfigError("strategy 'fcm' needs workload 'fcm'")

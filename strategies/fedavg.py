@@ -7,7 +7,7 @@ from typing import Any
 
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedAvg
 
-from strategies import STRATEGIES
+from flowerbed.strategies import STRATEGIES
 
 
 def sampling_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:

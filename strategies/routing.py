@@ -26,9 +26,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from clients.workloads.routing import HEAD_PREFIXES, server_kmeans_init, shrink_tables
-from strategies import STRATEGIES
-from strategies.fedavg import sampling_kwargs
+from flowerbed.clients.workloads.routing import HEAD_PREFIXES, server_kmeans_init, shrink_tables
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.fedavg import sampling_kwargs
 
 EVALS_KEY = "n-evals-per-model"
 

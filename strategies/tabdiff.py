@@ -17,9 +17,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from clients.tabdiff.model import k_from_raw, k_to_raw
-from strategies import STRATEGIES
-from strategies.fedavg import sampling_kwargs
+from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.fedavg import sampling_kwargs
 
 K_KEY = "k_raw"
 

@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from clients.registry import DATASETS, ConfigError
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.registry import Registry
+
+DATASETS = Registry("dataset", (__name__,))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pandas as pd
 from datasets import Dataset
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
 
 ROW_ID = "__row__"
 

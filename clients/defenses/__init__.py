@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.registry import DEFENSES, NoParams
+from flowerbed.clients.core.registry import NoParams, Registry
+
+DEFENSES = Registry("defense", (__name__,))
 
 __all__ = ["DEFENSES", "Defense", "build_defenses"]
 

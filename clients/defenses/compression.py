@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from clients.defenses import DEFENSES, Defense
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.defenses import DEFENSES, Defense
 
 
 def _deltas(sent: ArrayRecord, updated: ArrayRecord) -> dict[str, np.ndarray]:

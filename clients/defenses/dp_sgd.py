@@ -18,8 +18,8 @@ from flwr.app import ConfigRecord, RecordDict
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 
-from clients.defenses import DEFENSES, Defense
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.defenses import DEFENSES, Defense
 
 STATE_KEY = "dp-sgd"
 

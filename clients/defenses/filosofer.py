@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from clients.defenses import DEFENSES, Defense
-from clients.registry import ConfigError
-from clients.workloads.filosofer import Release, release
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.workloads.filosofer import Release, release
 
 
 class ModelRelease(Defense):

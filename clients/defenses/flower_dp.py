@@ -14,8 +14,8 @@ from typing import Any
 
 from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 
-from clients.defenses import DEFENSES, Defense
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.defenses import DEFENSES, Defense
 
 CLIPPING = ("client", "server")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clients.defenses import DEFENSES, Defense
+from flowerbed.clients.defenses import DEFENSES, Defense
 
 
 @DEFENSES.register(

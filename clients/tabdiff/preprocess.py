@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from sklearn.preprocessing import QuantileTransformer
 
-from clients.datasets import TableSchema
+from flowerbed.clients.datasets import TableSchema
 
 
 @dataclass

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from clients.tabdiff.model import (
+from flowerbed.clients.tabdiff.model import (
     Denoiser,
     alpha_bar,
     edm_coefficients,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clients.tabdiff.model import Denoiser, Latents, Rows, loss_grad
+from flowerbed.clients.tabdiff.model import Denoiser, Latents, Rows, loss_grad
 
 PROTOCOLS = ("fedsgd", "fedavg")
 OPTIMIZERS = ("sgd", "adam")
@@ -79,7 +79,7 @@ def local_update(
     ``gradient(model, params, rows, latents)`` replaces the batch gradient (DP-SGD's clipped,
     noised per-sample mean); by default it is ``loss_grad``.
     """
-    from clients.tabdiff.model import diffusion_loss
+    from flowerbed.clients.tabdiff.model import diffusion_loss
 
     if protocol.kind == "fedsgd":
         batches, latents = batches[:1], latents[:1]

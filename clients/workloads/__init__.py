@@ -6,30 +6,16 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 
 from __future__ import annotations
 
-import random
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.registry import WORKLOADS, NoParams
+from flowerbed.clients.core.registry import NoParams, Registry
 
-__all__ = ["WORKLOADS", "Workload", "seed_everything", "client_seed", "train_cross_entropy"]
+WORKLOADS = Registry("workload", (__name__,))
 
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, numpy and torch from one integer (the experiment's seed, or one derived from it)."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def client_seed(seed: int, partition_id: int, server_round: int, salt: int = 0) -> int:
-    """A per-(client, round) seed derived from the experiment seed; identical on every engine."""
-    return int(
-        np.random.SeedSequence([seed, partition_id, server_round, salt]).generate_state(1)[0]
-    )
+__all__ = ["WORKLOADS", "Workload", "train_cross_entropy"]
 
 
 def train_cross_entropy(
@@ -68,7 +54,7 @@ class Workload:
     supports_private_training: ClassVar[bool] = False
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from clients.defenses import build_defenses
+        from flowerbed.clients.defenses import build_defenses
 
         self.cfg = cfg
         self.params = self.Params(**cfg["workload"]["params"])

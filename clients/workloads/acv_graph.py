@@ -32,7 +32,8 @@ from flwr.app import ArrayRecord, RecordDict
 from sklearn.linear_model import lasso_path
 from threadpoolctl import threadpool_limits
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 CRITERIA = ("alo", "acv", "bic", "ebic")
 

@@ -33,7 +33,8 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---------------------------------------------------------------------------------------------
 # 1. Data: claims (topic, stance, target, intent) and the rhetorical rewriter

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # -- 1. data generators ----------------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ from scipy.stats import spearmanr
 from torch import nn
 from torch.nn import functional as F
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 PAD, BOS, SEP, EOS, REFUSE = 0, 1, 2, 3, 4
 N_SPECIAL = 5

@@ -31,7 +31,8 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # -- data generator --------------------------------------------------------------------------
 

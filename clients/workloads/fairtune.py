@@ -37,7 +37,8 @@ from sklearn.isotonic import IsotonicRegression
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 
 # -- 1. data generator -----------------------------------------------------------------------

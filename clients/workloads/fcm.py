@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from clients.workloads import WORKLOADS, Workload, client_seed
-from clients.workloads.fcm_data import ConceptData, Scenario, make_dataset, make_scenario
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads.fcm_data import ConceptData, Scenario, make_dataset, make_scenario
 
 REGISTRY_KEY = "fcm-registry"
 LOCAL_STATE_KEY = "fcm-local-model"

@@ -30,7 +30,8 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from sklearn.datasets import load_digits
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed, train_cross_entropy
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: scikit-learn's bundled digits, a seeded train pool / test split

@@ -41,7 +41,8 @@ from scipy.ndimage import gaussian_filter, shift
 from sklearn.datasets import load_digits
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed, train_cross_entropy
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: bundled digits or generated image-like classes, with controlled label noise

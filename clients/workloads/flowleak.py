@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---- task space --------------------------------------------------------------------------------
 FEATURES: dict[str, int] = {  # feature -> number of values

@@ -37,7 +37,8 @@ from matplotlib.path import Path
 from scipy import ndimage
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 STRUCTURES = ("lv_endo", "lv_epi")  # myocardium = inside epi and outside endo
 

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---------------------------------------------------------------------------------------------
 # 1. Data: the standard library's own source, character level

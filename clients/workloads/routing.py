@@ -30,8 +30,9 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
-from clients.registry import ConfigError
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ================================================================================================
 # 1. Data

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 LENGTH = 128  # samples per window (100 Hz: 1.28 s, three beats)
 PATCH = 16  # F-JEPA patch

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from clients.datasets import Table, load_table
-from clients.datasets.partition import partition_indices
-from clients.tabdiff.model import (
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.datasets import Table, load_table
+from flowerbed.clients.datasets.partition import partition_indices
+from flowerbed.clients.tabdiff.model import (
     Denoiser,
     DiffusionSpec,
     Latents,
@@ -32,11 +33,16 @@ from clients.tabdiff.model import (
     onehot_rows,
     sample_latents,
 )
-from clients.tabdiff.preprocess import TablePreprocessor
-from clients.tabdiff.quality import quality_report
-from clients.tabdiff.sampler import sample_rows
-from clients.tabdiff.training import Protocol, batch_plan, local_update, per_sample_gradients
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.quality import quality_report
+from flowerbed.clients.tabdiff.sampler import sample_rows
+from flowerbed.clients.tabdiff.training import (
+    Protocol,
+    batch_plan,
+    local_update,
+    per_sample_gradients,
+)
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
 

@@ -19,9 +19,10 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from clients.datasets import Table, load_table
-from clients.datasets.partition import partition_indices
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.datasets import Table, load_table
+from flowerbed.clients.datasets.partition import partition_indices
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 
 @dataclass

@@ -25,7 +25,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,

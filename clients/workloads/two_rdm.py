@@ -40,7 +40,8 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
-from clients.workloads import WORKLOADS, Workload, client_seed
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---------------------------------------------------------------------------------------------
 # 1. data generator: a linear teacher with well separated singular values

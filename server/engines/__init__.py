@@ -10,12 +10,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
 
 ENGINE_MODULES = {
-    "inline": ("server.engines.inline", "run_inline"),
-    "simulation": ("server.engines.simulation", "run_simulation"),
-    "deployment": ("server.engines.deployment", "run_deployment"),
+    "inline": ("flowerbed.server.engines.inline", "run_inline"),
+    "simulation": ("flowerbed.server.engines.simulation", "run_simulation"),
+    "deployment": ("flowerbed.server.engines.deployment", "run_deployment"),
 }
 
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clients.config import encode_config, to_yaml
-from clients.registry import ConfigError
-from server.deploy import CONNECTION, bin_path, load_state, write_connection
-from server.engines.simulation import app_dir, flower_env
-from server.results import (
+from flowerbed.clients.core.config import encode_config, to_yaml
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.server.deploy import CONNECTION, bin_path, load_state, write_connection
+from flowerbed.server.engines.simulation import app_dir, flower_env
+from flowerbed.server.results import (
     METRICS_MARKER,
     SUMMARY_MARKER,
     atomic_write,

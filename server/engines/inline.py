@@ -96,8 +96,8 @@ class InlineGrid(Grid):
 
 def run_inline(cfg: dict[str, Any], on_round=None) -> dict[str, Any]:  # noqa: ANN001
     """Run a resolved config in this process; returns the summary."""
-    from apps.client_app import app as client_app
-    from server.runner import run_experiment
+    from flowerbed.apps.client_app import app as client_app
+    from flowerbed.server.runner import run_experiment
 
     grid = InlineGrid(client_app, cfg["clients"]["num"])
     return run_experiment(grid, cfg, on_round=on_round)

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from clients.config import configs_dir, encode_config, to_yaml
-from server.results import atomic_write, default_run_dir, read_history
+from flowerbed.clients.core.config import configs_dir, encode_config, to_yaml
+from flowerbed.server.results import atomic_write, default_run_dir, read_history
 
 
 def app_dir() -> Path:

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from apps.cli import app
+from flowerbed.apps.cli import app
 
 runner = CliRunner()
 

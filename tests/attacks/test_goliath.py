@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import attacks.goliath as goliath
-from attacks.baselines import CONFIGS, IG, ORACLE
-from attacks.eval import experiment, make_case
-from attacks.goliath import InversionConfig, aggregate_rounds, invert
-from attacks.metrics import tableak_accuracy
+import flowerbed.attacks.goliath as goliath
+from flowerbed.attacks.baselines import CONFIGS, IG, ORACLE
+from flowerbed.attacks.eval import experiment, make_case
+from flowerbed.attacks.goliath import InversionConfig, aggregate_rounds, invert
+from flowerbed.attacks.metrics import tableak_accuracy
 
 torch.set_num_threads(1)
 SMALL = ["workload.params.hidden=64", "workload.params.layers=2"]
@@ -23,7 +23,7 @@ SMALL = ["workload.params.hidden=64", "workload.params.layers=2"]
 def _acc(case, rec) -> float:
     prep = case.know.prep
     train = case.know.prep  # stds from the public table
-    from clients.datasets import load_table
+    from flowerbed.clients.datasets import load_table
 
     table = load_table({"name": "adult", "test_fraction": 0.2})
     stds = {c: float(table.train[c].std()) for c in prep.numeric}
@@ -173,7 +173,7 @@ def test_multi_round_vote_fixes_disagreeing_cells() -> None:
     cfg = experiment("adult", "mixed", "fedsgd", SMALL)
     case = make_case(cfg, 4, seed=3)[0]
     rng = np.random.default_rng(0)
-    from attacks.goliath import Reconstruction, decode
+    from flowerbed.attacks.goliath import Reconstruction, decode
 
     truth_num = torch.tensor(case.know.prep.encode(case.truth_frame)[0], dtype=torch.float32)
     codes = case.know.prep.encode(case.truth_frame)[1]
@@ -211,8 +211,8 @@ def _names(module) -> set[str]:
 
 
 def test_attack_code_never_touches_client_data() -> None:
-    import attacks.baselines as baselines
-    import attacks.observer as observer
+    import flowerbed.attacks.baselines as baselines
+    import flowerbed.attacks.observer as observer
 
     forbidden = {
         "load_partition",
@@ -235,10 +235,10 @@ def test_attack_code_never_touches_client_data() -> None:
 def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
     """Through run_inline: the attack runs on real replies, is scored, and no client data is read
     while it runs (load_partition / round_plan calls are recorded with an 'inside attack' flag)."""
-    import attacks.observer as observer_mod
-    import clients.workloads.tabdiff as td
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    import flowerbed.attacks.observer as observer_mod
+    import flowerbed.clients.workloads.tabdiff as td
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     inside = {"flag": False, "violations": 0, "calls": 0}
     real_invert, real_plan, real_load = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from attacks.metrics import cell_entropy, mask_f1, tableak_accuracy, timestep_mae
+from flowerbed.attacks.metrics import cell_entropy, mask_f1, tableak_accuracy, timestep_mae
 
 NUM, CAT = ["age"], ["sex", "job"]
 STD = {"age": 10.0}  # tolerance 3.19

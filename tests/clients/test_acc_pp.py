@@ -8,8 +8,8 @@ import time
 import numpy as np
 import torch
 
-from clients.config import load_experiment
-from clients.workloads.acc_pp import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.acc_pp import (
     LANGUAGES,
     Prompts,
     activation_patching,
@@ -26,7 +26,7 @@ from clients.workloads.acc_pp import (
     trace_prompt,
     trained_model,
 )
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 END = 9
 

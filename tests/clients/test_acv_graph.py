@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.acv_graph import (
+from flowerbed.clients.workloads.acv_graph import (
     alo_lasso,
     alo_residuals,
     default_lambdas,
@@ -88,8 +88,8 @@ def test_alo_over_the_path_is_20x_faster_than_exact_loo() -> None:
 
 
 def test_federated_lambda_beats_local_lambdas_through_run_inline(tmp_path) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     def run(criterion: str, rounds: int = 2) -> dict[str, float]:
         overrides = [

@@ -9,8 +9,8 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from clients.config import load_experiment
-from clients.workloads.arao import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.arao import (
     AXES,
     BORDERLINE,
     EUPHEMISM,
@@ -27,7 +27,7 @@ from clients.workloads.arao import (
     score,
     train_detector,
 )
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 SMALL = {"n_train": 800, "n_test": 300, "n_attack": 50}
 

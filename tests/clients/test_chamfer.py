@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.chamfer import (
+from flowerbed.clients.workloads.chamfer import (
     ToeplitzJL,
     add_outliers,
     chamfer_estimate,
@@ -124,8 +124,8 @@ def test_similarity_groups_families() -> None:
 
 
 def test_federated_inline_run(tmp_path) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     cfg = load_experiment(
         "chamfer",

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from clients.workloads.concept_safety import (
+from flowerbed.clients.workloads.concept_safety import (
     REFUSE,
     FinetuneConfig,
     client_counts,
@@ -80,8 +80,8 @@ def test_uniform_composition_homogenises_refusal(uniform, zipf):
 
 
 def test_federated_run_aggregates_complementary_coverage(tmp_path):
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     overrides = [
         "engine=inline", "rounds=2", f"output.dir={tmp_path}", "clients.num=2",

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from clients.datasets import load_table
-from clients.datasets.partition import partition_indices
+from flowerbed.clients.datasets import load_table
+from flowerbed.clients.datasets.partition import partition_indices
 
 
 def test_adult_and_german_schemas():

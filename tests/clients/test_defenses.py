@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from attacks import ATTACKS
-from clients.defenses.compression import quantize, topk
-from server.engines.inline import run_inline
-from strategies.wrapper import StrategyWrapper
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.defenses.compression import quantize, topk
+from flowerbed.server.engines.inline import run_inline
 
 SEEN: dict[int, list] = {}
 
@@ -55,7 +55,7 @@ def test_dp_sgd_epsilon_equals_opacus_accountant_and_accumulates(inline_cfg):
         "defenses=[{name: dp-sgd, params: {noise_multiplier: 1.1, max_grad_norm: 1.0, delta: 1e-5}}]",
     )  # fmt: skip
     summary = run_inline(cfg)
-    from server.results import read_history
+    from flowerbed.server.results import read_history
 
     rows = [r for r in read_history(cfg["output"]["run_dir"]) if r["scope"] == "train"]
     assert rows[1]["epsilon_max"] > rows[0]["epsilon_max"] > 0
@@ -69,8 +69,9 @@ def test_dp_sgd_epsilon_equals_opacus_accountant_and_accumulates(inline_cfg):
 
 
 def test_dp_sgd_rejected_for_workload_without_private_training():
-    from clients.config import load_experiment
-    from clients.registry import WORKLOADS, ConfigError
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads import WORKLOADS
 
     assert not WORKLOADS.get("flowleak").supports_private_training
     with pytest.raises(ConfigError, match="does not support it"):

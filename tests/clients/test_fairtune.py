@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.fairtune import (
+from flowerbed.clients.workloads.fairtune import (
     Mechanism,
     best_response_equilibrium,
     build_market,
@@ -68,8 +68,8 @@ def test_without_the_scoring_weight_misreporting_returns(outcomes) -> None:
 
 
 def test_federated_market_through_run_inline(tmp_path) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     def run(mechanism: str) -> dict[str, float]:
         overrides = [

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from clients.config import load_experiment
-from clients.workloads.fcm import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
     init_params,
@@ -19,8 +19,8 @@ from clients.workloads.fcm import (
     to_arrays,
     to_params,
 )
-from clients.workloads.fcm_data import make_dataset, make_scenario
-from server.engines.inline import run_inline
+from flowerbed.clients.workloads.fcm_data import make_dataset, make_scenario
+from flowerbed.server.engines.inline import run_inline
 
 torch.set_num_threads(1)
 logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.filosofer import (
+from flowerbed.clients.workloads.filosofer import (
     Filosofer,
     accuracy,
     attacker_subset,

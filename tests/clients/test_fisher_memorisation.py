@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.fisher_memorisation import (
+from flowerbed.clients.workloads.fisher_memorisation import (
     FisherMemorisation,
     InContextRegressor,
     digits_data,
@@ -175,8 +175,8 @@ def test_exact_diagonal_matches_per_sample_gradients_and_kfac_tracks_it(conv):
 
 
 def test_federated_factors_are_pooled_exactly(tmp_path, monkeypatch):
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     seen = {}
     original = FisherMemorisation.server_evaluate

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from clients.workloads.flowleak import (
+from flowerbed.clients.workloads.flowleak import (
     compare,
     flowleak_attack,
     naive_attack,
@@ -10,7 +10,7 @@ from clients.workloads.flowleak import (
     recall,
     single_path_mas,
 )
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 
 def test_coverage_guided_beats_random_and_adversarial_overfits():
@@ -33,7 +33,7 @@ def test_single_path_mas_is_fully_recovered_by_both():
 
 
 def test_same_seed_same_graph():
-    from clients.workloads.flowleak import generate_mas
+    from flowerbed.clients.workloads.flowleak import generate_mas
 
     mas = generate_mas(np.random.default_rng(5))
     a = flowleak_attack(mas, 25, np.random.default_rng(1))[0][-1]

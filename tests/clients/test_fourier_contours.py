@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.config import load_experiment
-from clients.workloads.fourier_contours import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.fourier_contours import (
     LocalSetup,
     contour_points,
     flip_coeffs,
@@ -27,7 +27,7 @@ from clients.workloads.fourier_contours import (
     run_local,
     shoelace_area,
 )
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 
 def _random_contours(n: int, k: int, seed: int) -> torch.Tensor:

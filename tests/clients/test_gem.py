@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.config import load_experiment
-from clients.workloads.gem import LMConfig, anisotropy, gem_loss, run_local
-from server.engines.inline import run_inline
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.gem import LMConfig, anisotropy, gem_loss, run_local
+from flowerbed.server.engines.inline import run_inline
 
 TINY = {"d_model": 32, "heads": 2, "ctx": 32, "batch_size": 16}
 STEPS = 300

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from clients.config import load_experiment
-from clients.workloads.routing import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.workloads.routing import (
     BenchmarkParams,
     MLPConfig,
     RouterMLP,
@@ -23,7 +23,7 @@ from clients.workloads.routing import (
     score_router,
     train_mlp,
 )
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 torch.set_num_threads(1)
 TINY = ["engine=inline", "output.plots=false", "clients.num=4", "rounds=2"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.sensory_gating import (
+from flowerbed.clients.workloads.sensory_gating import (
     GROUPS,
     StageConfig,
     alignment,
@@ -81,8 +81,8 @@ def test_gate_is_aligned_with_the_known_regions(pipeline) -> None:
 
 
 def test_federated_stages_run_and_masks_stay_local(tmp_path) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     overrides = [
         "engine=inline", "rounds=3", f"output.dir={tmp_path}", "clients.num=2",

@@ -9,9 +9,9 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from clients.config import load_experiment
-from clients.datasets import load_table
-from clients.tabdiff.model import (
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.clients.datasets import load_table
+from flowerbed.clients.tabdiff.model import (
     DiffusionSpec,
     build_model,
     k_to_raw,
@@ -20,10 +20,10 @@ from clients.tabdiff.model import (
     move_chance,
     sample_latents,
 )
-from clients.tabdiff.preprocess import TablePreprocessor
-from clients.tabdiff.sampler import sample_rows
-from clients.workloads.tabdiff import TabDiff, round_plan, rows_of, to_params
-from server.engines.inline import run_inline
+from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.sampler import sample_rows
+from flowerbed.clients.workloads.tabdiff import TabDiff, round_plan, rows_of, to_params
+from flowerbed.server.engines.inline import run_inline
 
 torch.set_num_threads(1)
 TINY = ["workload.params.hidden=32", "workload.params.layers=2", "workload.params.eval_rows=256"]
@@ -67,7 +67,7 @@ def test_functional_loss_matches_module_autograd() -> None:
     params = model_params(model)
     gen = torch.Generator().manual_seed(0)
     codes = torch.stack([torch.randint(0, 2, (5,)), torch.randint(0, 4, (5,))], 1)
-    from clients.tabdiff.model import diffusion_loss, onehot_rows
+    from flowerbed.clients.tabdiff.model import diffusion_loss, onehot_rows
 
     rows = onehot_rows(torch.randn(5, 3, generator=gen), codes, spec.cat_sizes)
     lat = sample_latents(spec, params, 5, gen)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from clients.workloads.triangular_inversion import (
+from flowerbed.clients.workloads.triangular_inversion import (
     METHODS,
     delta_keys,
     delta_rule_chunked,
@@ -51,7 +51,7 @@ def test_chunked_with_wrong_inverse_disagrees() -> None:
     """The comparison above can fail: dropping the inverse (T = diag(beta)) breaks the equality."""
     q, k, v, beta, _ = _sequence(torch.float64, False)
     ref = delta_rule_recurrent(q, k, v, beta)
-    import clients.workloads.triangular_inversion as ti
+    import flowerbed.clients.workloads.triangular_inversion as ti
 
     saved = ti.METHODS["fwd"]
     ti.METHODS["fwd"] = lambda lower: torch.eye(lower.shape[-1], dtype=lower.dtype).expand_as(lower)
@@ -81,7 +81,7 @@ def test_newton_schulz_refines_a_perturbed_inverse() -> None:
     ref = reference_inverse(a)
     rough = invert_unit_lower(a, "blocked", "fp32")
     refined = invert_unit_lower(a, "blocked", "fp32", refine=1).to(torch.float64)
-    from clients.workloads.triangular_inversion import newton_schulz
+    from flowerbed.clients.workloads.triangular_inversion import newton_schulz
 
     noisy = ref + 1e-3 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(0)).tril(-1)
     once = newton_schulz(a, noisy, 1)
@@ -125,8 +125,8 @@ def test_recall_task_targets_are_bound_values() -> None:
 
 
 def test_federated_inline_run(tmp_path) -> None:
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     cfg = load_experiment(
         "triangular-inversion",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.workloads.two_rdm import (
+from flowerbed.clients.workloads.two_rdm import (
     HEAT_CAPACITIES,
     DLNConfig,
     abs_corr,
@@ -137,8 +137,8 @@ def test_heat_capacity_is_pluggable_and_consistent():
 
 
 def test_federated_rounds_are_checkpoints(tmp_path):
-    from clients.config import load_experiment
-    from server.engines.inline import run_inline
+    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.engines.inline import run_inline
 
     overrides = [
         "engine=inline", "rounds=3", f"output.dir={tmp_path}", "clients.num=2",

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from clients.config import configs_dir
+from flowerbed.clients.core.config import configs_dir
 
 COMPOSE = configs_dir().parent / "docker-compose.yml"
 

@@ -7,10 +7,10 @@ import time
 import psutil
 import pytest
 
-from clients.config import load_experiment
-from server import deploy
-from server.engines.deployment import run_deployment
-from server.engines.simulation import flower_env, stop_process_tree
+from flowerbed.clients.core.config import load_experiment
+from flowerbed.server import deploy
+from flowerbed.server.engines.deployment import run_deployment
+from flowerbed.server.engines.simulation import flower_env, stop_process_tree
 
 
 def _flower_procs(directory) -> list[psutil.Process]:
@@ -44,7 +44,7 @@ def _refused(cmd: list[str], directory, name: str) -> str:
 
 
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
-    from server.engines.inline import run_inline
+    from flowerbed.server.engines.inline import run_inline
 
     overrides = ["clients.num=2", "rounds=1", f"deployment.dir={federation['dir']}"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])

@@ -5,7 +5,7 @@ import json
 import psutil
 import pytest
 
-from server.engines.inline import run_inline
+from flowerbed.server.engines.inline import run_inline
 
 
 def test_quickstart_beats_majority_by_five_points(inline_cfg):
@@ -51,7 +51,7 @@ def _strip_timing(metrics: dict) -> dict:
 
 def test_inline_and_simulation_agree(inline_cfg):
     """The same experiment and seed give the same final metrics on both engines (Ray, flwr run)."""
-    from server.engines.simulation import run_simulation
+    from flowerbed.server.engines.simulation import run_simulation
 
     cfg = inline_cfg("quickstart", "rounds=2", "clients.num=4")
     inline = run_inline(json.loads(json.dumps(cfg)))

@@ -8,7 +8,7 @@ import time
 
 import yaml
 
-from server.sweep import finished_ids, load_sweep, run_sweep
+from flowerbed.server.sweep import finished_ids, load_sweep, run_sweep
 
 SWEEP = {
     "name": "tiny",
@@ -35,7 +35,7 @@ def test_kill_9_then_resume_runs_every_cell_once(tmp_path):
     spec_path.write_text(yaml.safe_dump(SWEEP))
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "apps.cli", "sweep", str(spec_path), "--out", str(out)],
+        [sys.executable, "-m", "flowerbed.apps.cli", "sweep", str(spec_path), "--out", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 300

@@ -9,8 +9,8 @@ import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from clients.workloads.fcm import FCM, ModelSpec, forward, init_params
-from strategies.fcm import FCMStrategy, aggregate_concept_arrays
+from flowerbed.clients.workloads.fcm import FCM, ModelSpec, forward, init_params
+from flowerbed.strategies.fcm import FCMStrategy, aggregate_concept_arrays
 
 SPEC = ModelSpec(in_dim=7, hidden=16, emb=4, task_hidden=8, n_classes=2, kind="cem")
 NAMES = ("a_pos", "b_pos", "z_pos")

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord
 
-from apps.client_app import app as client_app
-from clients.config import load_experiment, to_json
-from clients.registry import WORKLOADS
-from clients.runtime import CONFIG_KEY
-from clients.workloads.routing import (
+from flowerbed.apps.client_app import app as client_app
+from flowerbed.clients.core.config import load_experiment, to_json
+from flowerbed.clients.runtime import CONFIG_KEY
+from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads.routing import (
     benchmark_for,
     cluster_stats,
     kmeanspp,
@@ -21,10 +21,10 @@ from clients.workloads.routing import (
     pool,
     shrink_tables,
 )
-from server.engines.inline import InlineGrid
-from server.runner import OrderedGrid
-from strategies import STRATEGIES
-from strategies.routing import aggregate_lloyd, aggregate_router_mlp
+from flowerbed.server.engines.inline import InlineGrid
+from flowerbed.server.runner import OrderedGrid
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.routing import aggregate_lloyd, aggregate_router_mlp
 
 torch.set_num_threads(1)
 SMALL = ["engine=inline", "clients.num=4", "clients.fraction_evaluate=0"]

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from clients.tabdiff.model import k_from_raw, k_to_raw
-from strategies.tabdiff import TabDiffFedAvg
+from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
+from flowerbed.strategies.tabdiff import TabDiffFedAvg
 
 
 class _Grid:

@@ -12,11 +12,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import TypeVar
 
+from flowerbed.clients.core.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the CLI prints it on one line and exits with status 2."""
 
 
 @dataclasses.dataclass
@@ -77,8 +75,3 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         self._discover()
         return name in self._entries
-
-
-WORKLOADS = Registry("workload", ("clients.workloads",))
-DATASETS = Registry("dataset", ("clients.datasets",))
-DEFENSES = Registry("defense", ("clients.defenses",))

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from clients.registry import ConfigError
+from flowerbed.clients.core.errors import ConfigError
 
 ENGINES = ("simulation", "inline", "deployment")
 PARTITIONERS = ("iid", "dirichlet")
@@ -93,8 +94,8 @@ class ExperimentConfig:
 
 
 def configs_dir() -> Path:
-    """The ``configs/`` folder at the project root (also inside a Flower FAB)."""
-    return Path(__file__).resolve().parents[1] / "configs"
+    """The presets folder: ``configs/`` at the project root, installed as ``flowerbed.configs``."""
+    return Path(str(resources.files("flowerbed.configs")))
 
 
 def preset_names() -> list[str]:
@@ -161,7 +162,9 @@ def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
 
 def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a raw config (preset + overrides) and fill every component's params."""
-    from clients.registry import DATASETS, DEFENSES, WORKLOADS
+    from flowerbed.clients.datasets import DATASETS
+    from flowerbed.clients.defenses import DEFENSES
+    from flowerbed.clients.workloads import WORKLOADS
 
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
@@ -171,11 +174,11 @@ def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> di
     _check_values(cfg)
     DATASETS.get(cfg["dataset"]["name"])
     _fill_params(cfg, "workload", WORKLOADS)
-    from strategies import STRATEGIES  # noqa: PLC0415 - registries of upper layers by name only
+    from flowerbed.strategies import STRATEGIES  # noqa: PLC0415 - registries of upper layers by name only
 
     _fill_params(cfg, "strategy", STRATEGIES)
     if cfg["attack"]["name"]:
-        from attacks import ATTACKS  # noqa: PLC0415
+        from flowerbed.attacks import ATTACKS  # noqa: PLC0415
 
         _fill_params(cfg, "attack", ATTACKS)
     workload_cls = WORKLOADS.get(cfg["workload"]["name"])
