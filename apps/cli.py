@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -60,9 +59,9 @@ def summary_table(summary: dict) -> RichTable:
 
 def prepare(experiment: str, overrides: list[str], **forced) -> dict:
     """Resolve and pre-flight a config (dataset readable, workload constructible)."""
-    from flowerbed.clients.core.config import load_experiment
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(experiment, overrides, **forced)
     try:
@@ -73,15 +72,12 @@ def prepare(experiment: str, overrides: list[str], **forced) -> dict:
     return cfg
 
 
-def execute(cfg: dict, verbose: bool = False) -> dict:
+def execute(cfg: dict, run_dir: Path, verbose: bool = False) -> dict:
     """Run a resolved config on its engine with a progress bar; remove the run dir on failure."""
-    from flowerbed.server.engines import get_engine
-    from flowerbed.server.results import default_run_dir
+    from flowerbed.apps.engines import get_engine
 
-    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already exists and is not empty")
-    cfg["output"]["run_dir"] = str(run_dir)
     engine = get_engine(cfg["engine"])
     _quiet_flower(verbose)
     created = not run_dir.exists()
@@ -102,7 +98,7 @@ def execute(cfg: dict, verbose: bool = False) -> dict:
             progress.update(task, completed=server_round, info=" ".join(shown[:3]))
 
         try:
-            return engine(cfg, on_round=on_round)
+            return engine(cfg, run_dir, on_round=on_round)
         except BaseException:
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -133,21 +129,22 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
     """Run one experiment and print its summary table."""
+    from flowerbed.server.results import default_run_dir
+
     try:
         forced = {"engine": engine, "seed": seed}
-        if out_dir is not None:
-            forced["output"] = {"run_dir": str(out_dir.resolve())}
         if superlink is not None:
             forced["deployment"] = {"superlink": superlink}
             if root_certificates is not None:
                 forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
         cfg = prepare(experiment, overrides or [], **forced)
-        summary = execute(cfg, verbose)
+        run_dir = out_dir.resolve() if out_dir is not None else default_run_dir(cfg)
+        summary = execute(cfg, run_dir, verbose)
     except ConfigError as exc:
         fail(str(exc))
         return
     out.print(summary_table(summary))
-    out.print(f"run directory: {cfg['output']['run_dir']}")
+    out.print(f"run directory: {run_dir}")
 
 
 @app.command("list")
@@ -155,19 +152,16 @@ def list_(
     kind: Annotated[str | None, typer.Argument(help=f"one of: {', '.join(KINDS)}")] = None,
 ) -> None:
     """List what is registered, each with a one-line description."""
-    from flowerbed.attacks import ATTACKS
+    from flowerbed.apps.engines import ENGINES
     from flowerbed.clients.core.config import load_preset, preset_names
-    from flowerbed.clients.datasets import DATASETS
-    from flowerbed.clients.defenses import DEFENSES
-    from flowerbed.clients.workloads import WORKLOADS
-    from flowerbed.server.engines import ENGINE_MODULES
-    from flowerbed.strategies import STRATEGIES
+    from flowerbed.server.experiment import COMPONENTS
 
     if kind is not None and kind not in KINDS:
         fail(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
     registries = {
-        "workloads": WORKLOADS, "strategies": STRATEGIES, "attacks": ATTACKS,
-        "defenses": DEFENSES, "datasets": DATASETS,
+        "workloads": COMPONENTS.workloads, "strategies": COMPONENTS.strategies,
+        "attacks": COMPONENTS.attacks, "defenses": COMPONENTS.defenses,
+        "datasets": COMPONENTS.datasets,
     }  # fmt: skip
     for name in [kind] if kind else KINDS:
         table = RichTable(title=name, show_header=False, title_justify="left")
@@ -175,19 +169,12 @@ def list_(
             for preset in preset_names():
                 table.add_row(preset, str(load_preset(preset).get("description", "")))
         elif name == "engines":
-            for engine_name in ENGINE_MODULES:
-                table.add_row(engine_name, sys.modules[__name__].ENGINE_HELP.get(engine_name, ""))
+            for engine_name, (_, _, help_text) in ENGINES.items():
+                table.add_row(engine_name, help_text)
         else:
             for entry, cls in registries[name].items():
                 table.add_row(entry, cls.description)
         out.print(table)
-
-
-ENGINE_HELP = {
-    "simulation": "Flower Simulation Engine on Ray (what `flwr run .` uses)",
-    "inline": "in-process Grid, no Ray: same ServerApp/ClientApp code, for tests and sweeps",
-    "deployment": "submit to a running SuperLink (flowerbed deploy up, or docker compose)",
-}
 
 
 @app.command()
@@ -211,6 +198,7 @@ def sweep(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
     """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
+    from flowerbed.apps.inline import inline_grid
     from flowerbed.server.sweep import cells_of, finished_ids, load_sweep, run_sweep
 
     try:
@@ -228,7 +216,7 @@ def sweep(
             def on_cell(row: dict) -> None:
                 progress.update(task, advance=1, info=f"{row['id']} {row['status']}")
 
-            run_sweep(spec, out_path, resume=resume, on_cell=on_cell)
+            run_sweep(spec, out_path, inline_grid, resume=resume, on_cell=on_cell)
     except ConfigError as exc:
         fail(str(exc))
         return

@@ -1,9 +1,9 @@
 """The flowerbed ServerApp (Message API).
 
-Flower's run config is flat, so the experiment crosses over as three keys (see pyproject.toml):
+Flower's run config is flat, so the experiment crosses over as keys (see pyproject.toml):
 ``config`` (a resolved config as base64 JSON, what ``flowerbed run`` sends; it works across
 machines) or ``experiment`` + ``overrides`` (what ``flwr run . --run-config "experiment='NAME'"``
-gives).
+gives); ``run-dir`` names the run directory (default ``output.dir/<time>-<experiment>``).
 """
 
 import json
@@ -12,7 +12,9 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from flowerbed.clients.core.config import decode_config, load_experiment, resolve
+from flowerbed.clients.core.config import decode_config
+from flowerbed.server.experiment import load_experiment, resolve
+from flowerbed.server.results import default_run_dir
 from flowerbed.server.runner import run_experiment
 from flowerbed.server.sweep import run_cells
 
@@ -30,9 +32,12 @@ def config_from_run_config(run_config: dict) -> dict:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    sweep_dir = str(context.run_config.get("sweep-dir", "") or "")
+    run_config = dict(context.run_config)
+    sweep_dir = str(run_config.get("sweep-dir", "") or "")
     if sweep_dir:  # a sweep: every cell on this one federation (server/sweep.py)
         todo = json.loads((Path(sweep_dir) / "todo.json").read_text())
         run_cells(grid, [(cell, resolve(cfg)) for cell, cfg in todo], Path(sweep_dir))
         return
-    run_experiment(grid, config_from_run_config(dict(context.run_config)))
+    cfg = config_from_run_config(run_config)
+    run_dir = str(run_config.get("run-dir", "") or "")
+    run_experiment(grid, cfg, Path(run_dir) if run_dir else default_run_dir(cfg))

@@ -11,7 +11,7 @@ Each is a setting of ``attacks.goliath``'s engine (same simulated client, same b
 * ``tableak`` — cosine + softmax/sigmoid structural priors + pooled restarts (median+softmax).
 * ``random-baseline`` — each cell from the empirical marginal (TabLeak's ``all_empirical``).
 * ``ORACLE`` — Goliath's row step given the true latents: an upper bound, not an attack (the
-  latents come from the scorer), so it is run by ``attacks.eval`` only, never registered.
+  latents come from the scorer), so it is run by ``flowerbed.apps.attack_eval`` only, never registered.
 
 ``latents``: ``fixed`` (random draws from the training distribution) or ``joint`` (optimised).
 """
@@ -25,8 +25,18 @@ import numpy as np
 import torch
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.goliath import GOLIATH, InversionConfig, Knowledge, Reconstruction, decode
-from flowerbed.attacks.observer import AttackObserver, with_config
+from flowerbed.attacks.goliath import (
+    GOLIATH,
+    InversionConfig,
+    Knowledge,
+    Reconstruction,
+    TabularInversion,
+    TruthScorer,
+    decode,
+    with_config,
+)
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.clients.core.capabilities import Capability
 
 DLG = InversionConfig(objective="l2", cat_param="raw", latents="joint", restarts=1, lr=0.05, label_recovery=False,
                       analytic_init=False)  # fmt: skip
@@ -72,14 +82,14 @@ def _register(name: str, description: str, base: InversionConfig) -> None:
     @ATTACKS.register(name, description)
     class Entry:
         Params = BaselineParams
+        needs = frozenset({Capability.TABULAR_DIFFUSION})
         config = base
 
         @classmethod
         def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
             icfg = with_config(cls.config, cfg["attack"]["params"], cfg["seed"])
-            return AttackObserver(
-                strategy, cfg, writer, icfg, cfg["attack"]["params"]["target_clients"]
-            )
+            return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
+                                  cfg["attack"]["params"]["target_clients"])  # fmt: skip
 
 
 _register("dlg", "Deep Leakage from Gradients (L2) adapted to tabular diffusion", DLG)
@@ -88,23 +98,26 @@ _register("inverting-gradients", "Inverting Gradients (cosine, signed Adam, box)
 _register("tableak", "TabLeak adapted (softmax/sigmoid priors, pooled restarts)", TABLEAK)
 
 
+class RandomRows(TabularInversion):
+    """Each cell drawn from the public empirical marginal; ignores the update."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg, GOLIATH)
+        data = self.workload.prep
+        table = self.workload.table
+        self.marginals = data.encode(table.train)  # public marginals (the attacker's prior)
+        self.seed = int(cfg["seed"])
+
+    def reconstruct(self, know: Knowledge, target: dict, batch: int) -> Reconstruction:
+        return random_reconstruction(know, batch, self.marginals, self.seed)
+
+
 @ATTACKS.register("random-baseline", "Empirical-marginal random rows (TabLeak floor)")
 class RandomBaseline:
     Params = BaselineParams
+    needs = frozenset({Capability.TABULAR_DIFFUSION})
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        from flowerbed.clients.datasets import load_table
-        from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
-
-        table = load_table(cfg["dataset"])
-        prep = TablePreprocessor.fit(table.schema, table.train)
-        marginals = prep.encode(table.train)  # public marginals (the attacker's prior)
-        seed = int(cfg["seed"])
-        observer = AttackObserver(
-            strategy, cfg, writer, GOLIATH, cfg["attack"]["params"]["target_clients"]
-        )
-        observer.attack = lambda know, target, batch: random_reconstruction(
-            know, batch, marginals, seed
-        )
-        return observer
+        return AttackObserver(strategy, writer, RandomRows(cfg), TruthScorer(cfg),
+                              cfg["attack"]["params"]["target_clients"])  # fmt: skip

@@ -1,20 +1,17 @@
 """Scoring of tabular reconstructions exactly as TabLeak, plus latent and confidence metrics.
 
 Categorical cell correct on exact match; numeric cell correct when within 0.319 x the column's
-std (original units); rows matched by the Hungarian algorithm on per-row mean cell error. The
-``TruthScorer`` is the only place ground truth enters: it rebuilds a client's batch from the
+std (original units); rows matched by the Hungarian algorithm on per-row mean cell error. Ground truth enters only
+through ``attacks.goliath.scoring.TruthScorer``, which rebuilds a client's batch from the
 config, partition id and round — the attacks never see it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from scipy.optimize import linear_sum_assignment
 
 TOLERANCE = 0.319
@@ -88,59 +85,3 @@ def random_baseline(train: pd.DataFrame, columns: list[str], batch: int, seed: i
     return pd.DataFrame(
         {c: train[c].to_numpy()[rng.integers(0, len(train), batch)] for c in columns}
     )
-
-
-# -- ground truth (scorer path only) -------------------------------------------------------------
-@dataclass
-class Truth:
-    rows: pd.DataFrame  # decoded, original units, in the client's batch order
-    t: np.ndarray
-    mask: np.ndarray | None
-    num: torch.Tensor
-    cat: torch.Tensor
-    latents: list[Any]
-
-
-class TruthScorer:
-    """Rebuilds what a client used in a round from the config + partition id (never from the
-    attack's inputs) and scores a reconstruction against it."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
-
-        self.cfg = cfg
-        self.workload = TabDiff(cfg)
-        self.data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
-        prep, train = self.data.prep, self.data.table.train
-        self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
-        self.stds = {c: float(train[c].std()) for c in self.numeric}
-
-    def truth(self, partition_id: int, server_round: int, params: dict[str, torch.Tensor]) -> Truth:
-        from flowerbed.clients.workloads.tabdiff import round_plan
-
-        part = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
-        plan, latents = round_plan(self.cfg, self.workload.spec, self.workload.protocol, params,
-                                   partition_id, server_round, len(part["ids"]))  # fmt: skip
-        idx = plan[0]
-        num, codes = part["num"][idx], part["codes"][idx]
-        rows = self.data.prep.decode(num.double().numpy(), codes.numpy())
-        lat = latents[0]
-        mask = None if lat.mask is None else lat.mask.numpy()
-        from flowerbed.clients.tabdiff.model import onehot_rows
-
-        oh = onehot_rows(num, codes, self.workload.spec.cat_sizes)
-        return Truth(rows, lat.t.numpy(), mask, oh.num, oh.cat, latents)
-
-    def score(self, truth: Truth, rec: Any) -> dict[str, float]:
-        """TabLeak accuracy + timestep MAE + mask F1 + mean confidence of a Reconstruction."""
-        res = tableak_accuracy(truth.rows, rec.frame, self.numeric, self.categorical, self.stds)
-        out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}
-        for c, v in res["per_column"].items():
-            out[f"col.{c}"] = float(v)
-        if rec.t is not None:
-            out["timestep_mae"] = timestep_mae(truth.t, rec.t, res["perm"])
-        if truth.mask is not None and rec.mask is not None:
-            out["mask_f1"] = mask_f1(truth.mask, rec.mask, res["perm"])
-        if rec.entropy is not None and rec.entropy.size:
-            out["mean_entropy"] = float(rec.entropy.mean())
-        return out

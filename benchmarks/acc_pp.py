@@ -85,9 +85,9 @@ def federated(seed: int) -> None:
     """Run the ``acc-pp`` preset in-process and print the server-side client distance matrices."""
     import tempfile
 
-    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.apps.inline import run_inline
     from flowerbed.clients.workloads.acc_pp import circuit_distances, client_circuits
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_experiment(

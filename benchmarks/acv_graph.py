@@ -64,8 +64,8 @@ def federated_table(seeds: range = range(5)) -> None:
     F1 of the voted graph at the federated lambda vs the clients' own lambda and graph."""
     import logging
 
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     print("\n| criterion | federated lambda + vote F1 | client graph at federated lambda F1 |"

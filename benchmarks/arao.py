@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.arao import AXES, run_local
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 COLS = ("clean_auc", "attacked_auc", "reattacked_auc", "reattack_success_rate")
 

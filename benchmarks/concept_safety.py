@@ -100,8 +100,8 @@ def sweeps(seed: int = 0) -> None:
 
 
 def federated(seed: int = 0, rounds: int = 4) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_experiment("concept-safety", ["engine=inline", f"rounds={rounds}",

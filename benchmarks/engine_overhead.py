@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import torch
@@ -27,9 +28,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.tabular_mlp import TabularMLP
-from flowerbed.server.engines.inline import InlineGrid, run_inline
+from flowerbed.server.engines.inline import InlineGrid
+from flowerbed.server.experiment import load_experiment
 
 ROUNDS = 5
 CLIENTS = 10
@@ -122,7 +124,7 @@ def peak_memory(clients: int, fraction: float, rounds: int) -> dict:
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
         start = time.perf_counter()
-        summary = run_simulation(cfg)
+        summary = run_simulation(cfg, Path(tmp) / "sim")
         wall = time.perf_counter() - start
         done.set()
         thread.join()

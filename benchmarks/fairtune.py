@@ -44,8 +44,8 @@ def market_rows(seed: int) -> dict[str, dict[str, float]]:
 
 
 def federated(mechanism: str, strategic: bool = True) -> dict[str, float]:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = ["engine=inline", "output.dir=/tmp/fairtune-bench",
                  f"workload.params.mechanism={mechanism}",

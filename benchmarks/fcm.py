@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flowerbed.clients.core.config import load_experiment
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.apps.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 FEDAVG = ["strategy.params.aggregation=fedavg", "workload.params.train_lacked=true"]
 METHODS: dict[str, list[str]] = {

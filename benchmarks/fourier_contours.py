@@ -15,14 +15,14 @@ import dataclasses
 import tempfile
 import time
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.fourier_contours import (
     LocalSetup,
     LossWeights,
     run_contours,
     run_unet,
 )
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 KEYS = ("dice_lv", "dice_myo", "dice", "boundary_px", "vol_err_pct", "n_output_params")
 ABLATIONS = {

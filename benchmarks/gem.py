@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.gem import LMConfig, run_local
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 KEYS = ("val_ce", "perplexity", "anisotropy", "hull_residual", "lens_ce_l1", "lens_ce_l2",
         "faithfulness_l1", "faithfulness_l2")  # fmt: skip

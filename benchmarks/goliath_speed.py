@@ -13,8 +13,8 @@ import torch
 
 
 def main() -> None:
+    from flowerbed.apps.attack_eval import experiment, make_case
     from flowerbed.attacks.baselines import CONFIGS, IG
-    from flowerbed.attacks.eval import experiment, make_case
     from flowerbed.attacks.goliath import invert
     from flowerbed.attacks.metrics import tableak_accuracy
     from flowerbed.clients.workloads.tabdiff import encoded

@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flowerbed.apps.client_app import app as client_app  # noqa: E402
-from flowerbed.clients.core.config import load_experiment, to_json  # noqa: E402
+from flowerbed.clients.core.config import to_json  # noqa: E402
 from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
 from flowerbed.clients.workloads import WORKLOADS  # noqa: E402
 from flowerbed.clients.workloads.routing import (  # noqa: E402
@@ -45,6 +45,7 @@ from flowerbed.clients.workloads.routing import (  # noqa: E402
     score_router,
 )
 from flowerbed.server.engines.inline import InlineGrid  # noqa: E402
+from flowerbed.server.experiment import load_experiment  # noqa: E402
 from flowerbed.server.runner import OrderedGrid  # noqa: E402
 from flowerbed.strategies import STRATEGIES  # noqa: E402
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from flowerbed.apps.inline import inline_grid
 from flowerbed.server.sweep import load_sweep, run_sweep
 
 OVERRIDES = ["rounds=1", "clients.num=5", "output.plots=false"]
@@ -37,7 +38,7 @@ def main() -> None:
             "grid": {"seed": seeds},
         }))  # fmt: skip
         start = time.perf_counter()
-        run_sweep(load_sweep(spec), Path(tmp) / "sweep")
+        run_sweep(load_sweep(spec), Path(tmp) / "sweep", inline_grid)
         sweep_s = time.perf_counter() - start
         cold = []
         for seed in seeds[: args.cold]:

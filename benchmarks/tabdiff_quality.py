@@ -15,8 +15,8 @@ import torch
 
 
 def main(argv: list[str]) -> dict[str, float]:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     torch.set_num_threads(1)
     preset = argv[0] if argv else "tabdiff-adult-mixed"

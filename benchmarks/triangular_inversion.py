@@ -85,8 +85,8 @@ def time_table(batch: int, chunk: int) -> list[str]:
 
 def federated_table(rounds: int, out_dir: str) -> list[str]:
     """Markdown rows: the federated preset per (method, precision, gated): recall and kernel metrics."""
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     lines = [
         "| method | precision | gated | recall acc. | acc. exact kernel | acc. Neumann-bf16 kernel | loss | inv. error (median / max) "

@@ -96,8 +96,8 @@ def federated() -> None:
     """The ``two-rdm`` preset on the inline engine: server-side 2RDM with rounds as checkpoints."""
     import tempfile
 
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     rows: list[str] = []
 

@@ -74,10 +74,14 @@ def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bo
 
 
 def handle_train(msg: Message, context: Context) -> Message:
-    """Train, with the configured defenses' Flower mods around it (e.g. ``LocalDpMod``)."""
+    """Train inside the configured defenses' Flower mods, one chain in the order listed.
+
+    The first defense's mods are innermost, so defenses transform the update in list order
+    (``[topk, quantize]`` sparsifies, then quantises).
+    """
     _, workload, _, _ = _setup(msg, context)
     call: Any = _train
-    for mod in reversed([m for d in workload.defenses for m in d.mods()]):
+    for mod in [m for d in workload.defenses for m in d.mods()]:
         call = functools.partial(_through_mod, mod, call)
     return call(msg, context)
 
@@ -95,8 +99,6 @@ def _train(msg: Message, context: Context) -> Message:
         )
     sent = msg.content["arrays"]
     arrays, metrics = workload.fit(sent, data, config, context.state)
-    for defense in workload.defenses:
-        arrays = defense.on_client_update(sent, arrays, config, context.state)
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)

@@ -14,7 +14,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.engines.simulation import (
+from flowerbed.server.processes import (
+    bin_path,
     flower_env,
     free_port,
     stop_process_tree,
@@ -35,11 +35,6 @@ from flowerbed.server.engines.simulation import (
 CONNECTION = "flowerbed"
 
 
-def bin_path(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
-
-
-# ---- certificates and keys ---------------------------------------------------------------------
 def _write_private(path: Path, data: bytes) -> None:
     path.write_bytes(data)
     path.chmod(0o600)

@@ -23,6 +23,7 @@ SUMMARY_MARKER = "FLOWERBED-SUMMARY "
 
 
 def default_run_dir(cfg: dict[str, Any]) -> Path:
+    """``output.dir/<time>-<experiment>``: where a run goes unless ``--out`` names it."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return Path(cfg["output"]["dir"]).resolve() / f"{stamp}-{cfg['experiment']}"
 
@@ -91,6 +92,7 @@ class ResultsWriter:
             "failures": sum(self.failures.values()),
             "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
             "metrics": {k: v for k, v in sorted(self.final.items()) if math.isfinite(v)},
+            "run_dir": str(self.run_dir),
             **(extra or {}),
         }
         if self.stream:

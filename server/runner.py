@@ -15,11 +15,11 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.seeding import seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.defenses import DEFENSES
 from flowerbed.clients.runtime import CONFIG_KEY, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
-from flowerbed.server.results import ResultsWriter, default_run_dir
+from flowerbed.server.results import ResultsWriter
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.defenses import SERVER_DEFENSES
 
 
 class OrderedGrid(Grid):
@@ -109,30 +109,25 @@ class MetricsTap(StrategyWrapper):
 def build_strategy(cfg: dict[str, Any], writer: ResultsWriter) -> Any:
     """Base strategy, inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
-    server_side = [
-        (SERVER_DEFENSES.get(d["name"]), d["params"])
-        for d in cfg["defenses"]
-        if d["name"] in SERVER_DEFENSES
-    ]
-    for cls, params in server_side:
-        if cls.position == "inner":
-            strategy = cls.wrap(strategy, cfg, params, writer)
+    defenses = [(DEFENSES.get(d["name"]), d["params"]) for d in cfg["defenses"]]
+    for cls, params in defenses:
+        if cls.server_position == "inner":
+            strategy = cls.wrap_strategy(strategy, cfg, params, writer)
     if cfg["attack"]["name"]:
         strategy = ATTACKS.get(cfg["attack"]["name"]).wrap(strategy, cfg, writer)
-    for cls, params in server_side:
-        if cls.position == "outer":
-            strategy = cls.wrap(strategy, cfg, params, writer)
+    for cls, params in defenses:
+        if cls.server_position == "outer":
+            strategy = cls.wrap_strategy(strategy, cfg, params, writer)
     return strategy
 
 
 def run_experiment(
     grid: Grid,
     cfg: dict[str, Any],
+    run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` to completion on ``grid``; returns the summary (also written to disk)."""
-    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
-    cfg["output"]["run_dir"] = str(run_dir)
+    """Run ``cfg`` to completion on ``grid``; returns the summary (also written to ``run_dir``)."""
     writer = ResultsWriter(run_dir, cfg)
     seed_everything(cfg["seed"])
     random.seed(cfg["seed"])  # Flower's client sampling uses the random module

@@ -24,7 +24,6 @@ cell that raises is recorded with its error and the sweep goes on.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
@@ -40,11 +39,13 @@ from flowerbed.clients.core.config import (
     configs_dir,
     load_base,
     load_config_file,
+    merge_into,
     parse_overrides,
-    resolve,
     validate_structured,
 )
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.server.experiment import resolve
+from flowerbed.server.runner import run_experiment
 
 
 @dataclass
@@ -91,14 +92,6 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     return node
 
 
-def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-
-
 def label(value: Any) -> str:
     """Short human label of a grid value (defense lists become ``dp-sgd(noise_multiplier=1)``)."""
     if isinstance(value, list):
@@ -119,15 +112,18 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     return cells
 
 
-def cell_config(sweep: SweepConfig, cell: dict[str, Any], out: Path) -> dict[str, Any]:
+def cell_config(sweep: SweepConfig, cell: dict[str, Any]) -> dict[str, Any]:
     """The resolved config of one cell: base + sweep overrides + the cell's grid values."""
     extra = parse_overrides(sweep.overrides)
     for key, value in cell["params"].items():
-        _merge(extra, _nested(key, value))
+        merge_into(extra, _nested(key, value))
     extra["engine"] = sweep.engine
-    extra.setdefault("output", {})["run_dir"] = str(out / "cells" / cell["id"])
-    extra["output"]["plots"] = False
+    extra.setdefault("output", {})["plots"] = False
     return resolve(load_base(sweep.base), extra)
+
+
+def cell_dir(out: Path, cell: dict[str, Any]) -> Path:
+    return out / "cells" / cell["id"]
 
 
 def finished_ids(out: Path) -> set[str]:
@@ -156,8 +152,6 @@ def run_cells(
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) on one Grid, appending a row per finished cell."""
-    from flowerbed.server.runner import run_experiment
-
     for cell, cfg in todo:
         start = time.perf_counter()
         row: dict[str, Any] = {
@@ -165,7 +159,7 @@ def run_cells(
             "params": {k: label(v) for k, v in cell["params"].items()},
         }
         try:
-            summary = run_experiment(grid, cfg)
+            summary = run_experiment(grid, cfg, cell_dir(out, cell))
             row.update(status="ok", metrics=summary["metrics"], failures=summary["failures"])
         except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
             last = traceback.format_exception_only(exc)[-1].strip()
@@ -177,16 +171,20 @@ def run_cells(
 
 
 def run_sweep(
-    sweep: SweepConfig, out: Path, resume: bool = False,
+    sweep: SweepConfig, out: Path, make_grid: Callable[[int], Any], resume: bool = False,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:  # fmt: skip
-    """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots."""
+    """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots.
+
+    ``make_grid(num_nodes)`` gives the in-process Grid of the inline engine (the apps layer binds
+    the ClientApp to it).
+    """
     out = out.resolve()
     if out.exists() and (out / "cells.jsonl").is_file() and not resume:
         raise ConfigError(f"{out} already holds a sweep (use --resume, or another --out)")
     cells = cells_of(sweep)
     done = finished_ids(out) if resume else set()
-    todo = [(cell, cell_config(sweep, cell, out)) for cell in cells if cell["id"] not in done]
+    todo = [(cell, cell_config(sweep, cell)) for cell in cells if cell["id"] not in done]
     nums = {cfg["clients"]["num"] for _, cfg in todo}
     if len(nums) > 1:
         raise ConfigError("all cells of a sweep share one federation: clients.num cannot vary")
@@ -196,10 +194,7 @@ def run_sweep(
     )
     if todo:
         if sweep.engine == "inline":
-            from flowerbed.apps.client_app import app as client_app
-            from flowerbed.server.engines.inline import InlineGrid
-
-            run_cells(InlineGrid(client_app, nums.pop()), todo, out, on_cell)
+            run_cells(make_grid(nums.pop()), todo, out, on_cell)
         else:
             from flowerbed.server.engines.simulation import run_simulation_sweep
 

@@ -12,7 +12,7 @@ logging.getLogger("flwr").setLevel(logging.WARNING)
 @pytest.fixture
 def inline_cfg(tmp_path):
     """Resolve a preset for the inline engine with output under tmp_path."""
-    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.experiment import load_experiment
 
     def make(name: str, *overrides: str) -> dict:
         return load_experiment(name, ["engine=inline", f"output.dir={tmp_path}", *overrides])

@@ -8,6 +8,7 @@ config is a plain nested dict: every component's ``params`` filled with its defa
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import json
 import math
@@ -25,6 +26,7 @@ from omegaconf.errors import (
 )
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.registry import Registry
 
 ENGINES = ("simulation", "inline", "deployment")
 PARTITIONERS = ("iid", "dirichlet")
@@ -61,8 +63,9 @@ class ComponentConfig:
 
 @dataclass
 class OutputConfig:
+    """Where runs go (``dir/<time>-<experiment>`` unless ``--out`` names the run directory)."""
+
     dir: str = "runs"
-    run_dir: str | None = None
     plots: bool = True
 
 
@@ -160,48 +163,97 @@ def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
         ) from None
 
 
-def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Validate a raw config (preset + overrides) and fill every component's params."""
-    from flowerbed.clients.datasets import DATASETS
-    from flowerbed.clients.defenses import DEFENSES
-    from flowerbed.clients.workloads import WORKLOADS
+@dataclass(frozen=True)
+class Components:
+    """The registries a config is validated against.
 
+    The core layer cannot import the layers above it, so whoever sees them all (the server layer,
+    ``flowerbed.server.experiment``) hands them in.
+    """
+
+    workloads: Registry
+    datasets: Registry
+    strategies: Registry
+    attacks: Registry
+    defenses: Registry
+
+
+#: Shared config keys a workload may or may not honour; set for a workload that ignores them is an
+#: error (``Workload.reads``).
+OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha")
+
+
+def resolve(
+    base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
+) -> dict[str, Any]:
+    """Validate a raw config (preset + overrides) and fill every component's params."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, "")) from None
     cfg: dict[str, Any] = OmegaConf.to_container(merged, resolve=True)  # type: ignore[assignment]
     _check_values(cfg)
-    DATASETS.get(cfg["dataset"]["name"])
-    _fill_params(cfg, "workload", WORKLOADS)
-    from flowerbed.strategies import STRATEGIES  # noqa: PLC0415 - registries of upper layers by name only
-
-    _fill_params(cfg, "strategy", STRATEGIES)
+    components.datasets.get(cfg["dataset"]["name"])
+    workload_cls = _fill_params(cfg, "workload", components.workloads)
+    _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
+    _fill_params(cfg, "strategy", components.strategies)
+    offers = set(getattr(workload_cls, "offers", ()))
     if cfg["attack"]["name"]:
-        from flowerbed.attacks import ATTACKS  # noqa: PLC0415
-
-        _fill_params(cfg, "attack", ATTACKS)
-    workload_cls = WORKLOADS.get(cfg["workload"]["name"])
+        attack_cls = _fill_params(cfg, "attack", components.attacks)
+        _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
     for i, defense in enumerate(cfg["defenses"]):
-        cls = DEFENSES.get(defense["name"] or "")
+        cls = components.defenses.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
         defense["params"] = dataclasses.asdict(params)
-        if "training" in cls.declares and not workload_cls.supports_private_training:
-            capable = [n for n, c in WORKLOADS.items() if c.supports_private_training]
-            raise ConfigError(
-                f"defense '{defense['name']}' changes training; workload "
-                f"'{cfg['workload']['name']}' does not support it (supported: {', '.join(capable)})"
-            )
+        _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
     return cfg
 
 
-def _fill_params(cfg: dict[str, Any], section: str, registry: Any) -> None:
+def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_reads(
+    cfg: dict[str, Any], workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
+) -> None:
+    """A shared key set for a workload that ignores it is an error, not a silent no-op."""
+    reads = set(getattr(workload_cls, "reads", ()))
+    for key in OPTIONAL_KEYS:
+        if key not in reads and any(_is_set(raw, key) for raw in raws):
+            users = [n for n, c in workloads.items() if key in getattr(c, "reads", ())]
+            raise ConfigError(
+                f"workload '{cfg['workload']['name']}' does not use {key}; remove it "
+                f"(workloads that do: {', '.join(users) or 'none'})"
+            )
+
+
+def _check_needs(
+    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: set[str], workloads: Registry
+) -> None:
+    """An attack or defense runs only on a workload that offers what it needs."""
+    missing = sorted(set(getattr(cls, "needs", ())) - offers)
+    if missing:
+        fits = [n for n, c in workloads.items() if set(getattr(cls, "needs", ())) <= set(c.offers)]
+        raise ConfigError(
+            f"{kind} '{name}' needs {', '.join(missing)}, which workload "
+            f"'{cfg['workload']['name']}' does not offer (workloads that do: "
+            f"{', '.join(fits) or 'none'})"
+        )
+
+
+def _fill_params(cfg: dict[str, Any], section: str, registry: Registry) -> type:
     name = cfg[section]["name"]
     if not name:
         raise ConfigError(f"{section}.name is required (allowed: {', '.join(registry.names())})")
     cls = registry.get(name)
     params = validate_structured(cls.Params, cfg[section]["params"], f"{section}.params")
     cfg[section]["params"] = dataclasses.asdict(params)
+    return cls
 
 
 def _check_values(cfg: dict[str, Any]) -> None:
@@ -237,15 +289,29 @@ def load_base(name_or_path: str) -> dict[str, Any]:
 
 
 def load_experiment(
-    name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
+    name_or_path: str,
+    overrides: list[str] | str | None,
+    components: Components,
+    **forced: Any,
 ) -> dict[str, Any]:
-    """Preset name (or YAML path) + dotlist overrides -> resolved config dict."""
+    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved config dict.
+
+    ``forced`` values (CLI options) are merged key by key over the overrides, so
+    ``--superlink`` keeps a ``deployment.insecure=true`` given beside it.
+    """
     base = load_base(name_or_path)
     extra = parse_overrides(overrides)
-    for key, value in forced.items():
-        if value is not None:
-            extra[key] = value
-    return resolve(base, extra)
+    merge_into(extra, {k: v for k, v in forced.items() if v is not None})
+    return resolve(base, extra, components)
+
+
+def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Deep-merge ``extra`` into ``into`` (mappings merged key by key, anything else replaced)."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge_into(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
 
 
 def encode_config(cfg: dict[str, Any]) -> str:

@@ -1,39 +1,53 @@
 """Defenses, registered by name (``defenses: [{name: ..., params: {...}}]`` in a config).
 
-A defense acts at one or more points, each a hook with a do-nothing default:
+One module per defense holds both of its halves. A defense acts at one or more points, each a hook
+with a do-nothing default:
 
-- ``mods()``: Flower client mods wrapped around the train handler (e.g. ``LocalDpMod``);
-- ``make_private(model, optimizer, loader, state)``: the training loop itself (DP-SGD);
-- ``on_client_update(sent, updated, config, state)``: the update after training (top-k, quantise);
-- server side, a wrapper registered under the same name in ``strategies/defenses.py``.
+- client side, ``mods()``: Flower client mods around the train handler. Every transform of the
+  update (top-k, quantisation, Flower's ``LocalDpMod`` and clipping mods) is a mod, and the mods of
+  all configured defenses form one chain: **defenses apply to the update in the order they are
+  listed** (the first listed is the innermost mod);
+- client side, ``make_private(model, optimizer, loader, state)`` / ``after_training``: the training
+  loop itself (DP-SGD with Opacus and its accountant);
+- server side, ``wrap_strategy(strategy, cfg, params, writer)``: a strategy wrapper placed at
+  ``server_position`` -- ``inner`` wrappers see replies after the attack's observer (an
+  honest-but-curious server observes before it aggregates), ``outer`` wrappers change what the
+  server, and so the observer, receives at all (secure aggregation).
 
-``declares`` says what the defense changes: "update", "training", "aggregation", "visibility".
+``needs`` lists the workload capabilities the defense depends on (checked at config time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams, Registry
 
 DEFENSES = Registry("defense", (__name__,))
 
-__all__ = ["DEFENSES", "Defense", "build_defenses"]
+__all__ = ["DEFENSES", "Defense", "build_defenses", "update_mod"]
+
+#: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
+UpdateTransform = Callable[[ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord]
 
 
 class Defense:
     """Base class: every hook is the identity."""
 
     Params: ClassVar[type] = NoParams
-    declares: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[frozenset[Capability]] = frozenset()
+    server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         self.cfg = cfg
         self.params = self.Params(**params)
 
     def mods(self) -> list[Any]:
+        """Flower client mods, innermost first."""
         return []
 
     def make_private(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
@@ -42,11 +56,29 @@ class Defense:
     def after_training(self, state: RecordDict, metrics: dict[str, float]) -> None:
         """Called once local training is over (privacy accounting goes here)."""
 
-    def on_client_update(
-        self, sent: ArrayRecord, updated: ArrayRecord, config: dict[str, Any], state: RecordDict
-    ) -> ArrayRecord:
-        """``config`` holds ``partition-id`` and ``server-round`` (for seeding)."""
-        return updated
+    @classmethod
+    def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
+        """The server half: wrap the strategy (identity unless ``server_position`` is set)."""
+        return strategy
+
+
+def update_mod(transform: UpdateTransform) -> Callable[[Message, Context, Any], Message]:
+    """A Flower client mod that rewrites the trained arrays of a train reply.
+
+    The transform sees the arrays the server sent, the trained arrays and the round config with
+    ``partition-id`` (for seeding); error replies pass through untouched.
+    """
+
+    def mod(msg: Message, context: Context, call_next: Any) -> Message:
+        reply = call_next(msg, context)
+        if reply.has_error() or "arrays" not in reply.content:
+            return reply
+        config = dict(msg.content["config"]) if "config" in msg.content else {}
+        config["partition-id"] = int(context.node_config["partition-id"])
+        reply.content["arrays"] = transform(msg.content["arrays"], reply.content["arrays"], config)
+        return reply
+
+    return mod
 
 
 def build_defenses(cfg: dict[str, Any]) -> list[Defense]:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord
 
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
 
 
 def _deltas(sent: ArrayRecord, updated: ArrayRecord) -> dict[str, np.ndarray]:
@@ -59,8 +59,6 @@ def quantize(
 
 @DEFENSES.register("topk", "top-k sparsification of the client update (keep a fraction)")
 class TopK(Defense):
-    declares = ("update",)
-
     @dataclass
     class Params:
         fraction: float = 0.1
@@ -70,14 +68,15 @@ class TopK(Defense):
         if not 0 < self.params.fraction <= 1:
             raise ConfigError("topk.fraction must be in (0, 1]")
 
-    def on_client_update(self, sent, updated, config, state: RecordDict) -> ArrayRecord:  # noqa: ANN001
+    def mods(self) -> list[Any]:
+        return [update_mod(self.transform)]
+
+    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         return _rebuild(sent, topk(_deltas(sent, updated), self.params.fraction))
 
 
 @DEFENSES.register("quantize", "k-bit stochastic quantisation of the client update")
 class Quantize(Defense):
-    declares = ("update",)
-
     @dataclass
     class Params:
         bits: int = 4
@@ -87,7 +86,10 @@ class Quantize(Defense):
         if not 1 <= self.params.bits <= 16:
             raise ConfigError("quantize.bits must be in [1, 16]")
 
-    def on_client_update(self, sent, updated, config, state: RecordDict) -> ArrayRecord:  # noqa: ANN001
+    def mods(self) -> list[Any]:
+        return [update_mod(self.transform)]
+
+    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         key = [
             self.cfg["seed"],
             int(config["partition-id"]),

@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, RecordDict
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.defenses import DEFENSES, Defense
 
@@ -40,7 +41,7 @@ def save_accountant(state: RecordDict, namespace: str, accountant: RDPAccountant
 
 @DEFENSES.register("dp-sgd", "Opacus DP-SGD on the client (noise multiplier, max grad norm, delta)")
 class DpSgd(Defense):
-    declares = ("training",)
+    needs = frozenset({Capability.PRIVATE_TRAINING})
 
     @dataclass
     class Params:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.defenses import DEFENSES, Defense
 from flowerbed.clients.workloads.filosofer import Release, release
@@ -27,7 +28,7 @@ from flowerbed.clients.workloads.filosofer import Release, release
 class ModelRelease(Defense):
     """A defense that decides what of the trained model the untrusted side sees."""
 
-    declares = ("release",)
+    needs = frozenset({Capability.MODEL_RELEASE})
     scheme = "none"
 
     def release(

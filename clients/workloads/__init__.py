@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams, Registry
 
 WORKLOADS = Registry("workload", (__name__,))
@@ -50,8 +51,10 @@ class Workload:
     Params: ClassVar[type] = NoParams
     registry_name: ClassVar[str]
     description: ClassVar[str]
-    #: True when ``fit`` routes its training through ``private_training`` (DP-SGD can apply)
-    supports_private_training: ClassVar[bool] = False
+    #: what this workload offers to attacks and defenses (``flowerbed list`` shows it)
+    offers: ClassVar[frozenset[Capability]] = frozenset()
+    #: shared config keys it honours (``dataset``, ``clients.partitioner``, ``clients.alpha``)
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         from flowerbed.clients.defenses import build_defenses

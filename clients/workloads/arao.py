@@ -501,6 +501,8 @@ class ARAO(Workload):
     averages them. Later rounds: repair (``targeted`` on the global top axes, ``untargeted`` or
     ``none``) at ``repair_budget`` examples per client and round."""
 
+    reads = frozenset({"clients.alpha"})  # Dirichlet topic mixtures per client
+
     @dataclass
     class Params:
         n_features: int = 2**14

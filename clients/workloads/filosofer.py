@@ -30,6 +30,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from sklearn.datasets import load_digits
 from torch import nn
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
@@ -537,6 +538,8 @@ class Filosofer(Workload):
     of the global model sent that round; the ``model-stealing`` attack releases that model under
     the configured defense in the final round.
     """
+
+    offers = frozenset({Capability.MODEL_RELEASE})
 
     @dataclass
     class Params:

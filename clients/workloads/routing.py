@@ -725,6 +725,8 @@ def score_metrics(score: RoutingScore, num_examples: int) -> dict[str, float]:
 
 
 class _RoutingWorkload(Workload):
+    reads = frozenset({"clients.alpha"})  # Dirichlet topic mixtures per client
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         self.bench = benchmark_for(cfg)

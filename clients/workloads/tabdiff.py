@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.datasets import Table, load_table
 from flowerbed.clients.datasets.partition import partition_indices
@@ -108,7 +109,9 @@ def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
 )
 class TabDiff(Workload):
-    supports_private_training = True  # DP-SGD via per-row clipped, noised gradients
+    # DP-SGD via per-row clipped, noised gradients
+    offers = frozenset({Capability.PRIVATE_TRAINING, Capability.TABULAR_DIFFUSION})
+    reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
     @dataclass
     class Params:
@@ -142,6 +145,15 @@ class TabDiff(Workload):
             p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps
         )
         self.model = build_model(self.spec, cfg["seed"])
+
+    @property
+    def prep(self) -> TablePreprocessor:
+        """The agreed preprocessing (public feature statistics of the schema)."""
+        return encoded(self._key).prep
+
+    @property
+    def table(self) -> Table:
+        return encoded(self._key).table
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         ids = client_row_ids(self.cfg, partition_id, num_partitions)

@@ -19,6 +19,7 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.datasets import Table, load_table
 from flowerbed.clients.datasets.partition import partition_indices
@@ -69,7 +70,8 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
 class TabularMLP(Workload):
-    supports_private_training = True
+    offers = frozenset({Capability.PRIVATE_TRAINING})
+    reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
     @dataclass
     class Params:

@@ -19,13 +19,12 @@ from typing import Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.deploy import CONNECTION, bin_path, load_state, write_connection
-from flowerbed.server.engines.simulation import app_dir, flower_env
+from flowerbed.server.deploy import CONNECTION, load_state, write_connection
+from flowerbed.server.processes import app_dir, bin_path, flower_env
 from flowerbed.server.results import (
     METRICS_MARKER,
     SUMMARY_MARKER,
     atomic_write,
-    default_run_dir,
     plot_curves,
     render_report,
 )
@@ -57,10 +56,10 @@ def _connection(cfg: dict[str, Any], home: Path) -> None:
 
 
 def run_deployment(
-    cfg: dict[str, Any], on_round: Callable[[int, dict[str, float]], None] | None = None
+    cfg: dict[str, Any],
+    run_dir: Path,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
-    cfg["output"]["run_dir"] = str(run_dir)
     home = Path(tempfile.mkdtemp(prefix="fb-deploy-"))
     try:
         _connection(cfg, home / "flwr")
@@ -70,7 +69,7 @@ def run_deployment(
         env["FLWR_HOME"] = str(home / "flwr")
         command = [
             bin_path("flwr"), "run", str(app_dir()), CONNECTION, "--stream",
-            "--run-config", f"config='{encode_config(cfg)}'",
+            "--run-config", f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'",
         ]  # fmt: skip
         log_path = run_dir / "flower.log"
         with log_path.open("w") as log:

@@ -92,12 +92,3 @@ class InlineGrid(Grid):
             TaskIdentity.node_id = SERVER_NODE_ID
         reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         return reply
-
-
-def run_inline(cfg: dict[str, Any], on_round=None) -> dict[str, Any]:  # noqa: ANN001
-    """Run a resolved config in this process; returns the summary."""
-    from flowerbed.apps.client_app import app as client_app
-    from flowerbed.server.runner import run_experiment
-
-    grid = InlineGrid(client_app, cfg["clients"]["num"])
-    return run_experiment(grid, cfg, on_round=on_round)

@@ -7,9 +7,7 @@ RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,72 +16,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from flowerbed.clients.core.config import configs_dir, encode_config, to_yaml
-from flowerbed.server.results import atomic_write, default_run_dir, read_history
-
-
-def app_dir() -> Path:
-    """The Flower App (the project root, where pyproject.toml declares the components)."""
-    return configs_dir().parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def flower_env(home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private home, Ray temp dir, no telemetry or installs."""
-    env = dict(os.environ)
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    env["FLWR_HOME"] = str(home / "flwr")
-    env["RAY_TMPDIR"] = str(home / "ray")
-    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
-    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    env["PYTHONPATH"] = str(app_dir()) + os.pathsep + env.get("PYTHONPATH", "")
-    (home / "ray").mkdir(parents=True, exist_ok=True)
-    return env
-
-
-def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM a process and its descendants, then SIGKILL what is left."""
-    try:
-        root = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = [root, *root.children(recursive=True)]
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+from flowerbed.clients.core.config import encode_config, to_yaml
+from flowerbed.server.processes import (
+    app_dir,
+    flower_env,
+    free_port,
+    stop_process_tree,
+    wait_for_port,
+)
+from flowerbed.server.results import atomic_write, read_history
 
 
 def run_simulation(
     cfg: dict[str, Any],
+    run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     verbose: bool = False,
 ) -> dict[str, Any]:
     """Run a resolved config on Ray through ``flwr run``; returns the summary."""
-    run_dir = Path(cfg["output"]["run_dir"] or default_run_dir(cfg))
-    cfg["output"]["run_dir"] = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
     watch = (lambda seen: _report_progress(run_dir, seen, on_round)) if on_round else None
-    code = flwr_run_local(
-        cfg["clients"], f"config='{encode_config(cfg)}'", run_dir / "flower.log", watch
-    )
+    run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
+    code = flwr_run_local(cfg["clients"], run_config, run_dir / "flower.log", watch)
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
         tail = "".join((run_dir / "flower.log").read_text().splitlines(keepends=True)[-15:])
@@ -162,19 +117,6 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
             link.wait()
         shutil.rmtree(home, ignore_errors=True)
     return proc.returncode
-
-
-def wait_for_port(port: int, pid: int, timeout: float = 60.0) -> None:
-    """Until ``port`` accepts connections; fails fast if process ``pid`` exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            raise RuntimeError(f"the SuperLink (pid {pid}) exited during start-up")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"the SuperLink did not open port {port} within {timeout:.0f} s")
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001

@@ -3,7 +3,7 @@ lowers the attack's TabLeak cell accuracy (the mechanism the attack-vs-defense s
 
 import pytest
 
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.apps.inline import run_inline
 
 BASE = ["rounds=1", "clients.num=2", "attack.params.target_clients=[0]", "attack.params.iterations=10",
         "output.plots=false"]  # fmt: skip
@@ -16,7 +16,7 @@ def _accuracy(inline_cfg, defenses: str) -> float:
 
 @pytest.fixture(scope="module")
 def undefended(tmp_path_factory):
-    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.experiment import load_experiment
 
     out = tmp_path_factory.mktemp("undefended")
     cfg = load_experiment("goliath-adult-mixed", ["engine=inline", f"output.dir={out}", *BASE])

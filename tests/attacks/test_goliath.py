@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +13,8 @@ import numpy as np
 import torch
 
 import flowerbed.attacks.goliath as goliath
+from flowerbed.apps.attack_eval import experiment, make_case
 from flowerbed.attacks.baselines import CONFIGS, IG, ORACLE
-from flowerbed.attacks.eval import experiment, make_case
 from flowerbed.attacks.goliath import InversionConfig, aggregate_rounds, invert
 from flowerbed.attacks.metrics import tableak_accuracy
 
@@ -222,7 +224,12 @@ def test_attack_code_never_touches_client_data() -> None:
         "Truth",
         "truth_latents",
     }
-    for module in (goliath, baselines):
+    attack_modules = [
+        importlib.import_module(f"flowerbed.attacks.goliath.{m.name}")
+        for m in pkgutil.iter_modules(goliath.__path__)
+        if m.name != "scoring"  # the scorer is where ground truth belongs
+    ]
+    for module in (goliath, baselines, *attack_modules):
         assert not (_names(module) & forbidden), module.__name__
     # the observer touches ground truth only through the scorer, after the attack returned
     assert not (_names(observer) & (forbidden - {"truth"}))
@@ -235,14 +242,14 @@ def test_attack_code_never_touches_client_data() -> None:
 def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
     """Through run_inline: the attack runs on real replies, is scored, and no client data is read
     while it runs (load_partition / round_plan calls are recorded with an 'inside attack' flag)."""
-    import flowerbed.attacks.observer as observer_mod
     import flowerbed.clients.workloads.tabdiff as td
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.attacks.goliath.attack import TabularInversion
+    from flowerbed.server.experiment import load_experiment
 
     inside = {"flag": False, "violations": 0, "calls": 0}
     real_invert, real_plan, real_load = (
-        observer_mod.invert,
+        TabularInversion.invert,
         td.round_plan,
         td.TabDiff.load_partition,
     )
@@ -263,7 +270,7 @@ def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
         inside["violations"] += inside["flag"]
         return real_load(self, *a, **k)
 
-    monkeypatch.setattr(observer_mod, "invert", spy_invert)
+    monkeypatch.setattr(TabularInversion, "invert", spy_invert)
     monkeypatch.setattr(td, "round_plan", spy_plan)
     monkeypatch.setattr(td.TabDiff, "load_partition", spy_load)
     cfg = load_experiment(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from flowerbed.apps.inline import run_inline
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.engines.inline import run_inline
 
 TINY = [
     "rounds=2", "clients.num=2", "workload.params.train_size=400", "workload.params.local_epochs=5",

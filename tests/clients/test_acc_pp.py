@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.acc_pp import (
     LANGUAGES,
     Prompts,
@@ -26,7 +26,7 @@ from flowerbed.clients.workloads.acc_pp import (
     trace_prompt,
     trained_model,
 )
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 END = 9
 

@@ -88,8 +88,8 @@ def test_alo_over_the_path_is_20x_faster_than_exact_loo() -> None:
 
 
 def test_federated_lambda_beats_local_lambdas_through_run_inline(tmp_path) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     def run(criterion: str, rounds: int = 2) -> dict[str, float]:
         overrides = [

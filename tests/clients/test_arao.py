@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.arao import (
     AXES,
     BORDERLINE,
@@ -27,7 +27,7 @@ from flowerbed.clients.workloads.arao import (
     score,
     train_detector,
 )
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 SMALL = {"n_train": 800, "n_test": 300, "n_attack": 50}
 

@@ -124,8 +124,8 @@ def test_similarity_groups_families() -> None:
 
 
 def test_federated_inline_run(tmp_path) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(
         "chamfer",

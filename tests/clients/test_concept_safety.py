@@ -80,8 +80,8 @@ def test_uniform_composition_homogenises_refusal(uniform, zipf):
 
 
 def test_federated_run_aggregates_complementary_coverage(tmp_path):
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = [
         "engine=inline", "rounds=2", f"output.dir={tmp_path}", "clients.num=2",

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
+from flowerbed.apps.inline import run_inline
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses.compression import quantize, topk
-from flowerbed.server.engines.inline import run_inline
 
 SEEN: dict[int, list] = {}
 
@@ -57,7 +57,7 @@ def test_dp_sgd_epsilon_equals_opacus_accountant_and_accumulates(inline_cfg):
     summary = run_inline(cfg)
     from flowerbed.server.results import read_history
 
-    rows = [r for r in read_history(cfg["output"]["run_dir"]) if r["scope"] == "train"]
+    rows = [r for r in read_history(summary["run_dir"]) if r["scope"] == "train"]
     assert rows[1]["epsilon_max"] > rows[0]["epsilon_max"] > 0
     # the worst client's cumulative steps over both rounds, replayed in a fresh Opacus accountant
     steps, rate = int(rows[1]["dp_steps"]), rows[1]["dp_sample_rate"]
@@ -69,12 +69,12 @@ def test_dp_sgd_epsilon_equals_opacus_accountant_and_accumulates(inline_cfg):
 
 
 def test_dp_sgd_rejected_for_workload_without_private_training():
-    from flowerbed.clients.core.config import load_experiment
     from flowerbed.clients.core.errors import ConfigError
     from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.server.experiment import load_experiment
 
-    assert not WORKLOADS.get("flowleak").supports_private_training
-    with pytest.raises(ConfigError, match="does not support it"):
+    assert "private-training" not in WORKLOADS.get("flowleak").offers
+    with pytest.raises(ConfigError, match="needs private-training, which workload 'flowleak'"):
         load_experiment("flowleak", ["defenses=[{name: dp-sgd}]"])
 
 

@@ -68,8 +68,8 @@ def test_forward_calls_do_not_depend_on_dsm():
 
 
 def test_federated_run_reports_per_client_auroc(tmp_path):
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = [
         "engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}",

@@ -68,8 +68,8 @@ def test_without_the_scoring_weight_misreporting_returns(outcomes) -> None:
 
 
 def test_federated_market_through_run_inline(tmp_path) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     def run(mechanism: str) -> dict[str, float]:
         overrides = [

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
@@ -20,7 +20,7 @@ from flowerbed.clients.workloads.fcm import (
     to_params,
 )
 from flowerbed.clients.workloads.fcm_data import make_dataset, make_scenario
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 torch.set_num_threads(1)
 logging.getLogger("flwr").setLevel(logging.WARNING)

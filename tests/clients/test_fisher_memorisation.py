@@ -175,8 +175,8 @@ def test_exact_diagonal_matches_per_sample_gradients_and_kfac_tracks_it(conv):
 
 
 def test_federated_factors_are_pooled_exactly(tmp_path, monkeypatch):
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     seen = {}
     original = FisherMemorisation.server_evaluate

@@ -156,8 +156,8 @@ def test_accuracy_ordering_and_f_star_concentration_two_seeds_full_size():
 
 
 def test_federated_run_reports_every_arm(tmp_path):
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = [
         "engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}",
@@ -171,7 +171,7 @@ def test_federated_run_reports_every_arm(tmp_path):
 
 
 def test_fedavg_averages_f_star_in_the_log_domain():
-    from flowerbed.clients.core.config import load_experiment
+    from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(
         "fits", ["engine=inline", "workload.params.hidden=8", "workload.params.arms=[fs]"]

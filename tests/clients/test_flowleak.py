@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.flowleak import (
     compare,
     flowleak_attack,
@@ -10,7 +11,6 @@ from flowerbed.clients.workloads.flowleak import (
     recall,
     single_path_mas,
 )
-from flowerbed.server.engines.inline import run_inline
 
 
 def test_coverage_guided_beats_random_and_adversarial_overfits():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.fourier_contours import (
     LocalSetup,
     contour_points,
@@ -27,7 +27,7 @@ from flowerbed.clients.workloads.fourier_contours import (
     run_local,
     shoelace_area,
 )
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 
 def _random_contours(n: int, k: int, seed: int) -> torch.Tensor:

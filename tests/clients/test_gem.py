@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.gem import LMConfig, anisotropy, gem_loss, run_local
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 TINY = {"d_model": 32, "heads": 2, "ctx": 32, "batch_size": 16}
 STEPS = 300

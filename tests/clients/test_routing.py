@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.routing import (
     BenchmarkParams,
     MLPConfig,
@@ -23,7 +23,7 @@ from flowerbed.clients.workloads.routing import (
     score_router,
     train_mlp,
 )
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 torch.set_num_threads(1)
 TINY = ["engine=inline", "output.plots=false", "clients.num=4", "rounds=2"]

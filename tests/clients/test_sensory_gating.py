@@ -81,8 +81,8 @@ def test_gate_is_aligned_with_the_known_regions(pipeline) -> None:
 
 
 def test_federated_stages_run_and_masks_stay_local(tmp_path) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = [
         "engine=inline", "rounds=3", f"output.dir={tmp_path}", "clients.num=2",

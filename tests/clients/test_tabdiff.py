@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.clients.core.config import load_experiment
+from flowerbed.apps.inline import run_inline
 from flowerbed.clients.datasets import load_table
 from flowerbed.clients.tabdiff.model import (
     DiffusionSpec,
@@ -23,7 +23,7 @@ from flowerbed.clients.tabdiff.model import (
 from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.sampler import sample_rows
 from flowerbed.clients.workloads.tabdiff import TabDiff, round_plan, rows_of, to_params
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.server.experiment import load_experiment
 
 torch.set_num_threads(1)
 TINY = ["workload.params.hidden=32", "workload.params.layers=2", "workload.params.eval_rows=256"]
@@ -128,7 +128,7 @@ def test_federated_run_lowers_loss(tmp_path) -> None:
         ],
     )
     summary = run_inline(cfg)
-    lines = [json.loads(x) for x in open(f"{cfg['output']['run_dir']}/metrics.jsonl")]
+    lines = [json.loads(x) for x in open(f"{summary['run_dir']}/metrics.jsonl")]
     central = {x["round"]: x["loss"] for x in lines if x["scope"] == "central"}
     assert summary["failures"] == 0
     assert central[3] < 0.9 * central[0]

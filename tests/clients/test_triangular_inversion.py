@@ -125,8 +125,8 @@ def test_recall_task_targets_are_bound_values() -> None:
 
 
 def test_federated_inline_run(tmp_path) -> None:
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(
         "triangular-inversion",

@@ -137,8 +137,8 @@ def test_heat_capacity_is_pluggable_and_consistent():
 
 
 def test_federated_rounds_are_checkpoints(tmp_path):
-    from flowerbed.clients.core.config import load_experiment
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
 
     overrides = [
         "engine=inline", "rounds=3", f"output.dir={tmp_path}", "clients.num=2",

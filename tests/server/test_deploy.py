@@ -7,10 +7,10 @@ import time
 import psutil
 import pytest
 
-from flowerbed.clients.core.config import load_experiment
 from flowerbed.server import deploy
 from flowerbed.server.engines.deployment import run_deployment
-from flowerbed.server.engines.simulation import flower_env, stop_process_tree
+from flowerbed.server.experiment import load_experiment
+from flowerbed.server.processes import flower_env, stop_process_tree
 
 
 def _flower_procs(directory) -> list[psutil.Process]:
@@ -44,12 +44,12 @@ def _refused(cmd: list[str], directory, name: str) -> str:
 
 
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
-    from flowerbed.server.engines.inline import run_inline
+    from flowerbed.apps.inline import run_inline
 
     overrides = ["clients.num=2", "rounds=1", f"deployment.dir={federation['dir']}"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
-    summary = run_deployment(cfg)
-    run_dir = tmp_path / next(p.name for p in tmp_path.iterdir())
+    run_dir = tmp_path / "deployed"
+    summary = run_deployment(cfg, run_dir)
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.md"):
         assert (run_dir / name).is_file(), name
     assert json.loads((run_dir / "summary.json").read_text())["engine"] == "deployment"

@@ -5,7 +5,7 @@ import json
 import psutil
 import pytest
 
-from flowerbed.server.engines.inline import run_inline
+from flowerbed.apps.inline import run_inline
 
 
 def test_quickstart_beats_majority_by_five_points(inline_cfg):
@@ -52,13 +52,13 @@ def _strip_timing(metrics: dict) -> dict:
 def test_inline_and_simulation_agree(inline_cfg):
     """The same experiment and seed give the same final metrics on both engines (Ray, flwr run)."""
     from flowerbed.server.engines.simulation import run_simulation
+    from flowerbed.server.results import default_run_dir
 
     cfg = inline_cfg("quickstart", "rounds=2", "clients.num=4")
     inline = run_inline(json.loads(json.dumps(cfg)))
     cfg["engine"] = "simulation"
-    cfg["output"]["run_dir"] = None
     before = {p.pid for p in psutil.process_iter()}
-    simulated = run_simulation(cfg)
+    simulated = run_simulation(cfg, default_run_dir(cfg))
     assert _strip_timing(simulated["metrics"]) == pytest.approx(
         _strip_timing(inline["metrics"]), abs=1e-6
     )

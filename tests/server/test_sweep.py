@@ -8,6 +8,7 @@ import time
 
 import yaml
 
+from flowerbed.apps.inline import inline_grid
 from flowerbed.server.sweep import finished_ids, load_sweep, run_sweep
 
 SWEEP = {
@@ -45,7 +46,7 @@ def test_kill_9_then_resume_runs_every_cell_once(tmp_path):
     proc.wait()
     before = finished_ids(out)
     assert 2 <= len(before) < 6, "the sweep should have been killed mid-way"
-    run_sweep(load_sweep(spec_path), out, resume=True)
+    run_sweep(load_sweep(spec_path), out, inline_grid, resume=True)
     ids = _valid_ids(out)
     assert len(ids) == len(set(ids)) == 6
     csv = (out / "cells.csv").read_text().splitlines()
@@ -57,7 +58,7 @@ def test_crashing_cell_is_recorded_and_sweep_goes_on(tmp_path):
     spec = dict(SWEEP, grid={"workload.params.hidden": [[8], [-3]]})
     spec_path = tmp_path / "crash.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    out = run_sweep(load_sweep(spec_path), tmp_path / "out")
+    out = run_sweep(load_sweep(spec_path), tmp_path / "out", inline_grid)
     rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines()]
     assert sorted(r["status"] for r in rows) == ["error", "ok"]
     assert "failed cells" in (out / "results.md").read_text()

@@ -9,7 +9,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from flowerbed.apps.client_app import app as client_app
-from flowerbed.clients.core.config import load_experiment, to_json
+from flowerbed.clients.core.config import to_json
 from flowerbed.clients.runtime import CONFIG_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing import (
@@ -22,6 +22,7 @@ from flowerbed.clients.workloads.routing import (
     shrink_tables,
 )
 from flowerbed.server.engines.inline import InlineGrid
+from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import OrderedGrid
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.routing import aggregate_lloyd, aggregate_router_mlp

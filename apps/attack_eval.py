@@ -4,7 +4,7 @@ Each case simulates one honest client update with the workload's own protocol co
 model at initialisation, as TabLeak attacks epoch 0), gives the attack only public knowledge and
 the update, then scores the reconstruction against the batch (which only the scorer holds).
 
-    python -m flowerbed.attacks.eval --datasets adult german --regimes mixed gaussian \
+    python -m flowerbed.apps.attack_eval --datasets adult german --regimes mixed gaussian \
         --batch-sizes 1 2 4 8 16 32 --batches 20 --out docs/goliath_table.md
 """
 
@@ -23,10 +23,10 @@ import torch
 from flowerbed.attacks.baselines import CONFIGS, ORACLE, random_reconstruction
 from flowerbed.attacks.goliath import Knowledge, invert, observed_target
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
-from flowerbed.clients.core.config import load_experiment
 from flowerbed.clients.tabdiff.model import build_model, model_params, onehot_rows, sample_latents
 from flowerbed.clients.tabdiff.training import local_update
 from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
+from flowerbed.server.experiment import load_experiment
 
 ATTACK_NAMES = ["goliath", "tableak", "inverting-gradients", "dlg", "idlg", "random", "oracle"]
 

@@ -1,0 +1,46 @@
+"""The observer plug-in: Goliath's engine (or a baseline setting of it) on what the server sees.
+
+Public knowledge comes from the server's own copy of the workload (the one place the denoiser,
+its protocol and the agreed preprocessing are built), plus the parameters sent this round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flowerbed.attacks.goliath.aggregation import aggregate_rounds
+from flowerbed.attacks.goliath.knowledge import (
+    InversionConfig,
+    Knowledge,
+    Reconstruction,
+    observed_target,
+)
+from flowerbed.attacks.goliath.optimisation import invert
+from flowerbed.clients.workloads.tabdiff import TabDiff
+
+
+class TabularInversion:
+    """Inverts one client update of federated tabular diffusion."""
+
+    def __init__(self, cfg: dict[str, Any], icfg: InversionConfig) -> None:
+        self.icfg = icfg
+        self.workload = TabDiff(cfg)
+
+    def knowledge(self, sent: dict[str, torch.Tensor]) -> Knowledge:
+        w = self.workload
+        return Knowledge(w.model, sent, w.protocol, w.prep)
+
+    def reconstruct(self, know: Knowledge, target: dict[str, torch.Tensor], batch: int) -> Reconstruction:  # fmt: skip
+        return invert(know, target, batch, self.icfg)
+
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
+        know = self.knowledge(sent)
+        return self.reconstruct(know, observed_target(know, sent, reply), num_examples)
+
+    def pool(self, sent: dict[str, torch.Tensor], recs: list[Reconstruction]) -> Reconstruction | None:  # fmt: skip
+        """Multi-round Goliath (FedAvg: the same rows are seen again every round)."""
+        if self.workload.protocol.kind != "fedavg":
+            return None
+        return aggregate_rounds(self.knowledge(sent), recs)

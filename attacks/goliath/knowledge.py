@@ -1,0 +1,110 @@
+"""What the attacker knows and sees: public knowledge, budget knobs, a reconstruction.
+
+Threat model: an honest-but-curious server that knows the global parameters, the architecture,
+the loss (regime, schedule, weights), the protocol (FedSGD/FedAvg, batch size, lr, local steps)
+and the public schema/preprocessing, and sees one client's update. Unknown: the rows and the
+per-row latents (t, eps, and in the mixed regime the [MASK] pattern).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flowerbed.clients.tabdiff.model import Denoiser, DiffusionSpec, split_blocks
+from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.training import Protocol
+
+CLOSED_FORM_ACCEPT = 1e-3  # gradient-match score under which a FedSGD closed form is exact
+LOCAL_SGD_ACCEPT = 1e-2  # the same for local SGD (its steps are read at the global model)
+BOUND = 5.2  # QuantileTransformer's normal output lives in [-5.2, 5.2]
+GROUPS = ("numeric", "categorical", "shared")
+
+
+# -- what the attacker knows and sees ----------------------------------------------------------
+@dataclass
+class Knowledge:
+    """Public knowledge of an honest-but-curious server."""
+
+    model: Denoiser
+    params: dict[str, torch.Tensor]  # the global model sent this round
+    protocol: Protocol
+    prep: TablePreprocessor
+
+    @property
+    def spec(self) -> DiffusionSpec:
+        return self.model.spec
+
+
+@dataclass
+class InversionConfig:
+    """Budget and method knobs shared by Goliath and the baselines."""
+
+    objective: str = "goliath"  # l2 | cosine | goliath
+    cat_param: str = "softmax"  # softmax (structural prior) | raw (continuous one-hot relaxation)
+    latents: str = "cyclic"  # fixed | joint | cyclic | oracle
+    restarts: int = 4
+    iterations: int = 400  # optimiser steps per restart
+    cycles: int = 4
+    lr: float = 0.05
+    sign: bool = False  # signed gradients (TabLeak / Inverting Gradients)
+    analytic_init: bool = True
+    pooling: str = "best"  # best | median (TabLeak median+softmax over restarts)
+    w_groups: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    lam_eps: float = 1e-2
+    lam_mask: float = 1e-2
+    lam_dens: float = 1e-1
+    t_grid: int = 24
+    label_recovery: bool = True  # restrict categories to the support the gradient reveals
+    seed: int = 0
+
+
+@dataclass
+class Reconstruction:
+    num: torch.Tensor  # (B, n) normal space
+    cat: torch.Tensor  # (B, sum K) probabilities
+    t: np.ndarray | None
+    mask: np.ndarray | None
+    score: float
+    frame: pd.DataFrame = field(default_factory=pd.DataFrame)
+    entropy: np.ndarray | None = None
+    seconds: float = 0.0
+
+
+def observed_target(
+    know: Knowledge, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The matching target from the arrays: grad = (sent - reply)/lr (FedSGD), else the delta."""
+    delta = {k: (sent[k].double() - reply[k].double()).float() for k in sent}
+    if know.protocol.kind == "fedsgd":
+        return {k: v / know.protocol.lr for k, v in delta.items()}
+    return delta
+
+
+def local_steps(protocol: Protocol, batch: int) -> int:
+    if protocol.kind == "fedsgd":
+        return 1
+    per_epoch = math.ceil(batch / protocol.batch_size)
+    steps = protocol.local_epochs * per_epoch
+    return min(steps, protocol.max_steps) if protocol.max_steps else steps
+
+
+def decode(know: Knowledge, num: torch.Tensor, cat: torch.Tensor) -> pd.DataFrame:
+    codes = [b.argmax(1) for b in split_blocks(cat, know.spec.cat_sizes)]
+    codes_t = torch.stack(codes, 1) if codes else torch.zeros(len(num), 0, dtype=torch.long)
+    return know.prep.decode(num.double().numpy(), codes_t.numpy())
+
+
+#: Goliath's own settings; the baselines are other settings of the same engine
+GOLIATH = InversionConfig()
+
+
+def with_config(icfg: InversionConfig, params: dict[str, Any], seed: int) -> InversionConfig:
+    """Apply an attack's typed params (budget knobs) to its inversion config."""
+    keys = {"restarts", "iterations", "latents", "cycles"}
+    return replace(icfg, seed=seed, **{k: v for k, v in params.items() if k in keys})

@@ -1,0 +1,233 @@
+"""The inversion engine: restarts of a cyclic optimisation (rows with latents fixed; timesteps by
+grid search and noise by Adam with rows fixed; masks by Adam then a density projection), seeded
+by the closed forms, scored by gradient match and pooled.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flowerbed.attacks.goliath.aggregation import align_and_vote
+from flowerbed.attacks.goliath.closed_forms import analytic_b1, closed_form, closed_form_local_sgd
+from flowerbed.attacks.goliath.knowledge import (
+    CLOSED_FORM_ACCEPT,
+    LOCAL_SGD_ACCEPT,
+    InversionConfig,
+    Knowledge,
+    Reconstruction,
+    decode,
+    local_steps,
+)
+from flowerbed.attacks.goliath.objective import (
+    Variables,
+    argmax_onehot,
+    category_support,
+    match_loss,
+    simulate,
+)
+from flowerbed.clients.tabdiff.model import T_MIN, Latents, Rows, k_from_raw, move_chance
+
+
+def _objective(know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig,
+               create_graph: bool = True) -> torch.Tensor:  # fmt: skip
+    rows, lats = v.rows(), v.latents()
+    sim = simulate(know, rows, lats, create_graph)
+    j = match_loss(sim, target, know.spec, cfg)
+    if cfg.objective == "goliath":
+        d = know.spec.eps_dim
+        if d:
+            j = j + cfg.lam_eps * (((v.e**2).sum(-1) / d - 1) ** 2).mean()
+        if know.spec.regime == "mixed" and know.spec.n_cat:
+            k = k_from_raw(know.params["k_raw"]).detach()
+            mc = move_chance(v.t()[..., None], k)
+            m = v.mask()
+            j = j + cfg.lam_mask * F.binary_cross_entropy(m, mc.expand_as(m))
+            j = j + cfg.lam_dens * ((m.mean(-1) - mc.mean(-1)) ** 2).mean()
+    return j
+
+
+def _step(
+    opt: torch.optim.Optimizer, loss: torch.Tensor, tensors: list[torch.Tensor], sign: bool
+) -> None:
+    opt.zero_grad()
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+    for p, g in zip(tensors, grads, strict=True):
+        g = torch.zeros_like(p) if g is None else torch.nan_to_num(g)
+        p.grad = g.sign() if sign else g
+    opt.step()
+
+
+def _hard_score(
+    know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig
+) -> float:
+    """Gradient match with hard projections (one-hot categoricals, binary masks)."""
+    with torch.no_grad():
+        rows = v.rows()
+        cat = argmax_onehot(rows.cat, know.spec.cat_sizes)
+        lats = [
+            Latents(x.t, x.eps, None if x.mask is None else (x.mask > 0.5).float())
+            for x in v.latents()
+        ]
+    sim = simulate(know, Rows(rows.num, cat), lats, False)
+    return float(
+        match_loss(
+            sim,
+            target,
+            know.spec,
+            replace(cfg, objective="goliath" if cfg.objective == "goliath" else cfg.objective),
+        )
+    )
+
+
+def _t_grid_search(
+    know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig
+) -> None:
+    """Per-row coordinate search of t over a grid (the sinusoidal embedding makes t multimodal)."""
+    grid = torch.linspace(0.02, 0.98, cfg.t_grid)
+    with torch.no_grad():
+        for s in range(v.steps):
+            for i in range(v.batch):
+                best, best_a = None, float(v.a[s, i])
+                for cand in torch.cat([grid, v.t()[s, i : i + 1]]):
+                    v.a[s, i] = torch.logit((cand - T_MIN) / (1 - T_MIN))
+                    with torch.enable_grad():
+                        val = float(_objective(know, v, target, cfg, create_graph=False).detach())
+                    if best is None or val < best:
+                        best, best_a = val, float(v.a[s, i])
+                v.a[s, i] = best_a
+
+
+def _project_masks(know: Knowledge, v: Variables) -> None:
+    """Density projection: row i keeps its round(c * mean_j move_chance_j(t_i)) most likely masks."""
+    with torch.no_grad():
+        k = k_from_raw(know.params["k_raw"])
+        c = know.spec.n_cat
+        r = torch.round(move_chance(v.t()[..., None], k).sum(-1)).long()  # (S, B)
+        order = v.l.argsort(-1, descending=True)
+        rank = order.argsort(-1)
+        v.l.copy_(torch.where(rank < r[..., None].clamp(0, c), 3.0, -3.0))
+
+
+def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
+                restart: int, oracle: Any = None, closed: Any = None) -> tuple[Variables, float]:  # fmt: skip
+    """One restart of the configured inversion; returns its variables and hard-projected score."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
+    steps = local_steps(know.protocol, batch)
+    support = category_support(know, target) if cfg.label_recovery else None
+    v = Variables(know.spec, steps, batch, cfg, gen, support)
+    mixed = know.spec.regime == "mixed"
+    if closed is not None and cfg.analytic_init:  # partial closed form (some rows merged)
+        rows, t0, m0, e0 = closed
+        v.set_num(rows.num)
+        v.set_cat(rows.cat)
+        v.set_t(t0[None])
+        with torch.no_grad():
+            if m0 is not None:
+                v.l.copy_(m0[None] * 8 - 4)
+            v.e.copy_(e0[None])
+    elif cfg.analytic_init and batch == 1 and steps == 1:
+        rows, t, mask, eps = analytic_b1(know, target)
+        v.set_num(rows.num)
+        v.set_cat(rows.cat)
+        v.set_t(torch.tensor([[t]]))
+        with torch.no_grad():
+            if mask is not None:
+                v.l.copy_(mask[None] * 8 - 4)
+            v.e.copy_(eps[None].float())
+    if cfg.latents == "oracle" and oracle is not None:  # upper bound: the true latents
+        with torch.no_grad():
+            v.set_t(torch.stack([x.t for x in oracle[:steps]]))
+            v.e.copy_(torch.stack([x.eps for x in oracle[:steps]]))
+            if mixed:
+                v.l.copy_(torch.stack([x.mask for x in oracle[:steps]]) * 16 - 8)
+    row_vars, lat_vars = [v.u, v.z], [v.a, v.e] + ([v.l] if mixed else [])
+    frozen_latents = cfg.latents in ("fixed", "oracle")
+    lr_lat = cfg.lr * 0.5
+    if cfg.latents == "cyclic":
+        per = max(cfg.iterations // cfg.cycles, 1)
+        kx, kl = int(per * 0.6), per - int(per * 0.6)
+        opt_x = torch.optim.Adam(row_vars, lr=cfg.lr)
+        opt_l = torch.optim.Adam(lat_vars, lr=lr_lat)
+        for c in range(cfg.cycles):
+            for _ in range(kx):
+                _step(opt_x, _objective(know, v, target, cfg), row_vars, cfg.sign)
+            if not (cfg.analytic_init and batch == 1) and c < cfg.cycles - 1 and batch <= 8:
+                _t_grid_search(know, v, target, cfg)
+            for _ in range(kl):
+                _step(opt_l, _objective(know, v, target, cfg), lat_vars, cfg.sign)
+            if mixed:
+                _project_masks(know, v)
+        for _ in range(max(cfg.iterations // 10, 1)):  # polish rows on the projected latents
+            _step(opt_x, _objective(know, v, target, cfg), row_vars, cfg.sign)
+    else:
+        tensors = row_vars if frozen_latents else row_vars + lat_vars
+        opt = torch.optim.Adam(tensors, lr=cfg.lr)
+        sched = torch.optim.lr_scheduler.MultiStepLR(
+            opt, [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)], 0.1
+        ) if cfg.sign else None  # fmt: skip
+        for _ in range(cfg.iterations):
+            _step(opt, _objective(know, v, target, cfg), tensors, cfg.sign)
+            if cfg.cat_param == "raw":
+                with torch.no_grad():
+                    v.z.clamp_(0, 1)
+            if sched is not None:
+                sched.step()
+    return v, _hard_score(know, v, target, cfg)
+
+
+def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
+           oracle: Any = None) -> Reconstruction:  # fmt: skip
+    """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    closed = None
+    use_closed = cfg.analytic_init and cfg.latents != "oracle"
+    if use_closed and know.protocol.kind == "fedavg":
+        local = closed_form_local_sgd(know, target, batch)
+        if local is not None and local[1] < LOCAL_SGD_ACCEPT:
+            return _finish(know, Reconstruction(local[0].num, local[0].cat, None, None, local[1]),
+                           start)  # fmt: skip
+    if use_closed and know.protocol.kind == "fedsgd":
+        closed, score = closed_form(know, target, batch)
+        if closed is not None and score < CLOSED_FORM_ACCEPT:  # every row separated: exact
+            rows, t0, m0, _ = closed
+            mask0 = None if m0 is None else m0.numpy()
+            return _finish(
+                know, Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score), start
+            )
+    runs = [
+        invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
+        for r in range(cfg.restarts)
+    ]
+    scores = [s for _, s in runs]
+    best_v = runs[int(np.argmin(scores))][0]
+    with torch.no_grad():
+        nums = [v.rows().num.numpy() for v, _ in runs]
+        cats = [v.rows().cat.clamp_min(0).numpy() for v, _ in runs]
+    entropy = None
+    if cfg.restarts > 1:
+        num, cat, entropy = align_and_vote(nums, cats, scores, know.spec.cat_sizes,
+                                           "median" if cfg.pooling == "median" else "vote")  # fmt: skip
+        if cfg.pooling != "median":
+            num, cat = nums[int(np.argmin(scores))], cats[int(np.argmin(scores))]
+    else:
+        num, cat = nums[0], cats[0]
+    with torch.no_grad():
+        t = best_v.t()[0].numpy()
+        mask = (best_v.mask()[0] > 0.5).float().numpy() if know.spec.regime == "mixed" else None
+    rec = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), t, mask, float(min(scores)))
+    rec.entropy = entropy
+    return _finish(know, rec, start)
+
+
+def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstruction:
+    """Decode to original units and stamp the wall time since ``start``."""
+    rec.frame = decode(know, rec.num, rec.cat)
+    rec.seconds = time.perf_counter() - start
+    return rec

@@ -1,0 +1,67 @@
+"""Ground truth, for the scorer only: what a client used in a round, rebuilt from the config and
+its partition id (never from the attack's inputs), and TabLeak scores of a reconstruction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
+from flowerbed.clients.tabdiff.model import onehot_rows
+from flowerbed.clients.workloads.tabdiff import TabDiff, encoded, round_plan
+
+
+@dataclass
+class Truth:
+    rows: pd.DataFrame  # decoded, original units, in the client's batch order
+    t: np.ndarray
+    mask: np.ndarray | None
+    num: torch.Tensor
+    cat: torch.Tensor
+    latents: list[Any]
+
+
+class TruthScorer:
+    """Rebuilds a client's batch of a round and scores a reconstruction against it."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.workload = TabDiff(cfg)
+        self.data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+        prep, train = self.data.prep, self.data.table.train
+        self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
+        self.stds = {c: float(train[c].std()) for c in self.numeric}
+
+    def truth(self, partition_id: int, server_round: int, params: dict[str, torch.Tensor]) -> Truth:
+        part = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
+        plan, latents = round_plan(self.cfg, self.workload.spec, self.workload.protocol, params,
+                                   partition_id, server_round, len(part["ids"]))  # fmt: skip
+        idx = plan[0]
+        num, codes = part["num"][idx], part["codes"][idx]
+        rows = self.data.prep.decode(num.double().numpy(), codes.numpy())
+        lat = latents[0]
+        mask = None if lat.mask is None else lat.mask.numpy()
+        oh = onehot_rows(num, codes, self.workload.spec.cat_sizes)
+        return Truth(rows, lat.t.numpy(), mask, oh.num, oh.cat, latents)
+
+    def score(self, partition_id: int, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
+        return self.score_against(self.truth(partition_id, server_round, sent), rec)
+
+    def score_against(self, truth: Truth, rec: Any) -> dict[str, float]:
+        """TabLeak accuracy + timestep MAE + mask F1 + mean confidence of a Reconstruction."""
+        res = tableak_accuracy(truth.rows, rec.frame, self.numeric, self.categorical, self.stds)
+        out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}
+        for c, v in res["per_column"].items():
+            out[f"col.{c}"] = float(v)
+        if rec.t is not None:
+            out["timestep_mae"] = timestep_mae(truth.t, rec.t, res["perm"])
+        if truth.mask is not None and rec.mask is not None:
+            out["mask_f1"] = mask_f1(truth.mask, rec.mask, res["perm"])
+        if rec.entropy is not None and rec.entropy.size:
+            out["mean_entropy"] = float(rec.entropy.mean())
+        return out

@@ -1,0 +1,34 @@
+"""Experiment configs, resolved against every registry.
+
+The core layer (``flowerbed.clients.core.config``) cannot import the layers above it; this module
+sees them all and hands their registries in. Everything that turns a preset or a YAML file into a
+resolved config (the CLI, the ServerApp, sweeps, tests) goes through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core import config as core
+from flowerbed.clients.datasets import DATASETS
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.strategies import STRATEGIES
+
+COMPONENTS = core.Components(
+    workloads=WORKLOADS, datasets=DATASETS, strategies=STRATEGIES, attacks=ATTACKS,
+    defenses=DEFENSES,
+)  # fmt: skip
+
+
+def load_experiment(
+    name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
+) -> dict[str, Any]:
+    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved config."""
+    return core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)
+
+
+def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a raw config and fill every component's params."""
+    return core.resolve(base, overrides, COMPONENTS)
