@@ -147,11 +147,25 @@ def run(
     out.print(f"run directory: {run_dir}")
 
 
+def preset_table() -> str:
+    """The experiment presets as a Markdown table (the README's table is this, checked by a test)."""
+    from flowerbed.clients.core.config import load_preset, preset_names
+
+    rows = [f"| `{name}` | {load_preset(name).get('description', '')} |" for name in preset_names()]
+    return "\n".join(["| preset | what it runs |", "|---|---|", *rows]) + "\n"
+
+
 @app.command("list")
 def list_(
     kind: Annotated[str | None, typer.Argument(help=f"one of: {', '.join(KINDS)}")] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="experiments as the README's Markdown table")
+    ] = False,
 ) -> None:
     """List what is registered, each with a one-line description."""
+    if markdown:
+        out.print(preset_table(), end="", highlight=False, markup=False, soft_wrap=True)
+        return
     from flowerbed.apps.engines import ENGINES
     from flowerbed.clients.core.config import load_preset, preset_names
     from flowerbed.server.experiment import COMPONENTS
