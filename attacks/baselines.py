@@ -76,6 +76,7 @@ class BaselineParams:
     restarts: int = 1
     iterations: int = 400
     latents: str = "joint"
+    rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
 
 
 def _register(name: str, description: str, base: InversionConfig) -> None:
@@ -89,7 +90,8 @@ def _register(name: str, description: str, base: InversionConfig) -> None:
         def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
             icfg = with_config(cls.config, cfg["attack"]["params"], cfg["seed"])
             return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                                  cfg["attack"]["params"]["target_clients"])  # fmt: skip
+                                  cfg["attack"]["params"]["target_clients"],
+                                  rounds=cfg["attack"]["params"]["rounds"])  # fmt: skip
 
 
 _register("dlg", "Deep Leakage from Gradients (L2) adapted to tabular diffusion", DLG)
@@ -120,4 +122,5 @@ class RandomBaseline:
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
         return AttackObserver(strategy, writer, RandomRows(cfg), TruthScorer(cfg),
-                              cfg["attack"]["params"]["target_clients"])  # fmt: skip
+                              cfg["attack"]["params"]["target_clients"],
+                                  rounds=cfg["attack"]["params"]["rounds"])  # fmt: skip

@@ -61,6 +61,7 @@ class Goliath:
         iterations: int = 400
         cycles: int = 4
         aggregate_rounds: bool = True
+        rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
 
     config = GOLIATH
 
@@ -69,4 +70,5 @@ class Goliath:
         p = cfg["attack"]["params"]
         icfg = with_config(cls.config, p, cfg["seed"])
         return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                              p["target_clients"], aggregate=p["aggregate_rounds"])  # fmt: skip
+                              p["target_clients"], aggregate=p["aggregate_rounds"],
+                              rounds=p["rounds"])  # fmt: skip

@@ -56,6 +56,7 @@ class TruthScorer:
         """TabLeak accuracy + timestep MAE + mask F1 + mean confidence of a Reconstruction."""
         res = tableak_accuracy(truth.rows, rec.frame, self.numeric, self.categorical, self.stds)
         out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}
+        out["success"] = out["accuracy"]
         for c, v in res["per_column"].items():
             out[f"col.{c}"] = float(v)
         if rec.t is not None:
