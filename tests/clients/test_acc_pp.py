@@ -1,9 +1,13 @@
-"""ACC++: exact decomposition, IG completeness, causal signals, speed vs activation patching."""
+"""ACC++: exact decomposition, IG completeness, causal signals, one forward pass vs patching.
+
+The model is trained in float64 at a moderate learning rate (``trained_model``), so the same seed
+gives the same model on any x86-64 CPU and thread count; the margins below were measured on
+seeds 0-2 (docs/methods/acc-pp.md, "Claim test").
+"""
 
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import torch
@@ -68,6 +72,7 @@ def test_integrated_gradients_are_complete_and_order_the_greedy_selection() -> N
             for layer, head in itertools.product(range(model.layers), range(model.heads)):
                 s = int(cache[f"pattern{layer}"][0, head, END].argmax())
                 x = decompose(model, cache, layer, head, END, s).dest.sum(1).reshape(-1, END + 1)
+                assert x.dtype == torch.float64
                 total = x.sum(0)
                 exact = float(torch.softmax(total, -1)[s]) - 1.0 / (END + 1)  # p_s(0) uniform
                 worst = max(worst, abs(float(integrated_gradients(x, s).sum()) - exact))
@@ -81,14 +86,31 @@ def test_integrated_gradients_are_complete_and_order_the_greedy_selection() -> N
                     remaining, n = remaining - x[by_score[n]], n + 1
                 ig_terms.append(len(chosen))
                 score_terms.append(n)
-    assert worst < 1e-3
-    assert len(ig_terms) >= 5
-    assert np.mean(ig_terms) <= np.mean(score_terms)  # IG order finds a sparser circuit
+    assert worst < 1e-8  # completeness (measured <= 3.2e-11 on seeds 0-2)
+    assert len(ig_terms) >= 50
+    # IG order finds a sparser circuit than ordering by the term's own score (ratio 0.53-0.62)
+    assert np.mean(ig_terms) <= 0.8 * np.mean(score_terms)
+
+
+def test_integrated_gradients_refine_a_sharp_softmax_until_complete() -> None:
+    """A logit range of thousands (what chaotic float32 training produced) needs more than 256
+    nodes: the fixed rule is off by a lot, the refined one is complete."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(40, 10)) * 300.0)
+    s = int(x.sum(0).argmax())
+    exact = float(torch.softmax(x.sum(0), -1)[s]) - 0.1
+    fixed = float(integrated_gradients(x, s, max_steps=256).sum())
+    refined = float(integrated_gradients(x, s).sum())
+    assert abs(fixed - exact) > 1e-3
+    assert abs(refined - exact) < 1e-8
 
 
 def test_removing_selected_signals_is_causal_and_random_directions_are_not() -> None:
+    """Claim test: the few traced signals carry the attention and the logit difference; as many
+    random (component, k) directions do not (seeds 0-2: drop 0.95-0.96 vs 0.01-0.08 over 60-128
+    last-layer edges, IO - S logit difference 13.6-14.4 -> 6.9-7.7)."""
     model = trained_model(0)
-    drops, random_drops, before, after = [], [], [], []
+    drops, random_drops, before, after, dims = [], [], [], [], []
     for lang in range(LANGUAGES):
         p = make_prompts(lang, 32, 500 + lang)
         for b in range(32):
@@ -100,6 +122,7 @@ def test_removing_selected_signals_is_causal_and_random_directions_are_not() -> 
             layer, head = roots[0]
             cache = _cache(model, p, b)
             signals = edge_signals(circuit, layer, head)
+            dims.append(sum(len(ks) for ks in signals.values()))
             weight = float(cache[f"pattern{layer}"][0, head, END, io])
             for chosen, out in (
                 (signals, drops),
@@ -113,24 +136,37 @@ def test_removing_selected_signals_is_causal_and_random_directions_are_not() -> 
             before.append(float(logit_diff(model, _one(p, b))))
             edit = signal_edit(model, cache, layer, head, END, io, signals)
             after.append(float(logit_diff(model, _one(p, b), edit)))
-    assert len(drops) >= 10
-    assert np.mean(drops) >= 0.5
+    assert len(drops) >= 30
+    assert np.mean(drops) >= 0.8
     assert np.mean(random_drops) <= 0.2
-    assert np.mean(after) < np.mean(before)
+    assert np.mean(after) <= np.mean(before) - 3.0
+    # low-dimensional: a few of the 2 x (1 + 4 heads) x 16 (component, k) pairs per edge
+    assert np.mean(dims) <= 12
 
 
-def test_acc_pp_is_faster_than_activation_patching_over_the_same_components() -> None:
+def test_acc_pp_needs_one_forward_pass_where_patching_needs_one_per_component() -> None:
+    """The cost claim as a count (wall time is in benchmarks/acc_pp.py)."""
     model = trained_model(0)
     p, corrupt = make_prompts(0, 6, 5), make_prompts(0, 6, 6)
-    t0 = time.perf_counter()
-    circuits = [trace_prompt(model, p, b) for b in range(6)]
-    acc_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for b, circuit in enumerate(circuits):
-        activation_patching(model, p, corrupt, circuit.traced, b)
-    patch_s = time.perf_counter() - t0
+    calls = {"n": 0}
+    forward = model.forward
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003
+        calls["n"] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    try:
+        circuits = [trace_prompt(model, p, b) for b in range(6)]
+        acc_calls, calls["n"] = calls["n"], 0
+        for b, circuit in enumerate(circuits):
+            activation_patching(model, p, corrupt, circuit.traced, b)
+        patch_calls = calls["n"]
+    finally:
+        del model.forward
     assert sum(len(c.traced) for c in circuits) > 0
-    assert acc_s < patch_s
+    assert acc_calls == 6
+    assert patch_calls >= 10 * acc_calls
 
 
 def test_federated_language_communities_report_circuit_summaries(tmp_path) -> None:
