@@ -21,8 +21,9 @@ a linear teacher one at a time (saddle-to-saddle dynamics), and grokking of modu
 tiny MLP. The network is trained by Langevin dynamics on the population loss from a small init,
 with singular values a factor 4 apart: minibatch noise scales with the unlearned residual and, with
 modes close in time, the relaxation of the mode just learned, bury the onset of the next mode (the
-ablation, ``batch_size > 0``). The early-warning detector is per transition: ``log10 tr C`` against
-its running minimum since the previous transition, not against a global baseline.
+ablation, ``batch_size > 0``). The early-warning detector (:class:`RiseDetector`) is online and sees
+only ``log10 tr C``: an alarm when it has risen a few decades above its rolling minimum; the
+transitions (teacher-mode strengths) are used only to score the alarms afterwards.
 
 The federated workload (``two-rdm``) trains the deep linear network with FedAvg (minibatch SGD
 on client shards); each client reports the 2RDM of its local steps and of Gaussian perturbations,
@@ -31,6 +32,7 @@ and the server computes the 2RDM across rounds with the global model's checkpoin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -347,38 +349,99 @@ def at_step(trace: PhaseTrace, values: np.ndarray, step: int, half_width: int = 
     return values[max(i - half_width, 0) : i + half_width + 1]
 
 
-def rise_above_recent_minimum(values: np.ndarray) -> np.ndarray:
-    """``values[t] - min(values[:t + 1])``: the rise against the running baseline (causal)."""
-    return values - np.minimum.accumulate(values)
+def rise_above_recent_minimum(values: np.ndarray, window: int | None = None) -> np.ndarray:
+    """``values[t] - min(values[t - window + 1 : t + 1])`` (all of the past if ``window`` is None):
+    the rise against a rolling baseline, causal."""
+    if window is None:
+        return values - np.minimum.accumulate(values)
+    out = np.empty(len(values))
+    for t in range(len(values)):
+        out[t] = values[t] - values[max(t - window + 1, 0) : t + 1].min()
+    return out
+
+
+@dataclass
+class RiseDetector:
+    """Online early warning on a stream of ``log10 tr C``, from the observable alone.
+
+    Armed, it raises an alarm once the value has been ``decades`` or more above its baseline (the
+    minimum since it was last armed, over at most ``window`` checkpoints) for ``confirm``
+    consecutive checkpoints. It then waits for the transition to pass: when the value has fallen
+    ``decades`` below its peak since the alarm (the relaxation of the mode just learned) it
+    re-arms with a fresh baseline, so the deep level before an earlier transition is forgotten.
+    """
+
+    decades: float = 2.0
+    window: int | None = None
+    confirm: int = 3
+    history: list[float] = field(default_factory=list)
+    start: int = 0  # where the current baseline begins
+    streak: int = 0
+    armed: bool = True
+    peak: float = -math.inf
+
+    def rise(self) -> float:
+        """Current value above the baseline, in decades."""
+        t = len(self.history) - 1
+        lo = self.start if self.window is None else max(self.start, t - self.window + 1)
+        return self.history[-1] - min(self.history[lo:])
+
+    def update(self, value: float) -> bool:
+        """Feed the next checkpoint's ``log10 tr C``; True when an alarm fires at it."""
+        self.history.append(float(value))
+        if not self.armed:
+            self.peak = max(self.peak, self.history[-1])
+            if self.history[-1] <= self.peak - self.decades:
+                self.armed, self.start = True, len(self.history) - 1
+            return False
+        self.streak = self.streak + 1 if self.rise() >= self.decades else 0
+        if self.streak >= self.confirm:
+            self.armed, self.streak, self.peak = False, 0, self.history[-1]
+            return True
+        return False
+
+
+def warning_alarms(
+    values: np.ndarray, decades: float = 2.0, window: int | None = None, confirm: int = 3
+) -> np.ndarray:
+    """Indices where :class:`RiseDetector` raises an alarm on the series ``values``."""
+    detector = RiseDetector(decades, window, confirm)
+    return np.array([t for t, v in enumerate(values) if detector.update(v)], dtype=int)
 
 
 @dataclass
 class EarlyWarning:
-    """When log tr C began its sustained rise ``decades`` above its recent minimum vs when the
-    loss moved (``warning_step`` is None if it was not that far above by then)."""
+    """Scoring of the alarms against one loss drop (ground truth enters only here).
+
+    ``warning_step`` is the last alarm after the previous transition and no later than the step
+    where the loss had moved (None: the drop came unwarned)."""
 
     transition_step: int
     warning_step: int | None
     loss_moved_step: int
-    rise_at_loss_moved: float  # decades above the recent minimum when the loss had moved
+    late_alarms: int  # alarms between the loss moving and the transition
 
     @property
     def margin(self) -> int | None:
         return None if self.warning_step is None else self.loss_moved_step - self.warning_step
 
 
-def early_warnings(
-    trace: PhaseTrace, decades: float = 2.0, fraction: float = 0.05
-) -> list[EarlyWarning]:
-    """A per-transition early-warning detector on ``log10 tr C``, one result per loss drop.
+@dataclass
+class WarningScore:
+    """Per-drop warnings and the alarms that preceded no drop."""
 
-    For drop ``m`` the baseline is the running minimum of ``log10 tr C`` since the previous
-    transition, not over the whole run: just after a transition the relaxation of the mode just
-    learned dominates ``C`` by decades, and the onset of the next mode can only be seen against
-    the quiet plateau that follows. The loss has "moved" once it has fallen ``fraction`` of the
-    drop from the saddle (the flattest checkpoint since the previous transition) to the next
-    plateau (the flattest checkpoint before the next transition, or the end of the run).
-    """
+    drops: list[EarlyWarning]
+    false_alarms: int  # extra alarms before a drop, and every alarm after the last transition
+
+    @property
+    def warned(self) -> int:
+        return sum(w.warning_step is not None for w in self.drops)
+
+
+def loss_moved_steps(trace: PhaseTrace, fraction: float = 0.05) -> list[int]:
+    """Per transition, the checkpoint where the loss had fallen ``fraction`` of the drop from the
+    saddle (the flattest checkpoint since the previous transition) to the next plateau (the
+    flattest checkpoint before the next transition, or the end of the run). Evaluation only."""
     transitions = transition_steps(trace)
     bounds = [int(trace.steps[0]), *transitions, int(trace.steps[-1])]
     speed = np.abs(np.gradient(trace.loss))
@@ -390,13 +453,40 @@ def early_warnings(
         saddle = lo + int(np.argmin(speed[lo:mid]))
         plateau = mid + int(np.argmin(speed[mid:hi])) if hi > mid else len(trace.loss) - 1
         target = trace.loss[saddle] - fraction * (trace.loss[saddle] - trace.loss[plateau])
-        moved = saddle + int(np.argmax(trace.loss[saddle:] <= target))
-        rise = rise_above_recent_minimum(trace.log_trace[lo : moved + 1])
-        below = np.nonzero(rise < decades)[0]
-        first = int(below[-1]) + 1 if len(below) else 0  # start of the sustained rise
-        warning = int(trace.steps[lo + first]) if first < len(rise) else None
-        out.append(EarlyWarning(step, warning, int(trace.steps[moved]), float(rise[-1])))
+        out.append(int(trace.steps[saddle + int(np.argmax(trace.loss[saddle:] <= target))]))
     return out
+
+
+def score_warnings(trace: PhaseTrace, alarms: np.ndarray, fraction: float = 0.05) -> WarningScore:
+    """Score alarm indices (into ``trace.steps``) against the loss drops of the run.
+
+    An alarm warns drop ``m`` if it fires after transition ``m - 1`` and no later than the loss
+    moving for drop ``m``; only the last such alarm counts, earlier ones are false alarms (the
+    detector re-armed in between), as is every alarm after the last transition.
+    """
+    transitions = transition_steps(trace)
+    moved = loss_moved_steps(trace, fraction)
+    alarm_steps = trace.steps[np.asarray(alarms, dtype=int)]
+    drops, false = [], 0
+    previous = -1
+    for step, moved_at in zip(transitions, moved, strict=True):
+        before = alarm_steps[(alarm_steps > previous) & (alarm_steps <= moved_at)]
+        late = int(((alarm_steps > moved_at) & (alarm_steps <= step)).sum())
+        false += max(len(before) - 1, 0)
+        warning = int(before[-1]) if len(before) else None
+        drops.append(EarlyWarning(step, warning, moved_at, late))
+        previous = step
+    false += int((alarm_steps > previous).sum())
+    return WarningScore(drops, false)
+
+
+def early_warnings(
+    trace: PhaseTrace, decades: float = 2.0, window: int | None = None, confirm: int = 3,
+    fraction: float = 0.05,
+) -> WarningScore:  # fmt: skip
+    """Run the online detector on ``log10 tr C`` of ``trace`` and score it against the drops."""
+    alarms = warning_alarms(trace.log_trace, decades, window, confirm)
+    return score_warnings(trace, alarms, fraction)
 
 
 def dln_gaussian_2rdm(
@@ -549,6 +639,8 @@ class TwoRDM(Workload):
         sigma: float = 1e-3  # Gaussian 2RDM perturbation
         gaussian_samples: int = 64
         round_window: int = 4  # checkpoints (rounds) per server-side dynamical 2RDM
+        warning_decades: float = 2.0  # server-side RiseDetector on rounds_log_trace
+        warning_confirm: int = 1  # rounds the rise must hold before the alarm
         heat_capacity: str = "entropy_variance"
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -559,6 +651,10 @@ class TwoRDM(Workload):
         rng = np.random.default_rng(client_seed(cfg["seed"], 0, 0, salt=22))
         self.server_probe = teacher_data(self.teacher, self.params.probes, 0.0, rng)
         self.round_losses: list[np.ndarray] = []
+        self.detector = self._detector()
+
+    def _detector(self) -> RiseDetector:
+        return RiseDetector(self.params.warning_decades, confirm=self.params.warning_confirm)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> DLNShard:
         rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=21))
@@ -624,7 +720,7 @@ class TwoRDM(Workload):
         params = self._params(arrays)
         probe_x, probe_y = self.server_probe
         if server_round == 0:
-            self.round_losses = []
+            self.round_losses, self.detector = [], self._detector()
         self.round_losses.append(dln_losses(params, probe_x, probe_y))
         metrics = {"loss": float(self.round_losses[-1].mean())}
         for m, s in enumerate(mode_strengths(params, self.teacher)):
@@ -634,4 +730,6 @@ class TwoRDM(Workload):
             hist = np.array(self.round_losses)
             c = dynamical_2rdm(hist, len(hist) - 1, window)
             metrics |= self._observables(c, probe_x, "rounds_")
+            alarm = self.detector.update(metrics["rounds_log_trace"])
+            metrics["rounds_alarm"] = float(alarm)
         return metrics
