@@ -345,6 +345,7 @@ def log_uniform_near_fraction(freqs: tuple[float, ...], f_range: tuple[float, fl
 def run_arm(
     kind: str, seed: int, n_train: int = 1000, n_test: int = 500, epochs: int = 4,
     hidden: int = 64, steps: int = 100, freqs: tuple[float, ...] = (25.0, 50.0, 100.0, 200.0),
+    batch_size: int = 50,
 ) -> dict[str, Any]:  # fmt: skip
     """Centralised experiment for one arm: accuracy, firing rates per epoch, learned f*."""
     torch.manual_seed(seed)
@@ -353,7 +354,7 @@ def run_arm(
     model = SNN(kind, train.x.shape[-1], hidden, len(class_pairs(len(freqs))), seed)
     model.calibrate(train.x[:200])
     f_init = model.layer1.target_hz().detach().clone() if kind != "lif" else None
-    rates = train_epochs(model, train, epochs, seed)
+    rates = train_epochs(model, train, epochs, seed, batch_size=batch_size)
     out = {"kind": kind, "seed": seed, "rates": rates, **evaluate_model(model, test)}
     if f_init is not None:
         out["f_init"] = f_init
