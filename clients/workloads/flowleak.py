@@ -362,12 +362,19 @@ def compare(num_mas: int, budget: int, seed: int) -> dict[str, dict[str, float]]
     "flowleak", "FlowLeak: coverage-guided MAS workflow extraction; bandit stats federated"
 )
 class FlowLeak(Workload):
-    """Clients audit their own private MAS; the bandit's operator statistics are the weights."""
+    """Clients audit their own private MAS; the bandit's operator statistics are the weights.
+
+    Every audit also runs TPPT with random tasks on the same MAS at the same budget
+    (``random_*`` metrics), so a run shows FlowLeak's gain over that baseline. With
+    ``share_statistics: false`` a client ignores the statistics it receives and starts every
+    audit from a fresh bandit (the no-sharing arm the benchmark compares against).
+    """
 
     @dataclass
     class Params:
         mas_per_client: int = 4
         budget: int = 40
+        share_statistics: bool = True
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}
@@ -379,9 +386,12 @@ class FlowLeak(Workload):
     def _audit(
         self, arrays: ArrayRecord, partition_id: int, server_round: int
     ) -> tuple[Bandit, dict]:
-        prior = Bandit(
-            arrays["op_value"].numpy().copy(), np.minimum(arrays["op_count"].numpy(), 5.0)
-        )
+        if self.params.share_statistics:
+            prior = Bandit(
+                arrays["op_value"].numpy().copy(), np.minimum(arrays["op_count"].numpy(), 5.0)
+            )
+        else:
+            prior = Bandit.fresh()
         scores = []
         for j in range(self.params.mas_per_client):
             key = client_seed(self.cfg["seed"], partition_id, server_round, salt=j)
@@ -389,7 +399,12 @@ class FlowLeak(Workload):
             curve, prior = flowleak_attack(
                 mas, self.params.budget, np.random.default_rng(key + 1), prior
             )
-            scores.append(recall(mas, curve[-1]) | {"redundant": redundant_queries(curve)})
+            baseline = random_task_attack(mas, self.params.budget, np.random.default_rng(key + 2))
+            scores.append(
+                recall(mas, curve[-1])
+                | {"redundant": redundant_queries(curve)}
+                | {f"random_{k}": v for k, v in recall(mas, baseline[-1]).items()}
+            )
         return prior, {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
 
     def fit(self, arrays: ArrayRecord, data: dict, config: dict[str, Any], state: RecordDict):

@@ -41,9 +41,31 @@ def test_same_seed_same_graph():
     assert a == b
 
 
-def test_federated_bandit_statistics(inline_cfg):
+def test_federated_audits_show_the_gain_and_pool_the_bandit_statistics(inline_cfg, monkeypatch):
+    """Claim test, federated: each client's FlowLeak audit recovers far more of its MAS than
+    random tasks at the same budget (preset, seeds 0-2: 0.76-0.90 vs 0.42-0.54), and the bandit
+    statistics a client receives are the FedAvg mean of what the clients sent. (Whether the
+    shared statistics help is measured in benchmarks/flowleak.py --federated: they do not.)"""
+    from flowerbed.clients.workloads.flowleak import FlowLeak
+
+    sent: dict[int, list[np.ndarray]] = {}
+    received: dict[int, list[np.ndarray]] = {}
+    fit = FlowLeak.fit
+
+    def record(self, arrays, data, config, state):  # noqa: ANN001
+        r = int(config["server-round"])
+        received.setdefault(r, []).append(arrays["op_value"].numpy().copy())
+        out, metrics = fit(self, arrays, data, config, state)
+        sent.setdefault(r, []).append(out["op_value"].numpy().copy())
+        return out, metrics
+
+    monkeypatch.setattr(FlowLeak, "fit", record)
     summary = run_inline(
-        inline_cfg("flowleak", "rounds=2", "clients.num=2", "workload.params.mas_per_client=2")
+        inline_cfg("flowleak", "rounds=2", "clients.num=2", "workload.params.mas_per_client=3")
     )
-    assert summary["metrics"]["train.edge_recall"] > 0.6
-    assert summary["metrics"]["eval.edge_recall"] > 0.6
+    m = summary["metrics"]
+    assert m["train.edge_recall"] >= 1.3 * m["train.random_edge_recall"]
+    assert m["eval.edge_recall"] >= 1.3 * m["eval.random_edge_recall"]
+    assert not np.allclose(sent[1][0], sent[1][1])  # clients learnt different statistics
+    for prior in received[2]:
+        np.testing.assert_allclose(prior, np.mean(sent[1], axis=0))
