@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -617,6 +618,14 @@ class ACCpp(Workload):
         trace_prompts: int = 16
         attn_weight_thresh: float = 0.1
         ig_steps: int = 256
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        p = self.params
+        if p.trace_prompts < 1 or p.ig_steps < 1 or not 0 < p.attn_weight_thresh < 0.5:
+            raise ConfigError(
+                "trace_prompts and ig_steps must be >= 1 and attn_weight_thresh in (0, 0.5)"
+            )
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.cfg["seed"])

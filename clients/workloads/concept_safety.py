@@ -36,6 +36,7 @@ from scipy.stats import spearmanr
 from torch import nn
 from torch.nn import functional as F
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -509,6 +510,8 @@ class ConceptSafety(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
+        if p.trainable not in ("all", "blocks", "mlp"):
+            raise ConfigError(f"trainable must be 'all', 'blocks' or 'mlp', not {p.trainable!r}")
         self.world = make_world(cfg["seed"], p.tasks, p.concepts, p.answer_len)
         self.spec = ModelSpec(dim=p.dim)
 

@@ -41,6 +41,7 @@ from scipy.ndimage import gaussian_filter, shift
 from sklearn.datasets import load_digits
 from torch import nn
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
@@ -546,9 +547,9 @@ class FisherMemorisation(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         if self.params.dataset not in ("digits", "image-like"):
-            raise ValueError("dataset must be 'digits' or 'image-like'")
+            raise ConfigError("dataset must be 'digits' or 'image-like'")
         if self.params.model not in ("cnn", "mlp"):
-            raise ValueError("model must be 'cnn' or 'mlp'")
+            raise ConfigError("model must be 'cnn' or 'mlp'")
         x, y = (
             digits_data() if self.params.dataset == "digits" else image_like_data(1800, cfg["seed"])
         )

@@ -30,6 +30,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -394,7 +395,7 @@ class FiTS(Workload):
         super().__init__(cfg)
         bad = [a for a in self.params.arms if a not in ARMS]
         if bad:
-            raise ValueError(f"unknown arm {bad[0]!r} (allowed: {', '.join(ARMS)})")
+            raise ConfigError(f"unknown arm {bad[0]!r} (allowed: {', '.join(ARMS)})")
 
     def _model(self, kind: str) -> SNN:
         p = self.params

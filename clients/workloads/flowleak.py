@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -375,6 +376,11 @@ class FlowLeak(Workload):
         mas_per_client: int = 4
         budget: int = 40
         share_statistics: bool = True
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        if self.params.budget < 1 or self.params.mas_per_client < 1:
+            raise ConfigError("budget and mas_per_client must be >= 1")
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}

@@ -42,6 +42,7 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -646,7 +647,9 @@ class TwoRDM(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         if self.params.heat_capacity not in HEAT_CAPACITIES:
-            raise ValueError(f"heat_capacity must be one of {sorted(HEAT_CAPACITIES)}")
+            raise ConfigError(f"heat_capacity must be one of {sorted(HEAT_CAPACITIES)}")
+        if self.params.warning_decades <= 0 or self.params.warning_confirm < 1:
+            raise ConfigError("warning_decades must be > 0 and warning_confirm >= 1")
         self.teacher = make_teacher(self.params.dim, list(self.params.singular_values), cfg["seed"])
         rng = np.random.default_rng(client_seed(cfg["seed"], 0, 0, salt=22))
         self.server_probe = teacher_data(self.teacher, self.params.probes, 0.0, rng)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
 from flowerbed.apps.inline import run_inline
@@ -182,3 +183,16 @@ def test_federated_language_communities_report_circuit_summaries(tmp_path) -> No
     dist = circuit_distances(clients, "signals")
     assert np.allclose(np.diag(dist), 0) and np.allclose(dist, dist.T)
     assert (dist[~np.eye(len(clients), dtype=bool)] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "bad", ["workload.params.attn_weight_thresh=0.7", "workload.params.trace_prompts=0"]
+)
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.acc_pp import ACCpp
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        ACCpp(load_experiment("acc-pp", ["engine=inline", bad]))

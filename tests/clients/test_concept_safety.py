@@ -126,3 +126,14 @@ def test_same_seed_same_result(uniform):
     assert np.array_equal(again["after"].refusal, uniform["after"].refusal)
     assert np.array_equal(again["after"].ppl, uniform["after"].ppl)
     assert np.array_equal(again["after"].knowledge, uniform["after"].knowledge)
+
+
+@pytest.mark.parametrize("bad", ["workload.params.trainable=bogus"])
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.concept_safety import ConceptSafety
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        ConceptSafety(load_experiment("concept-safety", ["engine=inline", bad]))

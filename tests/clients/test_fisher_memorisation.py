@@ -202,3 +202,14 @@ def test_federated_factors_are_pooled_exactly(tmp_path, monkeypatch):
     for i, (a, g) in enumerate(kfac_factors(model, union)):
         np.testing.assert_allclose(seen[1][f"kfac.A.{i}"], a, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(seen[1][f"kfac.G.{i}"], g, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", ["workload.params.model=bogus", "workload.params.dataset=bogus"])
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.fisher_memorisation import FisherMemorisation
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        FisherMemorisation(load_experiment("fisher-memorisation", ["engine=inline", bad]))

@@ -212,3 +212,14 @@ def test_fedavg_averages_f_star_in_the_log_domain(tmp_path, monkeypatch):
     assert not np.allclose(sent[1][0], sent[1][1])
     for log_f in received[2]:
         np.testing.assert_allclose(log_f, np.mean(sent[1], axis=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["workload.params.arms=[lif,bogus]"])
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.fits import FiTS
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        FiTS(load_experiment("fits", ["engine=inline", bad]))

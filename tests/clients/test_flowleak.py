@@ -1,6 +1,7 @@
 """FlowLeak: coverage guidance beats random tasks; adversarial payloads overfit one branch."""
 
 import numpy as np
+import pytest
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.flowleak import (
@@ -69,3 +70,14 @@ def test_federated_audits_show_the_gain_and_pool_the_bandit_statistics(inline_cf
     assert not np.allclose(sent[1][0], sent[1][1])  # clients learnt different statistics
     for prior in received[2]:
         np.testing.assert_allclose(prior, np.mean(sent[1], axis=0))
+
+
+@pytest.mark.parametrize("bad", ["workload.params.budget=0"])
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.flowleak import FlowLeak
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        FlowLeak(load_experiment("flowleak", ["engine=inline", bad]))

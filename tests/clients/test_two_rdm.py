@@ -197,3 +197,16 @@ def test_federated_server_warns_before_the_first_drop(tmp_path):
     print("alarms at rounds", alarms, "loss moved at round", moved)
     assert rounds[-1]["central.mode0_strength"] > 0.5  # the first mode is learned by FedAvg
     assert alarms and alarms[0] <= moved - 3
+
+
+@pytest.mark.parametrize(
+    "bad", ["workload.params.warning_confirm=0", "workload.params.heat_capacity=bogus"]
+)
+def test_bad_params_are_a_config_error(bad):
+    """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.workloads.two_rdm import TwoRDM
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError):
+        TwoRDM(load_experiment("two-rdm", ["engine=inline", bad]))
