@@ -1,7 +1,7 @@
 """Concept-level safety fine-tuning: the tables of docs/workloads.md and docs/benchmarks.md.
 
     PYTHONPATH=. python -m benchmarks.concept_safety            # everything (~1 min CPU)
-    PYTHONPATH=. python -m benchmarks.concept_safety --only main --seeds 0 1 2
+    PYTHONPATH=. python -m benchmarks.concept_safety --only main --seeds 0 1 2 3 4
 
 Prints markdown tables: the composition comparison over seeds (with ratios against the uniform
 baseline of the same seed), the per-concept table of seed 0, the unsafe:safe ratio and budget
@@ -40,9 +40,10 @@ def main_table(seeds: list[int]) -> dict:
     print(
         "\n### Compositions at N = 48 unsafe samples (4 per concept if uniform), unsafe:safe 1:1\n"
     )
-    print("| seed | composition | mean R_c | std R_c | mean O_c | extraction (pre -> post) | "
-          "median PPL post/pre | Spearman(n_c, R_c) | std R_c / uniform |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| seed | composition | mean R_c | std R_c | mean O_c | knowledge (pre -> post) | "
+          "extraction (pre -> post) | median PPL post/pre | Spearman(n_c, R_c) | "
+          "std R_c / uniform |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     reports = {}
     for seed in seeds:
         base_std = None
@@ -54,12 +55,14 @@ def main_table(seeds: list[int]) -> dict:
             ppl_ratio = float(np.median(a.ppl / b.ppl))
             print(_row([seed, comp, float(a.refusal.mean()), float(a.refusal.std()),
                         float(a.over_refusal.mean()),
+                        f"{b.knowledge.mean():.2f} -> {a.knowledge.mean():.2f}",
                         f"{b.extraction.mean():.2f} -> {a.extraction.mean():.2f}", ppl_ratio,
                         r["spearman_n_refusal"], float(a.refusal.std() / base_std)]))  # fmt: skip
         u = reports[(seed, "uniform")]
         un = concept_table(unlearn(copy.deepcopy(u["model"]), u["world"]), u["world"])
         print(_row([seed, "uniform + unlearning control", float(un.refusal.mean()),
                     float(un.refusal.std()), float(un.over_refusal.mean()),
+                    f"{u['after'].knowledge.mean():.2f} -> {un.knowledge.mean():.2f}",
                     f"{u['after'].extraction.mean():.2f} -> {un.extraction.mean():.2f}",
                     float(np.median(un.ppl / u["before"].ppl)), "", ""]))  # fmt: skip
     return reports
@@ -68,25 +71,27 @@ def main_table(seeds: list[int]) -> dict:
 def per_concept(reports: dict, seed: int = 0) -> None:
     u, z = reports[(seed, "uniform")], reports[(seed, "zipf")]
     print(f"\n### Per concept, seed {seed}, held-out task (uniform vs Zipf, N = 48)\n")
-    print("| concept | R_c pre | n_c uni | R_c uni | O_c uni | PPL pre -> uni | extr. uni | "
-          "n_c Zipf | R_c Zipf | extr. Zipf |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| concept | R_c pre | n_c uni | R_c uni | O_c uni | PPL pre -> uni | knowl. uni | "
+          "extr. uni | n_c Zipf | R_c Zipf | extr. Zipf |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in range(len(u["counts"])):
         print(_row([c, float(u["before"].refusal[c]), int(u["counts"][c]),
                     float(u["after"].refusal[c]), float(u["after"].over_refusal[c]),
                     f"{u['before'].ppl[c]:.2f} -> {u['after'].ppl[c]:.2f}",
+                    float(u["after"].knowledge[c]),
                     float(u["after"].extraction[c]), int(z["counts"][c]),
                     float(z["after"].refusal[c]), float(z["after"].extraction[c])]))  # fmt: skip
 
 
 def sweeps(seed: int = 0) -> None:
     print(f"\n### unsafe:safe ratio, uniform, N = 48, seed {seed}\n")
-    print("| unsafe:safe | mean R_c | mean O_c | extraction | safe answers (greedy) |")
-    print("|---|---|---|---|---|")
+    print("| unsafe:safe | mean R_c | mean O_c | knowledge | extraction | safe answers (greedy) |")
+    print("|---|---|---|---|---|---|")
     for ratio in (0.0, 1.0, 3.0):
         a = finetune_report(seed, FinetuneConfig(budget=48, safe_per_unsafe=ratio))["after"]
         print(_row([f"1:{ratio:g}", float(a.refusal.mean()), float(a.over_refusal.mean()),
-                    float(a.extraction.mean()), float(a.safe_extraction.mean())]))  # fmt: skip
+                    float(a.knowledge.mean()), float(a.extraction.mean()),
+                    float(a.safe_extraction.mean())]))  # fmt: skip
     print(f"\n### budget N (C = 12 concepts), unsafe:safe 1:1, seed {seed}\n")
     print("| N | uniform mean R_c | uniform std R_c | Zipf mean R_c | Zipf std R_c | "
           "Spearman Zipf | uniform extraction |")  # fmt: skip
@@ -111,17 +116,20 @@ def federated(seed: int = 0, rounds: int = 4) -> None:
     p = cfg["workload"]["params"]
     world = make_world(seed, p["tasks"], p["concepts"], p["answer_len"])
     print(f"\n### Federated (preset concept-safety, seed {seed}): FedAvg per round\n")
-    print("| round | mean R_c | std R_c | min R_c | mean O_c | extraction | median PPL |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| round | mean R_c | std R_c | min R_c | mean O_c | knowledge | extraction | median PPL |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r, m in enumerate(per_round):
         rc = [m[f"central.refusal_c{c:02d}"] for c in range(world.concepts)]
         print(_row([r, m["central.refusal_mean"], m["central.refusal_std"], float(min(rc)),
-                    m["central.over_refusal_mean"], m["central.extraction_mean"],
-                    m["central.ppl_median"]]))  # fmt: skip
+                    m["central.over_refusal_mean"], m["central.knowledge_mean"],
+                    m["central.extraction_mean"], m["central.ppl_median"]]))  # fmt: skip
     print(f"\n### FedAvg after {rounds} rounds vs each client's local fine-tune "
           f"({rounds} x {p['local_steps']} steps on its own data)\n")  # fmt: skip
-    print("| model | concepts covered | mean R_c | std R_c | min R_c | mean O_c | extraction |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | concepts covered | mean R_c | std R_c | min R_c | mean O_c | knowledge | "
+          "extraction |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for k in range(cfg["clients"]["num"]):
         counts = client_counts(k, p["concepts"], p["concepts_per_client"], p["stride"],
                                p["budget"], p["zipf_s"])  # fmt: skip
@@ -134,17 +142,17 @@ def federated(seed: int = 0, rounds: int = 4) -> None:
         covered = ",".join(str(c) for c in np.flatnonzero(counts))
         print(_row([f"client {k} local", covered, float(t.refusal.mean()), float(t.refusal.std()),
                     float(t.refusal.min()), float(t.over_refusal.mean()),
-                    float(t.extraction.mean())]))  # fmt: skip
+                    float(t.knowledge.mean()), float(t.extraction.mean())]))  # fmt: skip
     m = per_round[-1]
     rc = [m[f"central.refusal_c{c:02d}"] for c in range(world.concepts)]
     print(_row(["FedAvg", "all", m["central.refusal_mean"], m["central.refusal_std"],
-                float(min(rc)), m["central.over_refusal_mean"],
+                float(min(rc)), m["central.over_refusal_mean"], m["central.knowledge_mean"],
                 m["central.extraction_mean"]]))  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--only", choices=["main", "sweeps", "federated"], default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -6,6 +6,9 @@
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --n 500 --epochs 300 --seeds 0 1 2 --summary
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --linear
     PYTHONPATH=. python benchmarks/fisher_memorisation.py --icl --seeds 0 1 2
+    PYTHONPATH=. python benchmarks/fisher_memorisation.py --federated --seeds 0 1 2
+    PYTHONPATH=. python benchmarks/fisher_memorisation.py --federated --set rounds=15 \
+        workload.params.local_epochs=20                       # the earlier preset
 
 Prints the layer x kept-fraction table (test accuracy / memorisation), the same with a random
 choice of as many eigen-directions (ablation), per layer the best cell where memorisation falls by
@@ -150,6 +153,41 @@ def in_context(seed: int) -> None:
     print()
 
 
+def federated(seed: int, overrides: list[str]) -> None:
+    """The ``fisher-memorisation`` preset on the inline engine: the previous round's global model
+    before and after the server's projection with the pooled K-FAC factors, every 5 rounds."""
+    import logging
+    import tempfile
+
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    rounds: list[dict] = []
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_experiment("fisher-memorisation",
+                              ["engine=inline", f"output.dir={out}", f"seed={seed}", *overrides])  # fmt: skip
+        run_inline(cfg, on_round=lambda r, m: rounds.append(dict(m)))
+    keeps = cfg["workload"]["params"]["keep_fractions"]
+    print(f"\nseed {seed} {' '.join(overrides)}: previous global model, test / memorisation "
+          "(recovery), before and after projecting layer "
+          f"{cfg['workload']['params']['project_layer']}")  # fmt: skip
+    print(
+        "| round | client local memorisation | global | "
+        + " | ".join(f"keep {k:g}" for k in keeps)
+        + " |"
+    )
+    print("|---" * (len(keeps) + 3) + "|")
+    for r, m in enumerate(rounds):
+        if r == 0 or not (r % 5 == 0 or r == len(rounds) - 1):
+            continue
+        cells = [f"{m[f'central.proj_keep{k:g}_test_accuracy']:.3f} / "
+                 f"{m[f'central.proj_keep{k:g}_memorisation']:.3f} "
+                 f"({m[f'central.proj_keep{k:g}_recovery']:.2f})" for k in keeps]  # fmt: skip
+        print(f"| {r} | {m['train.memorisation']:.3f} | {m['central.prev_test_accuracy']:.3f} / "
+              f"{m['central.prev_memorisation']:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dataset", default="digits", choices=["digits", "image-like"])
@@ -165,7 +203,13 @@ def main() -> None:
     p.add_argument("--summary", action="store_true", help="per-layer summary only")
     p.add_argument("--linear", action="store_true")
     p.add_argument("--icl", action="store_true", help="the in-context regression transformer")
+    p.add_argument("--federated", action="store_true", help="the fisher-memorisation preset")
+    p.add_argument("--set", nargs="*", default=[], help="preset overrides (with --federated)")
     args = p.parse_args()
+    if args.federated:
+        for seed in args.seeds:
+            federated(seed, args.set)
+        return
     if args.linear:
         linear(args)
         return
