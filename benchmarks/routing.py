@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -389,11 +390,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
 CLAIM_TESTS = ["tests/clients/test_routing.py", "tests/strategies/test_routing.py"]
 
 
-def run_mutants(names: list[str], tests: list[str]) -> dict[str, str]:
-    """Apply each mutant in place, run the claim tests, restore the file; killed or survived."""
+def run_mutants(
+    mutants: dict[str, tuple[str, str, str]], names: list[str], tests: list[str]
+) -> dict[str, str]:
+    """Apply each mutant in place, run the claim tests, restore the file; killed or survived.
+
+    The checkout's own files are mutated (the editable install imports them): run nothing else
+    from this checkout meanwhile. SIGTERM restores the file before exiting."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` restores
     results = {}
     for name in names:
-        rel, old, new = MUTANTS[name]
+        rel, old, new = mutants[name]
         path = ROOT / rel
         original = path.read_text()
         if original.count(old) != 1:
@@ -434,7 +441,7 @@ def main() -> None:
     parser.add_argument("--mutants", nargs="*", default=None, help="run mutants (none: all)")
     args = parser.parse_args()
     if args.mutants is not None:
-        run_mutants(args.mutants or list(MUTANTS), CLAIM_TESTS)
+        run_mutants(MUTANTS, args.mutants or list(MUTANTS), CLAIM_TESTS)
         return
     if args.from_json:
         results = [r for path in args.from_json for r in json.loads(path.read_text())]
