@@ -211,12 +211,13 @@ def resolve(
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+    """The key is present with a value (null, as in a resolved config, counts as unset)."""
     node: Any = raw
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
         node = node[part]
-    return True
+    return node is not None
 
 
 def _check_reads(

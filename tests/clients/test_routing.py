@@ -28,7 +28,7 @@ from flowerbed.clients.workloads.routing import (
     score_router,
     train_mlp,
 )
-from flowerbed.server.experiment import load_experiment
+from flowerbed.server.experiment import load_experiment, resolve
 from tests.clients.routing_fixture import make_table
 
 torch.set_num_threads(1)
@@ -232,6 +232,8 @@ def test_partition_by_gives_each_client_a_group_of_values(tmp_path: Path) -> Non
         benchmark_for(load_experiment("routing-synthetic-kmeans", ["clients.partition_by=x"]))
     with pytest.raises(ConfigError, match="does not use clients.partition_by"):
         load_experiment("quickstart", ["clients.partition_by=subject"])
+    # a resolved config (partition_by: null) resolves again, as the ServerApp does
+    assert resolve(load_experiment("quickstart"))["clients"]["partition_by"] is None
 
 
 def test_dirichlet_draws_never_cross_topics_silently(tmp_path: Path) -> None:
