@@ -40,6 +40,7 @@ class ClientsConfig:
     min_clients: int = 2
     partitioner: str = "iid"
     alpha: float = 0.5
+    partition_by: str | None = None  # a table column: clients = groups of its values
     failure_rate: float = 0.0
     cpus: int = 1
 
@@ -180,7 +181,7 @@ class Components:
 
 #: Shared config keys a workload may or may not honour; set for a workload that ignores them is an
 #: error (``Workload.reads``).
-OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha")
+OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha", "clients.partition_by")
 
 
 def resolve(
@@ -210,12 +211,13 @@ def resolve(
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+    """The key is present with a value (null, as in a resolved config, counts as unset)."""
     node: Any = raw
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
         node = node[part]
-    return True
+    return node is not None
 
 
 def _check_reads(

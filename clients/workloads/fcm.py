@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,14 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
-from flowerbed.clients.workloads.fcm_data import ConceptData, Scenario, make_dataset, make_scenario
+from flowerbed.clients.workloads.fcm_data import (
+    ConceptData,
+    Scenario,
+    get_task,
+    make_dataset,
+    make_scenario,
+    schedule_scenario,
+)
 
 REGISTRY_KEY = "fcm-registry"
 LOCAL_STATE_KEY = "fcm-local-model"
@@ -274,8 +281,11 @@ def to_arrays(params: Params, keys: list[str] | None = None) -> ArrayRecord:
 class FCM(Workload):
     @dataclass
     class Params:
-        data: str = "trig"  # xor | trig | dot | digits
-        scenario: str = "evolving"  # full | partial | evolving | central
+        data: str = "trig"  # a built-in task: xor | trig | dot | digits
+        task: dict[str, Any] = field(default_factory=dict)  # a formula task (overrides data)
+        scenario: str = "evolving"  # full | partial | evolving | central | schedule
+        # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
+        schedule: dict[str, Any] = field(default_factory=dict)
         hold_fraction: float = 0.5  # share of concepts each client has labels for
         central_clients: int = 5  # 'central': pool the data of this many clients, all labels
         model: str = "cem"  # cem | cbm
@@ -297,15 +307,19 @@ class FCM(Workload):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
-        probe = make_dataset(p.data, 2, 0)
+        self.task = get_task(p.data, p.task)
+        probe = make_dataset(self.task, 2, 0)
         self.spec = ModelSpec(
             probe.x.shape[1], p.hidden, p.emb, p.task_hidden, probe.n_classes, p.model
         )
         num = p.central_clients if p.scenario == "central" else cfg["clients"]["num"]
-        self.scenario: Scenario = make_scenario(
-            p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
-        )
-        self.test = make_dataset(p.data, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
+        if p.scenario == "schedule":  # any other scenario ignores the schedule
+            self.scenario: Scenario = schedule_scenario(p.schedule, probe.concept_names, num)
+        else:
+            self.scenario = make_scenario(
+                p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
+            )
+        self.test = make_dataset(self.task, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
 
     def initial_concepts(self) -> tuple[str, ...]:
         if self.params.initial_concepts == "all":
@@ -315,9 +329,9 @@ class FCM(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ConceptData:
         p, seed = self.params, self.cfg["seed"]
         if p.scenario != "central":
-            return make_dataset(p.data, p.n_train, client_seed(seed, partition_id, 0), "train")
+            return make_dataset(self.task, p.n_train, client_seed(seed, partition_id, 0), "train")
         parts = [
-            make_dataset(p.data, p.n_train, client_seed(seed, i, 0), "train")
+            make_dataset(self.task, p.n_train, client_seed(seed, i, 0), "train")
             for i in range(p.central_clients)
         ]
         x, c, y = (np.concatenate([getattr(d, f) for d in parts]) for f in ("x", "c", "y"))
