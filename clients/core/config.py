@@ -211,13 +211,21 @@ def resolve(
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
-    """The key is present with a value (null, as in a resolved config, counts as unset)."""
+    """The key is present with a value other than the schema default.
+
+    A resolved config carries every key (at its default when nobody set it), so it resolves again
+    unchanged (the ServerApp re-resolves what the CLI sent).
+    """
     node: Any = raw
+    default: Any = OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
         node = node[part]
-    return node is not None
+        default = default.get(part) if isinstance(default, dict) else None
+    if isinstance(node, dict) and isinstance(default, dict):
+        return any(k not in default or value != default[k] for k, value in node.items())
+    return node is not None and node != default
 
 
 def _check_reads(
