@@ -77,6 +77,8 @@ class DeploymentConfig:
     superlink: str | None = None
     root_certificates: str | None = None
     insecure: bool = False
+    #: how long a ServerApp waits for SuperNodes to connect before failing (seconds)
+    node_timeout_s: float = 120.0
 
 
 @dataclass
@@ -273,6 +275,7 @@ def _check_values(cfg: dict[str, Any]) -> None:
         (0 <= clients["failure_rate"] < 1, "clients.failure_rate must be in [0, 1)"),
         (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
         (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
+        (cfg["deployment"]["node_timeout_s"] > 0, "deployment.node_timeout_s must be > 0"),
     ]
     for ok, message in checks:
         if not ok:
