@@ -23,9 +23,14 @@ step "wheels into docker/wheels"
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
     cp /etc/ssl/certs/ca-certificates.crt docker/build-ca/ca-certificates.crt
 fi
-# one resolve with torch pinned: alone, the project's torch>=2.6 picks the newest (CUDA) build
-"$PY" -m pip wheel -q --wheel-dir docker/wheels "torch==2.13.0" . 2>&1 | grep -v "is ignored" || true
-rm -f docker/wheels/flowerbed-*.whl
+# one resolve with torch pinned: alone, the project's torch>=2.6 picks the newest (CUDA) build;
+# redone only when pyproject.toml changed
+stamp=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat docker/wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
+    "$PY" -m pip wheel -q --wheel-dir docker/wheels "torch==2.13.0" . 2>&1 | grep -v "is ignored" || true
+    rm -f docker/wheels/flowerbed-*.whl
+    echo "$stamp" > docker/wheels/.stamp
+fi
 if ls docker/wheels | grep -q -E '^(nvidia_|triton-)'; then
     echo "docker/wheels holds CUDA wheels (torch resolved from the index, not the CPU build)" >&2
     exit 2
