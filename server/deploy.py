@@ -177,6 +177,20 @@ def flwr_cli(args: list[str], home: Path, timeout: float = 120) -> subprocess.Co
     )
 
 
+def cli_error(text: str) -> str:
+    """The message of the last error box the ``flwr`` CLI printed, on one line (else "")."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("╭")]
+    if not starts:
+        return ""
+    body = []
+    for line in lines[starts[-1] + 1 :]:
+        if line.lstrip().startswith("╰"):
+            break
+        body.append(line.strip().strip("│").strip())
+    return " ".join(part for part in body if part)
+
+
 class RegistrationError(RuntimeError):
     """The SuperLink refused or could not be reached; the message is Flower's, on one line."""
 
@@ -205,8 +219,7 @@ def register_keys(
         elif ALREADY_REGISTERED in text:
             outcome[str(key)] = "already registered"
         else:
-            lines = [ln.strip(" │╭╰─") for ln in text.splitlines()]
-            detail = " ".join(ln for ln in lines if ln) or f"exit {done.returncode}"
+            detail = cli_error(text) or text.strip().replace("\n", " ") or f"exit {done.returncode}"
             raise RegistrationError(f"registering {key} with {superlink} failed: {detail}")
     return outcome
 

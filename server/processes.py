@@ -82,11 +82,20 @@ def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
             pass
 
 
-def process_identity(pid: int) -> dict:
-    """What tells this process apart from a later one reusing its PID: start time and command."""
+def process_identity(pid: int, timeout: float = 10.0) -> dict:
+    """What tells this process apart from a later one reusing its PID: start time and command.
+
+    Right after ``exec`` the kernel may not show the new command line yet; wait for it.
+    """
     proc = psutil.Process(pid)
-    with proc.oneshot():
-        return {"pid": pid, "started": proc.create_time(), "cmdline": proc.cmdline()}
+    deadline = time.monotonic() + timeout
+    cmdline = proc.cmdline()
+    while not cmdline and time.monotonic() < deadline:
+        time.sleep(0.05)
+        cmdline = proc.cmdline()
+    if not cmdline:
+        raise RuntimeError(f"process {pid} shows no command line (did it exit at once?)")
+    return {"pid": pid, "started": proc.create_time(), "cmdline": cmdline}
 
 
 def is_same_process(identity: dict) -> bool:

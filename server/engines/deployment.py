@@ -20,7 +20,7 @@ from typing import Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.deploy import CONNECTION, load_state, write_connection
+from flowerbed.server.deploy import CONNECTION, cli_error, load_state, write_connection
 from flowerbed.server.federation import ERROR_MARKER
 from flowerbed.server.processes import app_dir, bin_path, flower_env
 from flowerbed.server.results import (
@@ -132,8 +132,11 @@ class _Stream:
 
 
 def _last_problem(log_path: Path) -> str:
-    """The last line of Flower's log that names an error, else its last non-empty line."""
-    lines = [ln.strip() for ln in log_path.read_text().splitlines() if ln.strip()]
+    """Flower's last error box, else the last line naming an error, else the last line."""
+    text = log_path.read_text()
+    if boxed := cli_error(text):
+        return boxed
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
         if any(word in line for word in ("Error", "error", "Exception", "failed", "Exit Code")):
             return line

@@ -212,3 +212,51 @@ def test_register_cli_one_line_error_when_nothing_listens(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert "is the SuperLink up" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_superlink_killed_mid_run_fails_clearly_then_nodes_come_back(tmp_path):
+    """Kill -9 the SuperLink after round 1: the submitter ends with one clear line (no hang);
+    restarted on the same port and database, the same SuperNodes serve the next run."""
+    import os
+    import signal
+    import threading
+
+    state = deploy.up(2, tmp_path / "fed", insecure=True)
+    try:
+        overrides = ["clients.num=2", "engine=deployment", f"deployment.dir={state['dir']}",
+                     f"output.dir={tmp_path}", "output.plots=false"]  # fmt: skip
+        outcome: dict = {}
+
+        def submit() -> None:
+            try:
+                outcome["summary"] = run_deployment(
+                    load_experiment("quickstart", [*overrides, "rounds=3"]), tmp_path / "run1"
+                )
+            except DeploymentError as exc:
+                outcome["error"] = str(exc)
+
+        submitter = threading.Thread(target=submit)
+        submitter.start()
+        log = tmp_path / "run1" / "flower.log"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and '"round": 1' not in (
+            log.read_text() if log.is_file() else ""
+        ):
+            time.sleep(1)
+        os.kill(state["processes"]["superlink"]["pid"], signal.SIGKILL)
+        submitter.join(timeout=300)
+        if submitter.is_alive():  # stop our own flwr CLI before failing
+            for child in psutil.Process().children(recursive=True):
+                child.kill()
+            pytest.fail("the submitter hung after the SuperLink died")
+        assert "error" in outcome, outcome
+        assert "\n" not in outcome["error"]
+        assert "Connection to the SuperLink is unavailable" in outcome["error"], outcome["error"]
+
+        deploy.restart_superlink(tmp_path / "fed")
+        summary = run_deployment(
+            load_experiment("quickstart", [*overrides, "rounds=1"]), tmp_path / "run2"
+        )
+        assert summary["clients"] == 2 and summary["failures"] == 0
+    finally:
+        deploy.down(tmp_path / "fed")
