@@ -260,3 +260,20 @@ def test_superlink_killed_mid_run_fails_clearly_then_nodes_come_back(tmp_path):
         assert summary["clients"] == 2 and summary["failures"] == 0
     finally:
         deploy.down(tmp_path / "fed")
+
+
+def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
+    import os
+
+    owner = (49999, 49999) if os.geteuid() == 0 else None
+    certs, keys = tmp_path / "certs", tmp_path / "keys"
+    first = deploy.ensure_credentials(certs, keys, 2, owner=owner, superexec_secret=True)
+    assert first == ["ca.crt", "superexec.secret", "supernode0", "supernode1"]
+    ca = (certs / "ca.crt").read_bytes()
+    assert deploy.ensure_credentials(certs, keys, 3, owner=owner) == ["supernode2"]
+    assert (certs / "ca.crt").read_bytes() == ca
+    for path, mode in [(certs / "server.key", 0o600), (certs / "ca.crt", 0o644),
+                       (keys / "supernode0", 0o600), (certs / "superexec.secret", 0o600)]:  # fmt: skip
+        assert path.stat().st_mode & 0o777 == mode, path
+        if owner is not None:
+            assert (path.stat().st_uid, path.stat().st_gid) == owner, path
