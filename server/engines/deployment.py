@@ -57,8 +57,12 @@ def _connection(cfg: dict[str, Any], home: Path) -> None:
     write_connection(home, state["address"], ca)
 
 
-class DeploymentError(RuntimeError):
-    """The run did not finish on the federation; the message is the cause, on one line."""
+class DeploymentError(ConfigError):
+    """The federation could not run it (unreachable, refused, the ServerApp failed).
+
+    One line naming the cause; the CLI prints it like any input error (exit status 2). Flower's
+    full log is kept outside the run directory, which the CLI removes after a failed run.
+    """
 
 
 def run_deployment(
@@ -93,12 +97,14 @@ def run_deployment(
             proc.wait()
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    if stream.error is not None:
-        raise DeploymentError(f"the ServerApp failed: {stream.error} (log: {log_path})")
-    if stream.summary is None:
+    if stream.error is not None or stream.summary is None:
+        kept = Path(tempfile.gettempdir()) / f"flowerbed-{run_dir.name}-flower.log"
+        shutil.copyfile(log_path, kept)
+        if stream.error is not None:
+            raise DeploymentError(f"the ServerApp failed: {stream.error} (Flower's log: {kept})")
         raise DeploymentError(
             f"the run ended without results (flwr run exit {proc.returncode}): "
-            f"{_last_problem(log_path)} (log: {log_path})"
+            f"{_last_problem(log_path)} (Flower's log: {kept})"
         )
     summary = dict(stream.summary, run_dir=str(run_dir))
     summary["serverapp_run_dir"] = stream.summary.get("run_dir")

@@ -277,3 +277,18 @@ def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
         assert path.stat().st_mode & 0o777 == mode, path
         if owner is not None:
             assert (path.stat().st_uid, path.stat().st_gid) == owner, path
+
+
+def test_run_against_an_unreachable_superlink_is_one_line_exit_2(tmp_path):
+    deploy.make_certificates(tmp_path / "certs")
+    done = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "clients.num=2",
+         "--engine", "deployment", "--superlink", f"127.0.0.1:{deploy.free_port()}",
+         "--root-certificates", str(tmp_path / "certs" / "ca.crt"), "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "the run ended without results" in done.stderr, done.stderr
+    assert "SuperLink is unavailable" in " ".join(done.stderr.split()), done.stderr
+    assert not (tmp_path / "r").exists()
