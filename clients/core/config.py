@@ -42,6 +42,8 @@ class ClientsConfig:
     alpha: float = 0.5
     failure_rate: float = 0.0
     cpus: int = 1
+    #: how long the server waits for a round's replies; missing ones count as failures
+    timeout_s: float = 600.0
 
 
 @dataclass
@@ -276,6 +278,7 @@ def _check_values(cfg: dict[str, Any]) -> None:
         (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
         (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
         (cfg["deployment"]["node_timeout_s"] > 0, "deployment.node_timeout_s must be > 0"),
+        (clients["timeout_s"] > 0, "clients.timeout_s must be > 0"),
     ]
     for ok, message in checks:
         if not ok:

@@ -110,3 +110,20 @@ def test_unwritable_workspace_falls_back_to_the_temp_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWERBED_WORKSPACE", str(blocker / "ws"))
     run_dir = federation.serverapp_run_dir({"engine": "deployment"}, "r1", Path("runs/x"))
     assert run_dir.name == "r1" and run_dir.parent.name == "flowerbed-runs"
+
+
+def test_rounds_wait_clients_timeout_s_for_replies(inline_cfg, tmp_path):
+    """Every exchange is bounded by clients.timeout_s (a lost reply fails a client, not the run)."""
+    from flowerbed.apps.client_app import app as client_app
+    from flowerbed.server.runner import run_experiment
+
+    class Recording(InlineGrid):
+        timeouts: list = []
+
+        def send_and_receive(self, messages, *, timeout=None):
+            self.timeouts.append(timeout)
+            return super().send_and_receive(messages, timeout=timeout)
+
+    cfg = inline_cfg("quickstart", "rounds=1", "clients.num=2", "clients.timeout_s=42")
+    run_experiment(Recording(client_app, 2), cfg, tmp_path / "run")
+    assert Recording.timeouts and set(Recording.timeouts) == {42}
