@@ -71,10 +71,8 @@ def test_compose_is_locked_down_by_default():
     for name in long_running:
         assert "healthcheck" in services[name], name
         assert "--health-server-address=127.0.0.1:8081" in services[name]["command"], name
-        assert "--superexec-auth-secret-file=certs/superexec.secret" in services[name]["command"]
     certs = " ".join(services["certs"]["command"])
     assert "--owner 49999:49999" in certs and "chown 49999:49999 /app/state" in certs
-    assert "--superexec-secret" in certs
     # private material stays in named volumes; only the public CA reaches the host
     for name, service in services.items():
         for volume in service.get("volumes", []):
