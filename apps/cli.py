@@ -312,9 +312,6 @@ def deploy_certs(
     export: Annotated[
         Path | None, typer.Option(help="also copy ca.crt (public) into this folder")
     ] = None,
-    superexec_secret: Annotated[
-        bool, typer.Option(help="also write certs/superexec.secret (SuperExec authentication)")
-    ] = False,
 ) -> None:
     """Write what is missing of a CA, a SuperLink certificate and SuperNode keys; keep the rest."""
     import shutil
@@ -324,9 +321,8 @@ def deploy_certs(
     try:
         uid_gid = parse_owner(owner) if owner else None
         written = ensure_credentials(
-            certs, keys, nodes, tuple(host or ["127.0.0.1", "::1", "localhost"]), uid_gid,
-            superexec_secret,
-        )  # fmt: skip
+            certs, keys, nodes, tuple(host or ["127.0.0.1", "::1", "localhost"]), uid_gid
+        )
         if export is not None:
             export.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(certs / "ca.crt", export / "ca.crt")

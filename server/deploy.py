@@ -17,7 +17,6 @@ import datetime
 import ipaddress
 import json
 import os
-import secrets
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,8 +42,6 @@ CONNECTION = "flowerbed"
 #: how long a SuperNode keeps retrying a call while the SuperLink is unreachable (Flower's
 #: ``--max-wait-time``, per call); long enough to ride out a SuperLink restart
 SUPERNODE_MAX_WAIT_S = 600
-#: the runtime APIs' shared secret for SuperExecs (docker-compose.yml)
-SUPEREXEC_SECRET = "superexec.secret"
 #: what ``flwr supernode register`` says for a key the SuperLink already holds
 ALREADY_REGISTERED = "already in use"
 
@@ -129,22 +126,16 @@ def ensure_credentials(
     nodes: int,
     hosts: Sequence[str] = ("127.0.0.1", "::1", "localhost"),
     owner: tuple[int, int] | None = None,
-    superexec_secret: bool = False,
 ) -> list[str]:
     """Create what is missing (CA + server certificate, ``supernode<i>`` keys); keep the rest.
 
     Keeping existing files is what lets a persisted SuperLink state (registered keys) survive a
-    restart. ``superexec_secret`` adds ``certs/superexec.secret``, the shared secret that lets
-    only the SuperExecs claim work from the runtime APIs (``--superexec-auth-secret-file``).
-    Returns the names of the files written.
+    restart. Returns the names of the files written.
     """
     written = []
     if not (certs / "ca.crt").is_file():
         make_certificates(certs, hosts, owner)
         written.append("ca.crt")
-    if superexec_secret and not (certs / SUPEREXEC_SECRET).is_file():
-        _write_file(certs / SUPEREXEC_SECRET, secrets.token_hex(32).encode(), 0o600, owner)
-        written.append(SUPEREXEC_SECRET)
     for i in range(nodes):
         key = keys / f"supernode{i}"
         if not (key.is_file() and key.with_suffix(".pub").is_file()):

@@ -24,7 +24,7 @@ from flowerbed.server.engines.deployment import run_deployment
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.processes import app_dir, free_port
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]  # the image build is in the fixture
 ROOT = app_dir()
 
 

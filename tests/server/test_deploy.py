@@ -267,13 +267,13 @@ def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
 
     owner = (49999, 49999) if os.geteuid() == 0 else None
     certs, keys = tmp_path / "certs", tmp_path / "keys"
-    first = deploy.ensure_credentials(certs, keys, 2, owner=owner, superexec_secret=True)
-    assert first == ["ca.crt", "superexec.secret", "supernode0", "supernode1"]
+    first = deploy.ensure_credentials(certs, keys, 2, owner=owner)
+    assert first == ["ca.crt", "supernode0", "supernode1"]
     ca = (certs / "ca.crt").read_bytes()
     assert deploy.ensure_credentials(certs, keys, 3, owner=owner) == ["supernode2"]
     assert (certs / "ca.crt").read_bytes() == ca
     for path, mode in [(certs / "server.key", 0o600), (certs / "ca.crt", 0o644),
-                       (keys / "supernode0", 0o600), (certs / "superexec.secret", 0o600)]:  # fmt: skip
+                       (keys / "supernode0", 0o600)]:  # fmt: skip
         assert path.stat().st_mode & 0o777 == mode, path
         if owner is not None:
             assert (path.stat().st_uid, path.stat().st_gid) == owner, path
