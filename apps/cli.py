@@ -252,13 +252,13 @@ def deploy_up(
     directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
-    from flowerbed.server.deploy import up
+    from flowerbed.server.deploy import RegistrationError, up
 
     if nodes < 1:
         fail("--nodes must be >= 1")
     try:
         state = up(nodes, directory, insecure=insecure)
-    except ConfigError as exc:
+    except (ConfigError, RegistrationError) as exc:
         fail(str(exc))
         return
     mode = "insecure" if insecure else "TLS + SuperNode auth"
@@ -277,24 +277,26 @@ def deploy_status(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/depl
         fail(str(exc))
         return
     for name, alive in info["alive"].items():
-        out.print(
-            f"{name:12s} pid {info['state']['pids'][name]:>7}  {'alive' if alive else 'stopped'}"
-        )
+        pid = info["state"]["processes"][name]["pid"]
+        out.print(f"{name:12s} pid {pid:>7}  {'alive' if alive else 'stopped'}")
     out.print(info["supernodes"])
 
 
 @deploy_app.command("down")
 def deploy_down(directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy")) -> None:
-    """Stop everything `deploy up` started, by PID."""
+    """Stop what `deploy up` started (only processes whose PID, start time and command match)."""
     from flowerbed.server.deploy import down
 
-    stopped = down(directory)
-    out.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    outcome = down(directory)
+    if not outcome:
+        out.print("nothing was running")
+    for name, what in outcome.items():
+        out.print(f"{name:12s} {what}")
 
 
 @deploy_app.command("certs")
 def deploy_certs(
-    nodes: Annotated[int, typer.Option(help="node keys to generate")] = 2,
+    nodes: Annotated[int, typer.Option(help="node keys to have (supernode0..N-1)")] = 2,
     certs: Annotated[Path, typer.Option(help="folder for ca.crt, server.pem, server.key")] = Path(
         "certs"
     ),
@@ -304,17 +306,32 @@ def deploy_certs(
     host: Annotated[
         list[str] | None, typer.Option(help="SuperLink names/IPs for the certificate")
     ] = None,
+    owner: Annotated[
+        str | None, typer.Option(help="UID[:GID] to own the files (49999 in Flower's images)")
+    ] = None,
+    export: Annotated[
+        Path | None, typer.Option(help="also copy ca.crt (public) into this folder")
+    ] = None,
 ) -> None:
-    """Write a CA, a SuperLink certificate and SuperNode keys (used by docker-compose.yml)."""
-    from flowerbed.server.deploy import make_certificates, make_node_key
+    """Write what is missing of a CA, a SuperLink certificate and SuperNode keys; keep the rest."""
+    import shutil
 
-    if (certs / "ca.crt").is_file():
-        out.print(f"{certs}/ca.crt exists; keeping the existing certificates and keys")
+    from flowerbed.server.deploy import ensure_credentials, parse_owner
+
+    try:
+        uid_gid = parse_owner(owner) if owner else None
+        written = ensure_credentials(
+            certs, keys, nodes, tuple(host or ["127.0.0.1", "::1", "localhost"]), uid_gid
+        )
+        if export is not None:
+            export.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(certs / "ca.crt", export / "ca.crt")
+            (export / "ca.crt").chmod(0o644)
+    except (ConfigError, OSError) as exc:
+        fail(f"writing certificates failed: {exc}")
         return
-    make_certificates(certs, tuple(host or ["127.0.0.1", "::1", "localhost"]))
-    for i in range(nodes):
-        make_node_key(keys / f"supernode{i}")
-    out.print(f"wrote {certs}/ca.crt, server.pem, server.key and {nodes} node keys in {keys}")
+    kept = "nothing new" if not written else ", ".join(written)
+    out.print(f"certificates in {certs}, {nodes} node keys in {keys} (written: {kept})")
 
 
 @deploy_app.command("register")
@@ -324,26 +341,31 @@ def deploy_register(
     ],
     superlink: Annotated[str, typer.Option(help="HOST:PORT of the SuperLink")] = "127.0.0.1:8000",
     root_certificates: Annotated[
-        Path | None, typer.Option(help="CA certificate (omit for --insecure)")
+        Path | None, typer.Option(help="CA certificate (omit for an insecure SuperLink)")
     ] = None,
     retries: Annotated[int, typer.Option(help="attempts while the SuperLink starts")] = 30,
 ) -> None:
-    """Register SuperNode public keys with a SuperLink's Control API."""
+    """Register SuperNode public keys with a SuperLink's Control API (known keys are fine)."""
     import tempfile
     import time
 
-    from flowerbed.server.deploy import register_keys
+    from flowerbed.server.deploy import RegistrationError, register_keys
 
     with tempfile.TemporaryDirectory() as home:
-        for attempt in range(retries):
+        for attempt in range(max(retries, 1)):
             try:
-                register_keys(Path(home), superlink, root_certificates, public_keys)
-                out.print(f"registered {len(public_keys)} SuperNode keys with {superlink}")
+                outcome = register_keys(Path(home), superlink, root_certificates, public_keys)
+            except ConfigError as exc:
+                fail(str(exc))
                 return
-            except RuntimeError as exc:
-                if attempt == retries - 1:
-                    fail(str(exc).splitlines()[0])
+            except RegistrationError as exc:
+                if attempt == max(retries, 1) - 1:
+                    fail(f"{exc} (is the SuperLink up, and is this its CA?)")
                 time.sleep(2)
+                continue
+            for key, what in outcome.items():
+                out.print(f"{key}: {what}")
+            return
 
 
 def main() -> None:

@@ -80,3 +80,32 @@ def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def process_identity(pid: int, timeout: float = 10.0) -> dict:
+    """What tells this process apart from a later one reusing its PID: start time and command.
+
+    Right after ``exec`` the kernel may not show the new command line yet; wait for it.
+    """
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    cmdline = proc.cmdline()
+    while not cmdline and time.monotonic() < deadline:
+        time.sleep(0.05)
+        cmdline = proc.cmdline()
+    if not cmdline:
+        raise RuntimeError(f"process {pid} shows no command line (did it exit at once?)")
+    return {"pid": pid, "started": proc.create_time(), "cmdline": cmdline}
+
+
+def is_same_process(identity: dict) -> bool:
+    """Whether ``identity`` (from :func:`process_identity`) still names a live process."""
+    try:
+        proc = psutil.Process(identity["pid"])
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            same_start = abs(proc.create_time() - identity["started"]) < 0.01
+            return same_start and proc.cmdline() == identity["cmdline"]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+        return False

@@ -154,6 +154,7 @@ def run_experiment(
         grid=OrderedGrid(grid, writer.count_failures),
         initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
+        timeout=cfg["clients"]["timeout_s"],  # a lost reply is a failure, not a hang
         train_config=config,
         evaluate_config=config,
         evaluate_fn=evaluate_fn,

@@ -43,6 +43,8 @@ class ClientsConfig:
     partition_by: str | None = None  # a table column: clients = groups of its values
     failure_rate: float = 0.0
     cpus: int = 1
+    #: how long the server waits for a round's replies; missing ones count as failures
+    timeout_s: float = 600.0
 
 
 @dataclass
@@ -78,6 +80,8 @@ class DeploymentConfig:
     superlink: str | None = None
     root_certificates: str | None = None
     insecure: bool = False
+    #: how long a ServerApp waits for SuperNodes to connect before failing (seconds)
+    node_timeout_s: float = 120.0
 
 
 @dataclass
@@ -283,6 +287,8 @@ def _check_values(cfg: dict[str, Any]) -> None:
         (0 <= clients["failure_rate"] < 1, "clients.failure_rate must be in [0, 1)"),
         (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
         (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
+        (cfg["deployment"]["node_timeout_s"] > 0, "deployment.node_timeout_s must be > 0"),
+        (clients["timeout_s"] > 0, "clients.timeout_s must be > 0"),
     ]
     for ok, message in checks:
         if not ok:

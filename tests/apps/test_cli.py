@@ -81,3 +81,28 @@ def test_list_kinds():
     assert result.exit_code == 0 and "tabular-mlp" in result.output
     bad = runner.invoke(app, ["list", "gizmos"])
     assert bad.exit_code == 2 and "allowed:" in bad.output
+
+
+def test_superlink_option_merges_with_other_deployment_overrides(tmp_path, monkeypatch):
+    """`--superlink` sets one key of `deployment`; `deployment.insecure=true` beside it stays."""
+    import flowerbed.apps.engines as engines
+
+    seen = {}
+
+    def capture(cfg, run_dir, on_round=None):
+        seen.update(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(engines, "get_engine", lambda name: capture)
+    ca = tmp_path / "ca.crt"
+    ca.write_text("not used")
+    runner.invoke(
+        app,
+        ["run", "quickstart", "deployment.insecure=true", "deployment.node_timeout_s=7",
+         "--engine", "deployment", "--superlink", "10.1.2.3:8000", "--root-certificates", str(ca),
+         "--out", str(tmp_path / "out")],
+    )  # fmt: skip
+    assert seen["deployment"]["superlink"] == "10.1.2.3:8000"
+    assert seen["deployment"]["insecure"] is True
+    assert seen["deployment"]["node_timeout_s"] == 7
+    assert seen["deployment"]["root_certificates"] == str(ca.resolve())
