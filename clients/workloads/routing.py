@@ -31,6 +31,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -79,20 +80,20 @@ class Benchmark:
 class BenchmarkParams:
     """Knobs of the data: synthetic generator, or a real table when ``table_path`` is set."""
 
-    dim: int = 32
-    topics: int = 10
-    models: int = 11
-    specialists: int = 2
-    n_train: int = 200
-    n_test: int = 200
-    n_global_test: int = 2000
-    coverage: float = 0.3
-    coverage_bias: float = 0.5
+    dim: int = param(32, ge=1)
+    topics: int = param(10, ge=1)
+    models: int = param(11, ge=1)
+    specialists: int = param(2, ge=0)
+    n_train: int = param(200, ge=1)
+    n_test: int = param(200, ge=1)
+    n_global_test: int = param(2000, ge=1)
+    coverage: float = param(0.3, gt=0, le=1)
+    coverage_bias: float = param(0.5, ge=0, le=1)
     exclude_models: list[int] = field(default_factory=list)
     table_path: str | None = None
     encoder: str = "tfidf"
-    cost_unit: float = 1000.0
-    lambdas: int = 41
+    cost_unit: float = param(1000.0, gt=0)
+    lambdas: int = param(41, ge=2)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -579,12 +580,12 @@ def pool(parts: list[RouterData]) -> RouterData:
 
 @dataclass
 class MLPConfig:
-    hidden: int = 128
-    lr: float = 1e-3
-    batch_size: int = 64
-    local_epochs: int = 1
-    cost_weight: float = 0.5
-    weight_decay: float = 0.01
+    hidden: int = param(128, ge=1)
+    lr: float = param(1e-3, gt=0)
+    batch_size: int = param(64, ge=1)
+    local_epochs: int = param(1, ge=1)
+    cost_weight: float = param(0.5, ge=0)
+    weight_decay: float = param(0.01, ge=0)
 
 
 def fit_mlp_router(data: RouterData, cfg: MLPConfig, epochs: int, seed: int) -> RouterMLP:
