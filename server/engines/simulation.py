@@ -1,7 +1,11 @@
 """The ``simulation`` engine: Flower's Simulation Engine on Ray, driven exactly as ``flwr run .`` does.
 
 Each run starts its own SuperLink (``--simulation``) on a free port with a private FLWR_HOME and
-RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything below it) by PID. Progress is read from the run's ``metrics.jsonl`` while ``flwr run --stream`` is going.
+RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything below it) when it
+ends. Both processes lead their own process group, and a :class:`~processes.Reaper` ends those
+groups (and every process tagged with the run's private home) if this process dies, SIGKILL
+included. Progress is read from the run's ``metrics.jsonl`` and Flower's log while
+``flwr run --stream`` is going.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,34 +21,73 @@ from typing import Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.server.processes import (
+    Reaper,
     app_dir,
     flower_env,
     free_port,
-    stop_process_tree,
+    private_home,
+    stop_group,
     wait_for_port,
 )
 from flowerbed.server.results import atomic_write, read_history
+
+#: (text in Flower's log, what the run is doing from then on); {n} = number of virtual clients
+PHASES = [
+    ("Successfully started run", "submitted; starting the simulation…"),
+    ("Starting Flower Simulation", "starting Ray ({n} virtual clients)…"),
+    ("Initial global evaluation", "round 1/{rounds}: Ray is starting its client workers…"),
+]
 
 
 def run_simulation(
     cfg: dict[str, Any],
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
-    verbose: bool = False,
+    on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a resolved config on Ray through ``flwr run``; returns the summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
-    watch = (lambda seen: _report_progress(run_dir, seen, on_round)) if on_round else None
+    log_path = run_dir / "flower.log"
+    phases = _Phases(log_path, cfg, on_status)
+    seen_round = [-1]
+
+    def watch(seen: int) -> int:
+        phases.check()
+        if on_round is not None:
+            seen_round[0] = _report_progress(run_dir, seen_round[0], on_round)
+        return seen
+
     run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
-    code = flwr_run_local(cfg["clients"], run_config, run_dir / "flower.log", watch)
+    code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status)
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
-        tail = "".join((run_dir / "flower.log").read_text().splitlines(keepends=True)[-15:])
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         raise RuntimeError(f"simulation failed (flwr run exit {code}):\n{tail}")
-    if verbose:
-        print((run_dir / "flower.log").read_text())
     return json.loads(summary_path.read_text())
+
+
+class _Phases:
+    """Tells ``on_status`` what the simulation is doing, from the lines Flower logs."""
+
+    def __init__(self, log_path: Path, cfg: dict[str, Any], on_status) -> None:  # noqa: ANN001
+        self.log_path = log_path
+        self.on_status = on_status
+        self.values = {"n": cfg["clients"]["num"], "rounds": cfg["rounds"]}
+        self.next = 0
+        self.offset = 0
+
+    def check(self) -> None:
+        if self.on_status is None or self.next >= len(PHASES) or not self.log_path.is_file():
+            return
+        with self.log_path.open("rb") as fh:
+            fh.seek(self.offset)
+            text = fh.read().decode(errors="replace")
+        self.offset += len(text.encode())
+        while self.next < len(PHASES) and PHASES[self.next][0] in text:
+            text = text.split(PHASES[self.next][0], 1)[1]
+            self.on_status(PHASES[self.next][1].format(**self.values))
+            self.next += 1
 
 
 def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell=None) -> None:  # noqa: ANN001
@@ -73,13 +115,19 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
         )
 
 
-def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -> int:  # noqa: ANN001
-    """``flwr run`` on a SuperLink this function starts and stops by PID; returns the exit code.
+def flwr_run_local(
+    clients: dict, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
+    on_status: Callable[[str], None] | None = None,
+) -> int:  # fmt: skip
+    """``flwr run`` on a SuperLink this function starts and stops; returns the exit code.
 
     Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
-    one) gives a start-up wait we control and a PID we own.
+    one) gives a start-up wait we control and processes we own: the SuperLink and ``flwr run``
+    each lead a process group, stopped here on any exit (exception, Ctrl-C, SIGTERM turned into
+    one by the CLI) and by the reaper if this process is killed outright.
     """
-    home = Path(tempfile.mkdtemp(prefix="fb-"))  # short: Ray's socket paths are length-limited
+    home = private_home()
+    reaper = Reaper(home)
     env = flower_env(home)
     port = free_port()
     flwr_home = home / "flwr"
@@ -98,13 +146,26 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
         "--run-config", run_config, "--federation-config", federation,
     ]  # fmt: skip
     seen = -1
-    link = None
+    started: list[subprocess.Popen] = []
     try:
+        if on_status is not None:
+            on_status("starting a SuperLink…")
         with (home / "superlink.log").open("w") as link_log:
-            link = subprocess.Popen(link_cmd, env=env, stdout=link_log, stderr=subprocess.STDOUT)
+            link = subprocess.Popen(
+                link_cmd, env=env, stdout=link_log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        started.append(link)
+        reaper.watch(link.pid)
         wait_for_port(port, link.pid, timeout=180)
+        if on_status is not None:
+            on_status("submitting the run (flwr run)…")
         with log_path.open("w") as log:
-            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            started.append(proc)
+            reaper.watch(proc.pid)
             while proc.poll() is None:
                 time.sleep(0.5)
                 if watch is not None:
@@ -112,10 +173,11 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
             if watch is not None:
                 watch(seen)
     finally:
-        if link is not None:
-            stop_process_tree(link.pid)
-            link.wait()
+        for child in reversed(started):
+            stop_group(child.pid)
+            child.wait()
         shutil.rmtree(home, ignore_errors=True)
+        reaper.done()
     return proc.returncode
 
 
