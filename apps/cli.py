@@ -153,7 +153,8 @@ def execute(cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = Fals
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already exists and is not empty")
     engine = get_engine(cfg["engine"])
-    _quiet_flower(verbose)
+    if cfg["engine"] == "inline":  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
+        _quiet_flower(verbose)
     created = not run_dir.exists()
     rounds = cfg["rounds"]
     tail = LogTail(run_dir / "flower.log") if verbose and cfg["engine"] != "inline" else None
@@ -408,7 +409,8 @@ def sweep(
         out_path = (out_dir or Path("sweeps-out") / spec.name).resolve()
         total = len(cells_of(spec))
         done = len(finished_ids(out_path)) if resume else 0
-        _quiet_flower(verbose)
+        if spec.engine == "inline":
+            _quiet_flower(verbose)
         progress.update(task, total=total, completed=done, description=spec.name)
         progress.status(f"{spec.engine} engine: running {total - done} cells…")
 

@@ -129,22 +129,7 @@ def flwr_run_local(
     home = private_home()
     reaper = Reaper(home)
     env = flower_env(home)
-    port = free_port()
-    flwr_home = home / "flwr"
-    flwr_home.mkdir(parents=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    bin_dir = Path(sys.executable).parent
-    link_cmd = [
-        str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-        "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
-    ]  # fmt: skip
-    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
-    command = [
-        str(bin_dir / "flwr"), "run", str(app_dir()), "sim", "--stream",
-        "--run-config", run_config, "--federation-config", federation,
-    ]  # fmt: skip
+    link_cmd, command, port = simulation_commands(home, app_dir(), run_config, clients)
     seen = -1
     started: list[subprocess.Popen] = []
     try:
@@ -179,6 +164,32 @@ def flwr_run_local(
         shutil.rmtree(home, ignore_errors=True)
         reaper.done()
     return proc.returncode
+
+
+def simulation_commands(
+    home: Path, app: Path, run_config: str, clients: dict
+) -> tuple[list[str], list[str], int]:
+    """(SuperLink command, ``flwr run`` command, port) for ``app`` on a private simulation SuperLink.
+
+    Writes the Flower config file (``home/flwr/config.toml``) naming that SuperLink ``sim``.
+    """
+    port = free_port()
+    flwr_home = home / "flwr"
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    bin_dir = Path(sys.executable).parent
+    link_cmd = [
+        str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+        "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
+    ]  # fmt: skip
+    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
+    command = [
+        str(bin_dir / "flwr"), "run", str(app), "sim", "--stream",
+        "--run-config", run_config, "--federation-config", federation,
+    ]  # fmt: skip
+    return link_cmd, command, port
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001
