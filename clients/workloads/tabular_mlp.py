@@ -12,17 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from flwr.app import ArrayRecord, RecordDict
-from sklearn.compose import ColumnTransformer
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.datasets import Table, dataset_key, table_from_key
+from flowerbed.clients.datasets import Table, TableSchema, dataset_key, table_from_key
 from flowerbed.clients.datasets.partition import partition_indices
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -31,6 +30,43 @@ from flowerbed.clients.workloads import WORKLOADS, Workload
 class TabularData:
     x: torch.Tensor
     y: torch.Tensor
+
+
+class TableEncoder:
+    """Standardised numerics then one-hot categoricals (vocabularies from the schema).
+
+    Fitted on the training split; the arithmetic follows scikit-learn's ``StandardScaler`` (mean,
+    then the corrected two-pass variance, zero scales left at 1) and ``OneHotEncoder`` with
+    ``handle_unknown="ignore"``, so the features equal those of a ``ColumnTransformer`` of the
+    two (checked by tests/clients/test_datasets.py) without importing scikit-learn.
+    """
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.schema = schema
+
+    def fit(self, frame: pd.DataFrame) -> TableEncoder:
+        x = frame[list(self.schema.numeric)].to_numpy(np.float64)
+        n = x.shape[0]
+        self.mean = x.sum(axis=0) / n
+        centred = x - self.mean
+        correction = centred.sum(axis=0)
+        variance = ((centred**2).sum(axis=0) - correction**2 / n) / n
+        scale = np.sqrt(variance)
+        scale[scale < 10 * np.finfo(scale.dtype).eps] = 1.0
+        self.scale = scale
+        return self
+
+    def transform(self, frame: pd.DataFrame) -> np.ndarray:
+        numeric = (frame[list(self.schema.numeric)].to_numpy(np.float64) - self.mean) / self.scale
+        blocks = [numeric]
+        for column in self.schema.categorical:
+            vocabulary = list(self.schema.categories[column])
+            codes = pd.Categorical(frame[column].astype(str), categories=vocabulary).codes
+            onehot = np.zeros((len(frame), len(vocabulary)))
+            known = codes >= 0
+            onehot[np.nonzero(known)[0], codes[known]] = 1.0
+            blocks.append(onehot)
+        return np.hstack(blocks)
 
 
 def _encoded(dataset_json: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
@@ -42,22 +78,9 @@ def _encoded(dataset_json: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 def _encoded_table(key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
     table = table_from_key(key)
     schema = table.schema
-    encoder = ColumnTransformer(
-        [
-            ("num", StandardScaler(), list(schema.numeric)),
-            (
-                "cat",
-                OneHotEncoder(
-                    categories=[list(schema.categories[c]) for c in schema.categorical],
-                    handle_unknown="ignore",
-                    sparse_output=False,
-                ),
-                list(schema.categorical),
-            ),
-        ]
-    )
-    x_train = encoder.fit_transform(table.train[list(schema.features)]).astype(np.float32)
-    x_test = encoder.transform(table.test[list(schema.features)]).astype(np.float32)
+    encoder = TableEncoder(schema).fit(table.train)
+    x_train = encoder.transform(table.train).astype(np.float32)
+    x_test = encoder.transform(table.test).astype(np.float32)
     classes = list(schema.classes)
     y_train = table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
     y_test = table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
