@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -246,11 +247,26 @@ class LogTail:
 
 def _record_start() -> None:
     """Let the run's processes measure ``wall_s`` and ``startup_s`` from this command's start."""
-    import psutil
-
     from flowerbed.server.results import STARTED_AT_ENV
 
-    os.environ.setdefault(STARTED_AT_ENV, repr(psutil.Process().create_time()))
+    os.environ.setdefault(STARTED_AT_ENV, repr(process_start()))
+
+
+def process_start() -> float:
+    """When this process started (epoch seconds, to the clock tick on Linux).
+
+    ``psutil``'s ``create_time`` adds the start tick to the boot time, which Linux gives in whole
+    seconds; the process's age from ``/proc`` (uptime minus start tick) has no such error.
+    """
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return psutil.Process().create_time()
 
 
 def _terminate_on_sigterm() -> None:
@@ -533,10 +549,26 @@ def deploy_register(
 
 
 def main() -> None:
-    """The ``flowerbed`` console script."""
+    """The ``flowerbed`` console script.
+
+    It ends with ``os._exit``: by then every file is closed and every process it started is
+    stopped, and skipping the interpreter's teardown of torch and thousands of modules saves
+    about 1.5 s of CPU per command.
+    """
     _record_start()
     _terminate_on_sigterm()
-    app()
+    try:
+        app()
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        error_line(code)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

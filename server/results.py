@@ -149,6 +149,9 @@ class ResultsWriter:
         self.final[name] = float(value)
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write curves.png, summary.json (timed after the plot) and report.md."""
+        if self.cfg["output"]["plots"]:
+            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
         rounds = self.cfg["rounds"]
         summary = {
             "experiment": self.cfg["experiment"],
@@ -167,8 +170,6 @@ class ResultsWriter:
             print(SUMMARY_MARKER + json.dumps(summary), flush=True)
         atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(self.run_dir / "report.md", render_report(summary, self.history))
-        if self.cfg["output"]["plots"]:
-            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
         return summary
 
 

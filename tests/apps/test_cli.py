@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -277,3 +278,10 @@ def test_command_to_first_progress_line_imports_little():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
     assert time.perf_counter() - started < 30  # generous: the machine may be loaded
+
+
+def test_process_start_is_this_process_start():
+    from flowerbed.apps.cli import process_start
+
+    age = time.time() - process_start()
+    assert 0 < age < time.time() - psutil.Process().create_time() + 1.5
