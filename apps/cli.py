@@ -236,12 +236,12 @@ class LogTail:
     def flush(self) -> None:
         if not self.path.is_file():
             return
-        with self.path.open() as fh:
+        with self.path.open("rb") as fh:
             fh.seek(self.offset)
-            text = fh.read()
-        complete = text[: text.rfind("\n") + 1]
-        self.offset += len(complete.encode())
-        for line in complete.splitlines():
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

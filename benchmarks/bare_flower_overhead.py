@@ -8,8 +8,9 @@ memory for the same work, on the inline and the simulation engine.
 Both arms train the quickstart MLP on UCI Adult with FedAvg over every client and evaluate the
 global model centrally after every round (same rounds and clients). Each arm is started as a user
 would start it and timed from process start to exit; memory is the peak of the summed RSS of
-every process the arm started (found by an environment tag, sampled every 0.1 s). Arms run in
-pairs, alternating which goes first; the ratios are flowerbed / bare, median over pairs.
+every process the arm started (found by an environment tag, sampled every 0.1 s), CPU the sum of
+their user + system seconds (steadier than wall time on a loaded machine). Arms run in pairs,
+alternating which goes first; the ratios are flowerbed / bare, median over pairs.
 
 - inline: ``flowerbed run quickstart --engine inline`` vs the bare ServerApp and ClientApp in one
   Python process on the same in-process Grid (``flowerbed.server.engines.inline.InlineGrid``);
@@ -57,11 +58,17 @@ bare_server.main(grid, Context(run_id=1, node_id=1, node_config={}, state=Record
 
 
 class PeakMemory:
-    """Peak of the summed RSS of every process carrying ``TAG=tag``, sampled in a thread."""
+    """Peak of the summed RSS of every process carrying ``TAG=tag``, and their CPU seconds
+    (user + system, the last value seen of each process), sampled in a thread."""
 
     def __init__(self, tag: str) -> None:
         self.tag, self.peak, self._done = tag, 0, threading.Event()
+        self.cpu: dict[int, float] = {}
         self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
@@ -78,6 +85,8 @@ class PeakMemory:
                 try:
                     if proc.environ().get(TAG) == self.tag:
                         total += proc.memory_info().rss
+                        times = proc.cpu_times()
+                        self.cpu[proc.pid] = times.user + times.system
                 except (psutil.Error, OSError):
                     continue
             self.peak = max(self.peak, total)
@@ -96,8 +105,8 @@ def run_flowerbed(args: argparse.Namespace, work: Path) -> dict:
         subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
         wall = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
-    return {"wall_s": wall, "peak_mb": memory.peak / 2**20, "startup_s": summary["startup_s"],
-            "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
+    return {"wall_s": wall, "peak_mb": memory.peak / 2**20, "cpu_s": memory.cpu_s,
+            "startup_s": summary["startup_s"], "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
 
 
 def run_bare(args: argparse.Namespace, work: Path) -> dict:
@@ -114,7 +123,7 @@ def run_bare(args: argparse.Namespace, work: Path) -> dict:
         else:
             _bare_simulation(args, tag, work / f"bare-{tag[:8]}")
         wall = time.perf_counter() - start
-    return {"wall_s": wall, "peak_mb": memory.peak / 2**20}
+    return {"wall_s": wall, "peak_mb": memory.peak / 2**20, "cpu_s": memory.cpu_s}
 
 
 def _bare_simulation(args: argparse.Namespace, tag: str, home: Path) -> None:
@@ -145,14 +154,16 @@ def compare(args: argparse.Namespace) -> None:
             print(
                 f"pair {pair + 1}: wall {fb['wall_s']:.1f} s vs {bare['wall_s']:.1f} s "
                 f"(x{fb['wall_s'] / bare['wall_s']:.2f}), peak {fb['peak_mb']:.0f} vs "
-                f"{bare['peak_mb']:.0f} MiB (x{fb['peak_mb'] / bare['peak_mb']:.2f}); "
+                f"{bare['peak_mb']:.0f} MiB (x{fb['peak_mb'] / bare['peak_mb']:.2f}), CPU "
+                f"{fb['cpu_s']:.1f} vs {bare['cpu_s']:.1f} s (x{fb['cpu_s'] / bare['cpu_s']:.2f}); "
                 f"flowerbed startup_s {fb['startup_s']:.1f}, accuracy {fb['accuracy']:.4f}",
                 flush=True,
             )
     wall = statistics.median(r["flowerbed"]["wall_s"] / r["bare"]["wall_s"] for r in rows)
     peak = statistics.median(r["flowerbed"]["peak_mb"] / r["bare"]["peak_mb"] for r in rows)
+    cpu = statistics.median(r["flowerbed"]["cpu_s"] / r["bare"]["cpu_s"] for r in rows)
     print(f"{args.engine}, {args.clients} clients x {args.rounds} rounds: flowerbed / bare "
-          f"median wall x{wall:.2f}, peak memory x{peak:.2f} (goal <= 1.2)")  # fmt: skip
+          f"median wall x{wall:.2f}, CPU x{cpu:.2f}, peak memory x{peak:.2f} (goal <= 1.2)")  # fmt: skip
 
 
 def first_progress(engine: str, work: Path) -> tuple[float, float]:

@@ -22,7 +22,7 @@ from typing import Any
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.server.processes import (
     Reaper,
-    app_dir,
+    app_manifest,
     flower_env,
     free_port,
     private_home,
@@ -129,7 +129,7 @@ def flwr_run_local(
     home = private_home()
     reaper = Reaper(home)
     env = flower_env(home)
-    link_cmd, command, port = simulation_commands(home, app_dir(), run_config, clients)
+    link_cmd, command, port = simulation_commands(home, app_manifest(home), run_config, clients)
     seen = -1
     started: list[subprocess.Popen] = []
     try:

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,8 +50,6 @@ def test_folder_of_a_dead_owner_is_removed_on_the_next_start():
     live = private_home(prefix)  # this start removes the stale one
     assert not stale.exists() and live.exists()
     assert remove_stale_homes(prefix) == []  # the live owner (this process) keeps its folder
-    import shutil
-
     shutil.rmtree(live)
 
 
@@ -84,8 +83,6 @@ def test_done_reaper_leaves_everything_alone(tmp_path):
     assert sleeper.poll() is None and home.exists()
     stop_group(sleeper.pid)
     sleeper.wait()
-    import shutil
-
     shutil.rmtree(home)
 
 
