@@ -9,6 +9,7 @@ after the progress display is up.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -18,7 +19,6 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -147,8 +147,15 @@ def raw_engine(experiment: str, overrides: list[str], engine: str | None) -> str
     return "simulation"
 
 
-def execute(cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = False) -> dict:
-    """Run a resolved config on its engine; remove the run directory if the input was at fault."""
+def execute(
+    cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = False,
+    early: dict[str, Any] | None = None,
+) -> dict:  # fmt: skip
+    """Run a resolved config on its engine; remove the run directory if the input was at fault.
+
+    ``early``: what was started for the engine before the config was checked (the simulation
+    engine's ``superlink``), passed on if the engine takes it.
+    """
     from flowerbed.apps.engines import get_engine
 
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -175,9 +182,11 @@ def execute(cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = Fals
         if tail is not None:
             tail.flush()
 
-    kwargs: dict[str, Callable] = {"on_round": on_round}
-    if "on_status" in inspect.signature(engine).parameters:
+    accepted = inspect.signature(engine).parameters
+    kwargs: dict[str, Any] = {"on_round": on_round}
+    if "on_status" in accepted:
         kwargs["on_status"] = on_status
+    kwargs.update({k: v for k, v in (early or {}).items() if k in accepted})
     try:
         summary = engine(cfg, run_dir, **kwargs)
     except ConfigError:
@@ -315,11 +324,16 @@ def run(
         if root_certificates is not None:
             forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
     overrides = overrides or []
-    with RunProgress(console) as progress:
+    with RunProgress(console) as progress, contextlib.ExitStack() as stack:
         progress.add_task(Path(experiment).stem, total=None)
         progress.status("checking the config and the data…")
-        isolated = raw_engine(experiment, overrides, engine) != "inline"
-        cfg = prepare(experiment, overrides, isolated=isolated, **forced)
+        wanted = raw_engine(experiment, overrides, engine)
+        early: dict[str, Any] = {}
+        if wanted == "simulation":  # the SuperLink boots while the config and data are checked
+            from flowerbed.server.engines.simulation import LocalSuperLink
+
+            early["superlink"] = stack.enter_context(LocalSuperLink())
+        cfg = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
         progress.update(
             progress.task_ids[0], total=cfg["rounds"],
             description=f"{cfg['experiment']} [{cfg['engine']}]",
@@ -327,7 +341,7 @@ def run(
         from flowerbed.server.results import default_run_dir
 
         run_dir = out_dir.resolve() if out_dir is not None else default_run_dir(cfg)
-        summary = execute(cfg, run_dir, progress, verbose)
+        summary = execute(cfg, run_dir, progress, verbose, early)
     out.print(summary_view(summary))
     out.print(f"run directory: {run_dir}", soft_wrap=True)
 

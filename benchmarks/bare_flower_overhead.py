@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,8 +38,7 @@ from pathlib import Path
 import psutil
 
 from flowerbed.clients.datasets import data_dir
-from flowerbed.server.engines.simulation import simulation_commands
-from flowerbed.server.processes import flower_env, stop_group, wait_for_port
+from flowerbed.server.engines.simulation import LocalSuperLink
 
 BARE = Path(__file__).resolve().parent / "bare_flower"
 TAG = "FLOWERBED_BENCH_TAG"
@@ -121,26 +119,18 @@ def run_bare(args: argparse.Namespace, work: Path) -> dict:
                 capture_output=True,
             )  # fmt: skip
         else:
-            _bare_simulation(args, tag, work / f"bare-{tag[:8]}")
+            _bare_simulation(args, tag)
         wall = time.perf_counter() - start
     return {"wall_s": wall, "peak_mb": memory.peak / 2**20, "cpu_s": memory.cpu_s}
 
 
-def _bare_simulation(args: argparse.Namespace, tag: str, home: Path) -> None:
-    env = {**flower_env(home), TAG: tag}
+def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
     run_config = f"num-server-rounds={args.rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64"
-    link_cmd, command, port = simulation_commands(
-        home, BARE, run_config, {"num": args.clients, "cpus": 1}
-    )
-    link = subprocess.Popen(link_cmd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        wait_for_port(port, link.pid, timeout=300)
-        subprocess.run(command, env=env, check=True, capture_output=True)
-    finally:
-        stop_group(link.pid)
-        link.wait()
-        shutil.rmtree(home, ignore_errors=True)
+    with LocalSuperLink(extra_env={TAG: tag}) as link:
+        link.ready(timeout=300)
+        command = link.flwr_run(BARE, run_config, {"num": args.clients, "cpus": 1})
+        if link.spawn(command, subprocess.DEVNULL).wait() != 0:
+            raise RuntimeError("the bare app's flwr run failed")
 
 
 def compare(args: argparse.Namespace) -> None:

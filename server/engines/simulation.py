@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.server.processes import (
     Reaper,
     app_manifest,
+    bin_path,
     flower_env,
     free_port,
     private_home,
@@ -44,8 +44,12 @@ def run_simulation(
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
+    superlink: LocalSuperLink | None = None,
 ) -> dict[str, Any]:
-    """Run a resolved config on Ray through ``flwr run``; returns the summary."""
+    """Run a resolved config on Ray through ``flwr run``; returns the summary.
+
+    ``superlink``: a :class:`LocalSuperLink` started earlier (by default one is started here).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
     log_path = run_dir / "flower.log"
@@ -59,7 +63,7 @@ def run_simulation(
         return seen
 
     run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
-    code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status)
+    code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status, superlink)
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
@@ -115,42 +119,98 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
         )
 
 
+class LocalSuperLink:
+    """A private simulation SuperLink: its own home, port and process group.
+
+    Start it early (the CLI does, so the SuperLink boots while the config and data are checked),
+    hand it to :func:`flwr_run_local`, close it at the end. Every process it spawns leads its own
+    group and is watched by a :class:`~processes.Reaper`, which ends them all (and everything
+    tagged with the home) if this process dies without closing it, SIGKILL included.
+    """
+
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+        self.home = private_home()
+        self.reaper = Reaper(self.home)
+        self.env = {**flower_env(self.home), **(extra_env or {})}
+        self.port = free_port()
+        self.processes: list[subprocess.Popen] = []
+        flwr_home = self.home / "flwr"
+        flwr_home.mkdir(parents=True, exist_ok=True)
+        (flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{self.port}"\n'
+            "insecure = true\n"
+        )
+        command = [
+            bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+            "--host", "127.0.0.1", "--port", str(self.port), "--database",
+            str(self.home / "state.db"),
+        ]  # fmt: skip
+        with (self.home / "superlink.log").open("w") as log:
+            self.link = self.spawn(command, log)
+
+    def spawn(self, command: list[str], log: IO) -> subprocess.Popen:
+        """Start ``command`` in its own process group, watched by the reaper."""
+        proc = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.processes.append(proc)
+        self.reaper.watch(proc.pid)
+        return proc
+
+    def ready(self, timeout: float = 180.0) -> None:
+        """Wait until the SuperLink accepts connections."""
+        wait_for_port(self.port, self.link.pid, timeout=timeout)
+
+    def flwr_run(self, app: Path, run_config: str, clients: dict) -> list[str]:
+        """The ``flwr run`` command that submits ``app`` to this SuperLink."""
+        federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
+        return [
+            bin_path("flwr"), "run", str(app), "sim", "--stream",
+            "--run-config", run_config, "--federation-config", federation,
+        ]  # fmt: skip
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """End ``proc``'s group: SIGTERM, SIGKILL after 3 s (its state is thrown away anyway)."""
+        stop_group(proc.pid, timeout=3.0)
+        proc.wait()
+
+    def close(self) -> None:
+        for proc in reversed(self.processes):
+            self.stop(proc)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.reaper.done()
+
+    def __enter__(self) -> LocalSuperLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def flwr_run_local(
     clients: dict, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
-    on_status: Callable[[str], None] | None = None,
+    on_status: Callable[[str], None] | None = None, link: LocalSuperLink | None = None,
 ) -> int:  # fmt: skip
-    """``flwr run`` on a SuperLink this function starts and stops; returns the exit code.
+    """``flwr run`` of flowerbed on a private SuperLink; returns the exit code.
 
+    ``link``: one started earlier (it stays open); by default one is started and closed here.
     Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
-    one) gives a start-up wait we control and processes we own: the SuperLink and ``flwr run``
-    each lead a process group, stopped here on any exit (exception, Ctrl-C, SIGTERM turned into
-    one by the CLI) and by the reaper if this process is killed outright.
+    one) gives a start-up wait we control and processes we own, stopped on any exit (exception,
+    Ctrl-C, SIGTERM turned into one by the CLI) and by the reaper if this process is killed.
     """
-    home = private_home()
-    reaper = Reaper(home)
-    env = flower_env(home)
-    link_cmd, command, port = simulation_commands(home, app_manifest(home), run_config, clients)
-    seen = -1
-    started: list[subprocess.Popen] = []
+    own = link is None
+    link = link or LocalSuperLink()
+    proc = None
     try:
         if on_status is not None:
             on_status("starting a SuperLink…")
-        with (home / "superlink.log").open("w") as link_log:
-            link = subprocess.Popen(
-                link_cmd, env=env, stdout=link_log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        started.append(link)
-        reaper.watch(link.pid)
-        wait_for_port(port, link.pid, timeout=180)
+        link.ready()
         if on_status is not None:
             on_status("submitting the run (flwr run)…")
+        command = link.flwr_run(app_manifest(link.home), run_config, clients)
+        seen = -1
         with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            started.append(proc)
-            reaper.watch(proc.pid)
+            proc = link.spawn(command, log)
             while proc.poll() is None:
                 time.sleep(0.5)
                 if watch is not None:
@@ -158,38 +218,11 @@ def flwr_run_local(
             if watch is not None:
                 watch(seen)
     finally:
-        for child in reversed(started):
-            stop_group(child.pid)
-            child.wait()
-        shutil.rmtree(home, ignore_errors=True)
-        reaper.done()
+        if own:
+            link.close()
+        elif proc is not None:
+            link.stop(proc)
     return proc.returncode
-
-
-def simulation_commands(
-    home: Path, app: Path, run_config: str, clients: dict
-) -> tuple[list[str], list[str], int]:
-    """(SuperLink command, ``flwr run`` command, port) for ``app`` on a private simulation SuperLink.
-
-    Writes the Flower config file (``home/flwr/config.toml``) naming that SuperLink ``sim``.
-    """
-    port = free_port()
-    flwr_home = home / "flwr"
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    bin_dir = Path(sys.executable).parent
-    link_cmd = [
-        str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-        "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
-    ]  # fmt: skip
-    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
-    command = [
-        str(bin_dir / "flwr"), "run", str(app), "sim", "--stream",
-        "--run-config", run_config, "--federation-config", federation,
-    ]  # fmt: skip
-    return link_cmd, command, port
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001
