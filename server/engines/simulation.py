@@ -23,10 +23,12 @@ from flowerbed.server.processes import (
     Reaper,
     app_manifest,
     bin_path,
+    end_processes,
     flower_env,
     free_port,
     private_home,
     stop_group,
+    tagged_processes,
     wait_for_port,
 )
 from flowerbed.server.results import atomic_write, read_history
@@ -175,8 +177,10 @@ class LocalSuperLink:
         proc.wait()
 
     def close(self) -> None:
+        """Stop every process started here, and what Ray left outside their groups."""
         for proc in reversed(self.processes):
             self.stop(proc)
+        end_processes(tagged_processes(str(self.home)), timeout=3.0)
         shutil.rmtree(self.home, ignore_errors=True)
         self.reaper.done()
 

@@ -1,6 +1,8 @@
 """Engines: quickstart learns, failures are injected and survived, inline == simulation."""
 
 import json
+import os
+import uuid
 from pathlib import Path
 
 import psutil
@@ -53,7 +55,7 @@ def _strip_timing(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith("time.")}
 
 
-def test_sampling_is_by_partition_on_every_engine(inline_cfg):
+def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
     """Same seed, clients.fraction=0.3: inline and two simulation runs (fresh random node ids on
     Ray each time) sample the same partitions, so their metrics are equal."""
     from flowerbed.server.engines.simulation import run_simulation
@@ -63,15 +65,20 @@ def test_sampling_is_by_partition_on_every_engine(inline_cfg):
     inline = run_inline(json.loads(json.dumps(cfg)))
     assert (Path(inline["run_dir"]) / "model.npz").is_file()
     cfg["engine"] = "simulation"
-    before = {p.pid for p in psutil.process_iter()}
+    tag = uuid.uuid4().hex  # inherited by every process the engine starts
+    monkeypatch.setenv("FLOWERBED_TEST_TAG", tag)
     runs = [run_simulation(cfg, default_run_dir(cfg))["metrics"] for _ in range(2)]
     for simulated in runs:
         assert _strip_timing(simulated) == pytest.approx(_strip_timing(inline["metrics"]), abs=1e-6)
-    leftovers = [
-        p for p in psutil.process_iter(["pid", "cmdline"])
-        if p.pid not in before and any("flower-super" in c for c in (p.info["cmdline"] or []))
-    ]  # fmt: skip
-    assert not leftovers, "the simulation engine left a SuperLink/SuperExec running"
+    leftovers = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            mine = proc.environ().get("FLOWERBED_TEST_TAG") == tag and proc.pid != os.getpid()
+            if mine and proc.status() != "zombie":
+                leftovers.append(proc.cmdline()[:2])
+        except (psutil.Error, OSError):
+            continue
+    assert not leftovers, f"the simulation engine left processes running: {leftovers}"
 
 
 class AskingGrid(Grid):
