@@ -285,3 +285,13 @@ def test_process_start_is_this_process_start():
 
     age = time.time() - process_start()
     assert 0 < age < time.time() - psutil.Process().create_time() + 1.5
+
+
+def test_verbose_prints_flowers_log_once(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "rounds=1",
+         "clients.num=2", "--engine", "inline", "--out", str(tmp_path / "run"), "-v"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("[ROUND 1/1]") == 1, done.stderr
