@@ -119,7 +119,11 @@ def cell_config(sweep: SweepConfig, cell: dict[str, Any]) -> dict[str, Any]:
         merge_into(extra, _nested(key, value))
     extra["engine"] = sweep.engine
     extra.setdefault("output", {})["plots"] = False
-    return resolve(load_base(sweep.base), extra)
+    try:
+        return resolve(load_base(sweep.base), extra)
+    except ConfigError as exc:  # every cell is checked before the first one runs
+        values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
+        raise ConfigError(f"sweep cell {values}: {exc}") from None
 
 
 def cell_dir(out: Path, cell: dict[str, Any]) -> Path:

@@ -26,6 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.workloads.routing import (
     HEAD_PREFIXES,
     KMeansConfig,
@@ -220,7 +221,7 @@ class FedRouterKMeans(FedAvg):
 class FedKMeansEntry:
     @dataclass
     class Params:
-        init_iters: int = 20
+        init_iters: int = param(20, ge=1)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedRouterKMeans:

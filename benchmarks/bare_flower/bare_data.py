@@ -1,5 +1,7 @@
 """UCI Adult the plain way: pandas, standardised numerics, one-hot categoricals, IID shards."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 
@@ -18,6 +20,7 @@ def _read(path: str, skip: int) -> pd.DataFrame:
     return frame
 
 
+@functools.cache  # once per process, as any Flower app whose clients share a process would
 def load(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     train, test = _read(f"{data_dir}/adult.data.gz", 0), _read(f"{data_dir}/adult.test.gz", 1)
     categorical = [c for c in COLUMNS[:-1] if c not in NUMERIC]

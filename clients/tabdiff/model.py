@@ -264,6 +264,17 @@ def loss_grad(
     create_graph: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Gradient of ``diffusion_loss`` w.r.t. the trainable parameters (zeros for frozen ones)."""
+    return loss_and_grad(model, params, rows, latents, create_graph)[1]
+
+
+def loss_and_grad(
+    model: Denoiser,
+    params: dict[str, torch.Tensor],
+    rows: Rows,
+    latents: Latents,
+    create_graph: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``diffusion_loss`` and its gradient from one forward pass (see :func:`loss_grad`)."""
     names = [n for n in params if n != "k_raw" or model.spec.learnable_k]
     live = {
         n: (p if p.requires_grad else p.detach().requires_grad_(True)) for n, p in params.items()
@@ -273,4 +284,4 @@ def loss_grad(
     out = dict(zip(names, grads, strict=True))
     if "k_raw" not in out:
         out["k_raw"] = torch.zeros_like(params["k_raw"])
-    return out
+    return loss, out

@@ -23,9 +23,11 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 from flowerbed.clients.workloads.fcm_data import (
+    SCENARIOS,
     ConceptData,
     Scenario,
     get_task,
@@ -277,31 +279,39 @@ def to_arrays(params: Params, keys: list[str] | None = None) -> ArrayRecord:
 
 
 # -- registration -------------------------------------------------------------------------------
+ScenarioKind = choices("ScenarioKind", SCENARIOS)
+ConceptModel = choices("ConceptModel", ("cem", "cbm"))
+InitialConcepts = choices("InitialConcepts", ("round1", "all"))
+
+
 @WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
 class FCM(Workload):
     @dataclass
     class Params:
-        data: str = "trig"  # a built-in task: xor | trig | dot | digits
+        #: a registered task (xor | trig | dot | digits | ...); checked when the workload is built
+        data: str = "trig"
         task: dict[str, Any] = field(default_factory=dict)  # a formula task (overrides data)
-        scenario: str = "evolving"  # full | partial | evolving | central | schedule
+        scenario: ScenarioKind = ScenarioKind("evolving")  # full|partial|evolving|central|schedule
         # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
         schedule: dict[str, Any] = field(default_factory=dict)
-        hold_fraction: float = 0.5  # share of concepts each client has labels for
-        central_clients: int = 5  # 'central': pool the data of this many clients, all labels
-        model: str = "cem"  # cem | cbm
-        hidden: int = 32
-        emb: int = 8
-        task_hidden: int = 16
-        n_train: int = 300  # examples per client
-        n_test: int = 1000  # shared held-out test set
-        lr: float = 0.01
-        batch_size: int = 32
-        local_epochs: int = 1
-        concept_weight: float = 1.0
-        rand_int: float = 0.25
+        hold_fraction: float = param(0.5, ge=0, le=1)  # share of concepts each client labels
+        central_clients: int = param(5, ge=1)  # 'central': pool this many clients, all labels
+        model: ConceptModel = ConceptModel("cem")  # cem | cbm
+        hidden: int = param(32, ge=1)
+        emb: int = param(8, ge=1)
+        task_hidden: int = param(16, ge=1)
+        n_train: int = param(300, ge=1)  # examples per client
+        n_test: int = param(1000, ge=1)  # shared held-out test set
+        lr: float = param(0.01, gt=0)
+        batch_size: int = param(32, ge=1)
+        local_epochs: int = param(1, ge=0)
+        concept_weight: float = param(1.0, ge=0)
+        rand_int: float = param(0.25, ge=0, le=1)
         # baselines
         train_lacked: bool = False  # True: FedAvg-style, lacked modules trained and sent
-        initial_concepts: str = "round1"  # round1 | all (oracle architecture)
+        initial_concepts: InitialConcepts = InitialConcepts(
+            "round1"
+        )  # round1 | all (oracle architecture)
         local_only: bool = False  # each client keeps its own model, never aggregated
 
     def __init__(self, cfg: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -82,15 +83,15 @@ class Benchmark:
 class BenchmarkParams:
     """Knobs of the data: synthetic generator, or a real table when ``table_path`` is set."""
 
-    dim: int = 32
-    topics: int = 10
-    models: int = 11
-    specialists: int = 2
-    n_train: int = 200
-    n_test: int = 200
-    n_global_test: int = 2000
-    coverage: float = 0.3
-    coverage_bias: float = 0.5
+    dim: int = param(32, ge=1)
+    topics: int = param(10, ge=1)
+    models: int = param(11, ge=1)
+    specialists: int = param(2, ge=0)
+    n_train: int = param(200, ge=1)
+    n_test: int = param(200, ge=1)
+    n_global_test: int = param(2000, ge=1)
+    coverage: float = param(0.3, gt=0, le=1)
+    coverage_bias: float = param(0.5, ge=0, le=1)
     exclude_models: list[int] = field(default_factory=list)
     table_path: str | None = None
     model_columns: list[str] = field(default_factory=list)  # table: correctness (empty: infer)
@@ -98,8 +99,8 @@ class BenchmarkParams:
     prompt_column: str = "prompt"
     topic_column: str = "eval_name"
     encoder: str = "tfidf"
-    cost_unit: float = 1000.0
-    lambdas: int = 41
+    cost_unit: float = param(1000.0, gt=0)
+    lambdas: int = param(41, ge=2)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -809,24 +810,24 @@ def pool(parts: list[RouterData]) -> RouterData:
 
 @dataclass
 class MLPConfig:
-    hidden: int = 128
-    lr: float = 1e-3
-    batch_size: int = 64
-    local_epochs: int = 1
-    cost_weight: float = 0.5
-    weight_decay: float = 0.01
-    personal_epochs: int = 5  # personalised router: epochs of head fine-tuning on local data
+    hidden: int = param(128, ge=1)
+    lr: float = param(1e-3, gt=0)
+    batch_size: int = param(64, ge=1)
+    local_epochs: int = param(1, ge=1)
+    cost_weight: float = param(0.5, ge=0)
+    weight_decay: float = param(0.01, ge=0)
+    personal_epochs: int = param(5, ge=0)  # personalised router: epochs of head fine-tuning
 
 
 @dataclass
 class KMeansConfig:
-    clusters: int = 20
-    init_iters: int = 10
-    shrinkage: float = 5.0  # pseudo-evaluations of the model's pooled mean
-    bandwidth: float = 0.1  # neighbour smoothing of the tables (0: off)
-    neighbour_strength: float = 20.0  # pseudo-evaluations of the neighbour prior
-    temperature: float = 0.05  # soft assignment when routing (0: nearest centroid)
-    personal_strength: float = 10.0  # personalised router: pseudo-evaluations of the global table
+    clusters: int = param(20, ge=1)
+    init_iters: int = param(10, ge=1)
+    shrinkage: float = param(5.0, ge=0)  # pseudo-evaluations of the model's pooled mean
+    bandwidth: float = param(0.1, ge=0)  # neighbour smoothing of the tables (0: off)
+    neighbour_strength: float = param(20.0, ge=0)  # pseudo-evaluations of the neighbour prior
+    temperature: float = param(0.05, ge=0)  # soft assignment when routing (0: nearest centroid)
+    personal_strength: float = param(10.0, ge=0)  # personalised router: pseudo-evals of global
 
 
 def fit_mlp_router(data: RouterData, cfg: MLPConfig, epochs: int, seed: int) -> RouterMLP:
@@ -841,8 +842,8 @@ def personalise_mlp(model: RouterMLP, data: RouterData, cfg: MLPConfig, seed: in
     """A client's personalised router: the global trunk kept, a copy of the heads fine-tuned on
     the client's own evaluations (masked loss: rows of models it never evaluated stay global)."""
     personal = copy.deepcopy(model)
-    for param in personal.trunk.parameters():
-        param.requires_grad_(False)
+    for weight in personal.trunk.parameters():
+        weight.requires_grad_(False)
     train_mlp(
         personal, data, cfg.personal_epochs, cfg.lr, cfg.batch_size, cfg.cost_weight, 0.0, seed
     )

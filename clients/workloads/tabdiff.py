@@ -21,10 +21,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.datasets import Table, load_table
+from flowerbed.clients.datasets import Table, dataset_key, table_from_key
 from flowerbed.clients.datasets.partition import partition_indices
 from flowerbed.clients.tabdiff.model import (
+    REGIMES,
     Denoiser,
     DiffusionSpec,
     Latents,
@@ -38,6 +40,8 @@ from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.quality import quality_report
 from flowerbed.clients.tabdiff.sampler import sample_rows
 from flowerbed.clients.tabdiff.training import (
+    OPTIMIZERS,
+    PROTOCOLS,
     Protocol,
     batch_plan,
     local_update,
@@ -59,10 +63,17 @@ class Encoded:
     test_codes: np.ndarray
 
 
+def encoded(dataset_json: str) -> Encoded:
+    """The dataset in model space; the preprocessor is fitted once per schema on the train split.
+
+    Cached per dataset config (JSON) and the bytes of the file it reads.
+    """
+    return _encoded_table(dataset_key(json.loads(dataset_json)))
+
+
 @functools.lru_cache(maxsize=4)
-def encoded(dataset_key: str) -> Encoded:
-    """The dataset in model space; the preprocessor is fitted once per schema on the train split."""
-    table = load_table(json.loads(dataset_key))
+def _encoded_table(key: str) -> Encoded:
+    table = table_from_key(key)
     prep = TablePreprocessor.fit(table.schema, table.train)
     num, codes = prep.encode(table.train)
     test_num, test_codes = prep.encode(table.test)
@@ -105,6 +116,11 @@ def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
 
 
 # -- workload -----------------------------------------------------------------------------------
+Regime = choices("Regime", REGIMES)
+ProtocolKind = choices("ProtocolKind", PROTOCOLS)
+Optimizer = choices("Optimizer", OPTIMIZERS)
+
+
 @WORKLOADS.register(
     "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
 )
@@ -115,21 +131,21 @@ class TabDiff(Workload):
 
     @dataclass
     class Params:
-        regime: str = "mixed"
-        hidden: int = 256
-        layers: int = 3
+        regime: Regime = Regime("mixed")
+        hidden: int = param(256, ge=1)
+        layers: int = param(3, ge=1)
         learnable_k: bool = False
-        c_lambda: float = 1.0
-        d_lambda: float = 1.0
-        protocol: str = "fedavg"
-        batch_size: int = 256
-        lr: float = 2e-3
-        optimizer: str = "adam"
-        local_epochs: int = 1
-        max_steps: int = 0
-        eval_rows: int = 1024
-        quality_rows: int = 0
-        sample_steps: int = 50
+        c_lambda: float = param(1.0, ge=0)
+        d_lambda: float = param(1.0, ge=0)
+        protocol: ProtocolKind = ProtocolKind("fedavg")
+        batch_size: int = param(256, ge=1)
+        lr: float = param(2e-3, gt=0)
+        optimizer: Optimizer = Optimizer("adam")
+        local_epochs: int = param(1, ge=1)
+        max_steps: int = param(0, ge=0)
+        eval_rows: int = param(1024, ge=1)
+        quality_rows: int = param(0, ge=0)
+        sample_steps: int = param(50, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

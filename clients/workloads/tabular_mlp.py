@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,8 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.datasets import Table, TableSchema, load_table
+from flowerbed.clients.datasets import Table, TableSchema, dataset_key, table_from_key
 from flowerbed.clients.datasets.partition import partition_indices
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -68,9 +69,14 @@ class TableEncoder:
         return np.hstack(blocks)
 
 
+def _encoded(dataset_json: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
+    """The encoded table of a dataset config (JSON); recomputed when its file's bytes change."""
+    return _encoded_table(dataset_key(json.loads(dataset_json)))
+
+
 @functools.lru_cache(maxsize=4)
-def _encoded(dataset_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
-    table = load_table(json.loads(dataset_key))
+def _encoded_table(key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
+    table = table_from_key(key)
     schema = table.schema
     encoder = TableEncoder(schema).fit(table.train)
     x_train = encoder.transform(table.train).astype(np.float32)
@@ -98,12 +104,12 @@ class TabularMLP(Workload):
 
     @dataclass
     class Params:
-        hidden: list[int] = field(default_factory=lambda: [64, 32])
-        lr: float = 0.05
-        momentum: float = 0.9
-        batch_size: int = 64
-        local_epochs: int = 1
-        test_fraction_local: float = 0.2
+        hidden: list[int] = param(factory=lambda: [64, 32], ge=1)
+        lr: float = param(0.05, gt=0)
+        momentum: float = param(0.9, ge=0, lt=1)
+        batch_size: int = param(64, ge=1)
+        local_epochs: int = param(1, ge=1)
+        test_fraction_local: float = param(0.2, ge=0, lt=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

@@ -82,7 +82,7 @@ def test_clientapp_process_imports_only_its_workload():
         "import json, sys\n"
         "from flowerbed.clients import runtime\n"
         "cfg = json.load(open(sys.argv[1]))\n"
-        "runtime._partition(json.dumps(cfg, sort_keys=True), 0, 2)\n"
+        "runtime._entry(json.dumps(cfg, sort_keys=True)).partition(0, 2)\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('flowerbed.clients.workloads.'))\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
         "{'sklearn', 'scipy', 'datasets', 'flwr_datasets', 'matplotlib', 'opacus'})\n"
