@@ -33,6 +33,15 @@ PARTITIONERS = ("iid", "dirichlet")
 
 
 @dataclass
+class ResourcesConfig:
+    """What each client gets: Flower's client resources on the simulation engine (Ray actors);
+    ``gpus > 0`` also puts workloads' tensors on CUDA (``Workload.device``) on every engine."""
+
+    cpus: int = 1
+    gpus: float = 0.0
+
+
+@dataclass
 class ClientsConfig:
     num: int = 10
     fraction: float = 1.0
@@ -41,7 +50,7 @@ class ClientsConfig:
     partitioner: str = "iid"
     alpha: float = 0.5
     failure_rate: float = 0.0
-    cpus: int = 1
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
 @dataclass
@@ -187,6 +196,10 @@ def resolve(
     base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
 ) -> dict[str, Any]:
     """Validate a raw config (preset + overrides) and fill every component's params."""
+    if any(_is_set(raw, "clients.cpus") for raw in (base, overrides or {})):
+        raise ConfigError(
+            "clients.cpus moved to clients.resources.cpus (clients.resources: cpus, gpus)"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
     except OmegaConfBaseException as exc:
@@ -209,13 +222,21 @@ def resolve(
     return cfg
 
 
-def _is_set(raw: dict[str, Any], dotted: str) -> bool:
-    node: Any = raw
+_UNSET = object()
+
+
+def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
+    node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return False
+            return default
         node = node[part]
-    return True
+    return node
+
+
+def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+    return dotted_get(raw, dotted, _UNSET) is not _UNSET
 
 
 def _check_reads(
@@ -271,6 +292,8 @@ def _check_values(cfg: dict[str, Any]) -> None:
         (0 < clients["fraction"] <= 1, "clients.fraction must be in (0, 1]"),
         (0 <= clients["fraction_evaluate"] <= 1, "clients.fraction_evaluate must be in [0, 1]"),
         (0 <= clients["failure_rate"] < 1, "clients.failure_rate must be in [0, 1)"),
+        (clients["resources"]["cpus"] >= 1, "clients.resources.cpus must be >= 1"),
+        (clients["resources"]["gpus"] >= 0, "clients.resources.gpus must be >= 0"),
         (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
         (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
     ]

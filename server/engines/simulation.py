@@ -73,6 +73,15 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
         )
 
 
+def federation_config(clients: dict[str, Any]) -> str:
+    """``--federation-config`` for ``clients``: N SuperNodes, ``clients.resources`` per ClientApp."""
+    resources = clients["resources"]
+    return (
+        f"num-supernodes={clients['num']} client-resources-num-cpus={resources['cpus']} "
+        f"client-resources-num-gpus={float(resources['gpus'])}"
+    )
+
+
 def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -> int:  # noqa: ANN001
     """``flwr run`` on a SuperLink this function starts and stops by PID; returns the exit code.
 
@@ -92,7 +101,7 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
         str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
         "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
     ]  # fmt: skip
-    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
+    federation = federation_config(clients)
     command = [
         str(bin_dir / "flwr"), "run", str(app_dir()), "sim", "--stream",
         "--run-config", run_config, "--federation-config", federation,
