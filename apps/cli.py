@@ -10,8 +10,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table as RichTable
+from typer.core import TyperCommand
 
 from flowerbed.clients.core.errors import ConfigError
 
@@ -200,7 +207,21 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     out.print(summary_table(json.loads(path.read_text())))
 
 
-@app.command()
+class _SweepCommand(TyperCommand):
+    """``--ray`` takes an optional value: ``--ray`` alone means a local Ray instance.
+
+    Typer cannot declare an option with an optional value; click can (``flag_value``).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.name == "ray":
+                param.flag_value = "local"
+                param._flag_needs_value = True  # click's marker for "the value may be omitted"
+
+
+@app.command(cls=_SweepCommand)
 def sweep(
     sweep_file: Annotated[
         str, typer.Argument(help="sweep YAML (or a preset name from configs/sweeps)")
@@ -209,13 +230,48 @@ def sweep(
         Path | None, typer.Option("--out", help="sweep directory (default sweeps-out/<name>)")
     ] = None,
     resume: Annotated[bool, typer.Option(help="skip the cells already finished in --out")] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[ADDRESS]",
+            help="each cell a Ray task: alone, a local Ray instance on all cores; or auto, "
+            "ray://HOST:PORT, HOST:PORT (an existing cluster)",
+        ),
+    ] = None,
+    cpus_per_cell: Annotated[
+        float | None, typer.Option(help="--ray: CPUs each cell reserves [default: 1]")
+    ] = None,
+    gpus_per_cell: Annotated[
+        float | None,
+        typer.Option(help="--ray: GPUs each cell reserves (workloads use CUDA) [default: 0]"),
+    ] = None,
+    cell_timeout: Annotated[
+        float | None, typer.Option(help="--ray: seconds after which a running cell is failed")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
-    """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
+    """Run a grid of cells in one engine start, or as Ray tasks; resumable; writes cells.csv,
+    results.md, plots."""
     from flowerbed.apps.inline import inline_grid
     from flowerbed.server.sweep import cells_of, finished_ids, load_sweep, run_sweep
 
     try:
+        ray_options = None
+        if ray is not None:
+            from flowerbed.server.ray_sweep import RayOptions
+
+            ray_options = RayOptions(
+                ray, cpus_per_cell=1.0 if cpus_per_cell is None else cpus_per_cell,
+                gpus_per_cell=gpus_per_cell or 0.0, cell_timeout=cell_timeout, verbose=verbose,
+            )  # fmt: skip
+        else:
+            given = [
+                name for name, value in (("--cpus-per-cell", cpus_per_cell),
+                ("--gpus-per-cell", gpus_per_cell), ("--cell-timeout", cell_timeout))
+                if value is not None
+            ]  # fmt: skip
+            if given:
+                raise ConfigError(f"{given[0]} needs --ray (cells run as Ray tasks)")
         spec = load_sweep(sweep_file)
         out_path = (out_dir or Path("sweeps-out") / spec.name).resolve()
         total = len(cells_of(spec))
@@ -223,14 +279,15 @@ def sweep(
         _quiet_flower(verbose)
         with Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} cells"),
-            TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console, transient=True,
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+            console=console, transient=True,
         ) as progress:  # fmt: skip
             task = progress.add_task(spec.name, total=total, completed=done, info="")
 
             def on_cell(row: dict) -> None:
                 progress.update(task, advance=1, info=f"{row['id']} {row['status']}")
 
-            run_sweep(spec, out_path, inline_grid, resume=resume, on_cell=on_cell)
+            run_sweep(spec, out_path, inline_grid, resume=resume, on_cell=on_cell, ray=ray_options)
     except ConfigError as exc:
         fail(str(exc))
         return
