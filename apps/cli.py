@@ -239,11 +239,11 @@ def sweep(
         ),
     ] = None,
     cpus_per_cell: Annotated[
-        float | None, typer.Option(help="--ray: CPUs each cell reserves [default: 1]")
+        float | None, typer.Option(help="--ray: CPUs each cell reserves (default 1)")
     ] = None,
     gpus_per_cell: Annotated[
         float | None,
-        typer.Option(help="--ray: GPUs each cell reserves (workloads use CUDA) [default: 0]"),
+        typer.Option(help="--ray: GPUs each cell reserves, its tensors on CUDA (default 0)"),
     ] = None,
     cell_timeout: Annotated[
         float | None, typer.Option(help="--ray: seconds after which a running cell is failed")

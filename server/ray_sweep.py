@@ -141,6 +141,8 @@ def run_remote_cell(
 
 def install_cell(out: Path, cell: Cell, files: dict[str, bytes]) -> None:
     """Write a finished cell's run directory under ``out/cells/<id>`` (replacing a partial one)."""
+    if not files:  # the cell failed before it wrote anything
+        return
     target = cell_dir(out, cell)
     staging = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Sweeps on Ray vs one cell after another: the same cells, sequential (inline, one process) then
+``--ray`` (a local Ray instance on all cores, its start-up included), in this process.
+
+    python benchmarks/ray_sweep_speed.py [--grid fixed|preset|both] [--preset attack-vs-defense]
+
+``fixed`` is a grid defined here, so the number stays comparable when presets change: quickstart,
+2 rounds, 4 clients, 8 seeds x 2 learning rates (16 cells). ``preset`` is a shipped sweep as it is.
+Prints, for each executor, the wall time and cells per second per core end to end (Ray's
+start-up and its workers' first imports included) and in steady state (from the moment every core
+has finished its first cell), the speed-ups over sequential, and whether the metrics agree
+(cells.csv without its timing columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from flowerbed.apps.inline import inline_grid
+from flowerbed.server.ray_sweep import RayOptions
+from flowerbed.server.sweep import cells_of, load_sweep, run_sweep
+
+FIXED = {
+    "name": "ray-bench",
+    "base": "quickstart",
+    "overrides": ["rounds=2", "clients.num=4", "output.plots=false"],
+    "engine": "inline",
+    "grid": {"seed": list(range(8)), "workload.params.lr": [0.01, 0.1]},
+}
+
+
+def _metrics(out: Path) -> pd.DataFrame:
+    frame = pd.read_csv(out / "cells.csv")
+    return frame.drop(columns=[c for c in frame if c == "wall_s" or c.startswith("time.")])
+
+
+def timed(sweep, out: Path, ray: RayOptions | None) -> tuple[float, list[float]]:  # noqa: ANN001
+    """Wall seconds of a sweep and the second each cell's row arrived."""
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    run_sweep(
+        sweep, out, inline_grid, ray=ray,
+        on_cell=lambda row: arrivals.append(time.perf_counter() - start),
+    )  # fmt: skip
+    return time.perf_counter() - start, arrivals
+
+
+def steady(arrivals: list[float], warm: int) -> float:
+    """Cells per second once ``warm`` cells are in (every worker past its first cell)."""
+    rest = arrivals[warm - 1 :]
+    return (len(rest) - 1) / (rest[-1] - rest[0]) if len(rest) > 1 else float("nan")
+
+
+def compare(spec_path: Path, work: Path) -> None:
+    sweep = load_sweep(spec_path)
+    cells = len(cells_of(sweep))
+    cores = len(os.sched_getaffinity(0))
+    seq_s, seq_at = timed(sweep, work / "sequential", None)
+    ray_s, ray_at = timed(sweep, work / "ray", RayOptions())
+    seq_rate, ray_rate = steady(seq_at, 1), steady(ray_at, cores)
+    same = _metrics(work / "sequential").equals(_metrics(work / "ray"))
+    print(
+        f"{sweep.name}: {cells} cells, {cores} cores, load average {os.getloadavg()[0]:.1f}\n"
+        f"  sequential  {seq_s:7.1f} s  {cells / seq_s:.3f} cells/s on 1 core end to end, "
+        f"{seq_rate:.3f} steady\n"
+        f"  --ray       {ray_s:7.1f} s  {cells / ray_s / cores:.3f} cells/s per core end to end "
+        f"(Ray start-up and worker imports included), {ray_rate / cores:.3f} steady\n"
+        f"  speed-up vs sequential: {seq_s / ray_s:.2f}x end to end, {ray_rate / seq_rate:.2f}x "
+        f"steady (ideal {cores}x); metrics identical: {'yes' if same else 'NO'}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grid", choices=("fixed", "preset", "both"), default="both")
+    parser.add_argument("--preset", default="attack-vs-defense", help="a shipped sweep preset")
+    args = parser.parse_args()
+    for logger in [logging.getLogger("flwr")]:  # Flower's round-by-round INFO lines
+        logger.setLevel(logging.WARNING)
+        for handler in logger.handlers:
+            handler.setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.grid in ("fixed", "both"):
+            spec = work / "fixed.yaml"
+            spec.write_text(yaml.safe_dump(FIXED))
+            (work / "fixed").mkdir()
+            compare(spec, work / "fixed")
+        if args.grid in ("preset", "both"):
+            (work / "preset").mkdir()
+            compare(Path(args.preset), work / "preset")
+
+
+if __name__ == "__main__":
+    main()
