@@ -18,7 +18,7 @@ machines with different instruction sets pick the same kernels.
 Stopping: SIGINT and SIGTERM cancel the cells in flight (their rows are not written, so ``--resume``
 runs them again) and stop a local instance; a reaper process (``flowerbed.server.reaper``) kills
 what is left of a local instance if the driver dies, SIGKILL included. On a cluster, Ray kills the
-tasks of a driver that went away. A cell running past ``cell_timeout`` seconds (counted from its
+tasks of a driver that went away (a ``ray://`` driver's after Ray Client's reconnect grace period). A cell running past ``cell_timeout`` seconds (counted from its
 dispatch) is cancelled (its worker killed) and recorded as failed.
 """
 

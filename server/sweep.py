@@ -172,7 +172,14 @@ def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]
 
 
 def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included)."""
+    """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included).
+
+    Torch runs single-threaded, as the ClientApp runtime pins it: a cell's numbers do not depend
+    on the process it runs in or on what ran there before (sequential and Ray cells agree).
+    """
+    import torch
+
+    torch.set_num_threads(1)
     start = time.perf_counter()
     try:
         summary = run_experiment(grid, cfg, run_dir)
