@@ -251,12 +251,31 @@ def test_sigkill_of_the_driver_leaves_nothing_and_resume_runs_each_cell_once(tmp
     assert not any(ray_tmp.iterdir()), "the reaper removes the instance's directory"
     ray_tmp.rmdir()
 
-    before = finished_ids(out)
+    before = _rows(out)
     assert 1 <= len(before) < 6, "the sweep should have been killed mid-way"
     run_sweep(load_sweep(spec_path), out, inline_grid, resume=True, ray=RayOptions())
-    ids = [row["id"] for row in _rows(out)]
+    after = _rows(out)
+    assert after[: len(before)] == before  # no finished cell lost or run again
+    ids = [row["id"] for row in after]
     assert len(ids) == len(set(ids)) == 6
     assert len(pd.read_csv(out / "cells.csv")) == 6
+
+
+def test_resume_works_across_executors(tmp_path, local_ray):
+    overrides = [*_csv_overrides(_csv_dataset(tmp_path)), "rounds=1"]
+    sweep = load_sweep(_write(tmp_path, dict(SWEEP, overrides=overrides)))
+    out = tmp_path / "out"
+
+    def stop_after_two(row: dict) -> None:
+        if len(finished_ids(out)) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # sequential, stopped after two cells
+        run_sweep(sweep, out, inline_grid, on_cell=stop_after_two)
+    run_sweep(sweep, out, inline_grid, resume=True, ray=RayOptions())
+    ids = [row["id"] for row in _rows(out)]
+    assert len(ids) == len(set(ids)) == 6
+    assert sorted(ids) == sorted(cell["id"] for cell in cells_of(sweep))
 
 
 @pytest.fixture
