@@ -189,9 +189,11 @@ def ray_session(options: RayOptions) -> Iterator[None]:
             root = os.environ.get("RAY_TMPDIR") or None  # Ray's socket paths are length-limited
             temp = Path(tempfile.mkdtemp(prefix="fb-ray-", dir=root))
             reaper = Reaper.start([temp])
+            # workers at the driver's priority (Ray's default adds 15: on a busy machine a cell
+            # would get a third of the CPU share a sequential sweep gets)
             ray.init(
                 address="local", num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
-                _temp_dir=str(temp), **common,
+                _temp_dir=str(temp), _system_config={"worker_niceness": 0}, **common,
             )  # fmt: skip
         else:
             try:
