@@ -1,7 +1,9 @@
-"""Sweeps on Ray vs one cell after another: the same cells, sequential (inline, one process) then
-``--ray`` (a local Ray instance on all cores, its start-up included), in this process.
+"""Sweeps on Ray vs one cell after another: the same cells, sequential (inline, one process) and
+``--ray`` (a local Ray instance on all cores, its start-up included), in this process; with
+``--repeats N`` the arms alternate which goes first and medians are printed.
 
     python benchmarks/ray_sweep_speed.py [--grid fixed|preset|both] [--preset attack-vs-defense]
+                                         [--repeats N]
 
 ``fixed`` is a grid defined here, so the number stays comparable when presets change: quickstart,
 2 rounds, 4 clients, 8 seeds x 2 learning rates (16 cells). ``preset`` is a shipped sweep as it is.
@@ -19,6 +21,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import pandas as pd
 import yaml
@@ -63,22 +66,38 @@ def steady(arrivals: list[float], warm: int) -> float:
     return (len(rest) - 1) / (rest[-1] - rest[0]) if len(rest) > 1 else float("nan")
 
 
-def compare(spec_path: Path, work: Path) -> None:
+def compare(spec_path: Path, work: Path, repeats: int) -> None:
+    """Sequential and --ray arms, alternating which goes first (the load drifts); medians."""
     sweep = load_sweep(spec_path)
     cells = len(cells_of(sweep))
     cores = len(os.sched_getaffinity(0))
-    seq_s, seq_at = timed(sweep, work / "sequential", None)
-    ray_s, ray_at = timed(sweep, work / "ray", RayOptions())
-    seq_rate, ray_rate = steady(seq_at, 1), steady(ray_at, cores)
-    same = _metrics(work / "sequential").equals(_metrics(work / "ray"))
+    walls: dict[str, list[float]] = {"sequential": [], "ray": []}
+    rates: dict[str, list[float]] = {"sequential": [], "ray": []}
+    same = True
+    loads = []
+    for rep in range(repeats):
+        arms = ["sequential", "ray"] if rep % 2 == 0 else ["ray", "sequential"]
+        for arm in arms:
+            loads.append(os.getloadavg()[0])
+            wall, arrivals = timed(
+                sweep, work / f"{arm}-{rep}", RayOptions() if arm == "ray" else None
+            )
+            walls[arm].append(wall)
+            rates[arm].append(steady(arrivals, cores if arm == "ray" else 1))
+        same = same and _metrics(work / f"sequential-{rep}").equals(_metrics(work / f"ray-{rep}"))
+    seq_s, ray_s = median(walls["sequential"]), median(walls["ray"])
+    seq_rate, ray_rate = median(rates["sequential"]), median(rates["ray"])
+    ratios = [s / r for s, r in zip(walls["sequential"], walls["ray"], strict=True)]
     print(
-        f"{sweep.name}: {cells} cells, {cores} cores, load average {os.getloadavg()[0]:.1f}\n"
+        f"{sweep.name}: {cells} cells, {cores} cores, {repeats} repeat(s), load average "
+        f"{min(loads):.1f}-{max(loads):.1f}\n"
         f"  sequential  {seq_s:7.1f} s  {cells / seq_s:.3f} cells/s on 1 core end to end, "
         f"{seq_rate:.3f} steady\n"
         f"  --ray       {ray_s:7.1f} s  {cells / ray_s / cores:.3f} cells/s per core end to end "
         f"(Ray start-up and worker imports included), {ray_rate / cores:.3f} steady\n"
-        f"  speed-up vs sequential: {seq_s / ray_s:.2f}x end to end, {ray_rate / seq_rate:.2f}x "
-        f"steady (ideal {cores}x); metrics identical: {'yes' if same else 'NO'}",
+        f"  speed-up vs sequential: {median(ratios):.2f}x end to end (per repeat: "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}), {ray_rate / seq_rate:.2f}x steady "
+        f"(ideal {cores}x); metrics identical: {'yes' if same else 'NO'}",
         flush=True,
     )
 
@@ -87,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--grid", choices=("fixed", "preset", "both"), default="both")
     parser.add_argument("--preset", default="attack-vs-defense", help="a shipped sweep preset")
+    parser.add_argument("--repeats", type=int, default=1, help="arm pairs, alternating order")
     args = parser.parse_args()
     for logger in [logging.getLogger("flwr")]:  # Flower's round-by-round INFO lines
         logger.setLevel(logging.WARNING)
@@ -98,10 +118,10 @@ def main() -> None:
             spec = work / "fixed.yaml"
             spec.write_text(yaml.safe_dump(FIXED))
             (work / "fixed").mkdir()
-            compare(spec, work / "fixed")
+            compare(spec, work / "fixed", args.repeats)
         if args.grid in ("preset", "both"):
             (work / "preset").mkdir()
-            compare(Path(args.preset), work / "preset")
+            compare(Path(args.preset), work / "preset", args.repeats)
 
 
 if __name__ == "__main__":
