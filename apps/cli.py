@@ -27,7 +27,7 @@ import typer
 from rich.console import Console, Group
 from rich.table import Table as RichTable
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 
@@ -415,7 +415,21 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     out.print(summary_view(json.loads(path.read_text())))
 
 
-@app.command()
+class _SweepCommand(TyperCommand):
+    """``--ray`` takes an optional value: ``--ray`` alone means a local Ray instance.
+
+    Typer cannot declare an option with an optional value; click can (``flag_value``).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.name == "ray":
+                param.flag_value = "local"
+                param._flag_needs_value = True  # click's marker for "the value may be omitted"
+
+
+@app.command(cls=_SweepCommand)
 def sweep(
     sweep_file: Annotated[
         str, typer.Argument(help="sweep YAML (or a preset name from configs/sweeps)")
@@ -424,11 +438,46 @@ def sweep(
         Path | None, typer.Option("--out", help="sweep directory (default sweeps-out/<name>)")
     ] = None,
     resume: Annotated[bool, typer.Option(help="skip the cells already finished in --out")] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[ADDRESS]",
+            help="each cell a Ray task: alone, a local Ray instance on all cores; or auto, "
+            "ray://HOST:PORT, HOST:PORT (an existing cluster)",
+        ),
+    ] = None,
+    cpus_per_cell: Annotated[
+        float | None, typer.Option(help="--ray: CPUs each cell reserves (default 1)")
+    ] = None,
+    gpus_per_cell: Annotated[
+        float | None,
+        typer.Option(help="--ray: GPUs each cell reserves, its tensors on CUDA (default 0)"),
+    ] = None,
+    cell_timeout: Annotated[
+        float | None, typer.Option(help="--ray: seconds after which a running cell is failed")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Flower's logs")] = False,
 ) -> None:
-    """Run a grid of cells in one engine start; resumable; writes cells.csv, results.md, plots."""
+    """Run a grid of cells in one engine start, or as Ray tasks; resumable; writes cells.csv,
+    results.md, plots."""
     from flowerbed.apps.progress import RunProgress
 
+    ray_options = None
+    if ray is not None:
+        from flowerbed.server.ray_sweep import RayOptions
+
+        ray_options = RayOptions(
+            ray, cpus_per_cell=1.0 if cpus_per_cell is None else cpus_per_cell,
+            gpus_per_cell=gpus_per_cell or 0.0, cell_timeout=cell_timeout, verbose=verbose,
+        )  # fmt: skip
+    else:
+        given = [
+            name for name, value in (("--cpus-per-cell", cpus_per_cell),
+            ("--gpus-per-cell", gpus_per_cell), ("--cell-timeout", cell_timeout))
+            if value is not None
+        ]  # fmt: skip
+        if given:
+            raise ConfigError(f"{given[0]} needs --ray (cells run as Ray tasks)")
     with RunProgress(console, unit="cells") as progress:
         task = progress.add_task(Path(sweep_file).stem, total=None)
         progress.status("checking the sweep and its cells…")
@@ -439,17 +488,18 @@ def sweep(
         out_path = (out_dir or Path("sweeps-out") / spec.name).resolve()
         total = len(cells_of(spec))
         done = len(finished_ids(out_path)) if resume else 0
-        if spec.engine == "inline":
+        if spec.engine == "inline" or ray_options is not None:
             _quiet_flower(verbose)
         progress.update(task, total=total, completed=done, description=spec.name)
-        progress.status(f"{spec.engine} engine: running {total - done} cells…")
+        where = "Ray tasks" if ray_options is not None else f"{spec.engine} engine"
+        progress.status(f"{where}: running {total - done} cells…")
 
         def on_cell(row: dict) -> None:
             progress.update(task, advance=1)
             progress.status(f"last cell {row['id']}: {row['status']}")
             progress.metrics(row.get("metrics", {}))
 
-        run_sweep(spec, out_path, inline_grid, resume=resume, on_cell=on_cell)
+        run_sweep(spec, out_path, inline_grid, resume=resume, on_cell=on_cell, ray=ray_options)
     out.print((out_path / "results.md").read_text())
     out.print(f"sweep directory: {out_path}", soft_wrap=True)
 

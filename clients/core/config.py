@@ -43,6 +43,15 @@ class Partitioner(enum.StrEnum):
 
 
 @dataclass
+class ResourcesConfig:
+    """What each client gets: Flower's client resources on the simulation engine (Ray actors);
+    ``gpus > 0`` also puts workloads' tensors on CUDA (``Workload.device``) on every engine."""
+
+    cpus: int = param(1, ge=1)
+    gpus: float = param(0.0, ge=0, lt=float("inf"))
+
+
+@dataclass
 class ClientsConfig:
     num: int = param(10, ge=1)
     fraction: float = param(1.0, gt=0, le=1)
@@ -53,7 +62,7 @@ class ClientsConfig:
     alpha: float = param(0.5, gt=0, lt=float("inf"))
     partition_by: str | None = None  # a table column: clients = groups of its values
     failure_rate: float = param(0.0, ge=0, lt=1)
-    cpus: int = param(1, ge=1)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     #: how long the server waits for a round's replies; missing ones count as failures
     timeout_s: float = param(600.0, gt=0, lt=float("inf"))
 
@@ -235,6 +244,10 @@ def resolve(
     base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
 ) -> dict[str, Any]:
     """Validate a raw config (preset + overrides) and fill every component's params."""
+    if any(_is_set(raw, "clients.cpus") for raw in (base, overrides or {})):
+        raise ConfigError(
+            "clients.cpus moved to clients.resources.cpus (clients.resources: cpus, gpus)"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
         experiment = OmegaConf.to_object(merged)
@@ -258,6 +271,19 @@ def resolve(
         defense["params"] = plain(dataclasses.asdict(params))
         _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
     return cfg
+
+
+_UNSET = object()
+
+
+def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:

@@ -98,7 +98,9 @@ def move_chance(t: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of continuous t (scaled by 1000 as for a 1000-step chain)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=t.dtype) / half)
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=t.dtype, device=t.device) / half
+    )
     args = 1000.0 * t[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
 

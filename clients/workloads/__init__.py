@@ -6,17 +6,38 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import NoParams, Registry
 
 WORKLOADS = Registry("workload", (__name__,))
 
-__all__ = ["WORKLOADS", "Workload", "train_cross_entropy"]
+__all__ = ["WORKLOADS", "Workload", "assigned_device", "train_cross_entropy"]
+
+
+def assigned_device(cfg: dict[str, Any]) -> str:
+    """The torch device of a client's assigned resources: ``cuda`` when
+    ``clients.resources.gpus`` > 0, else ``cpu``.
+
+    Ray (a sweep cell with ``--gpus-per-cell``, a simulation ClientApp actor) makes the GPUs it
+    assigned the only visible ones, so ``cuda`` is the assigned GPU.
+    """
+    gpus = float(cfg.get("clients", {}).get("resources", {}).get("gpus", 0.0))
+    if gpus <= 0:
+        return "cpu"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise ConfigError(
+            f"clients.resources.gpus={gpus:g} assigns a GPU, but torch sees no CUDA device in this "
+            f"process (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={visible}); use gpus=0"
+        )
+    return "cuda"
 
 
 def train_cross_entropy(
@@ -45,7 +66,9 @@ class Workload:
     """Contract between the engines and a client-side method.
 
     ``cfg`` is the resolved experiment config (a plain dict); ``params`` its typed
-    ``workload.params``. Methods receive and return Flower records so nothing is lost in transit.
+    ``workload.params``; ``device`` the torch device of the assigned resources
+    (``assigned_device``): a workload computes there and returns CPU records. Methods receive and
+    return Flower records so nothing is lost in transit.
     """
 
     Params: ClassVar[type] = NoParams
@@ -61,6 +84,7 @@ class Workload:
 
         self.cfg = cfg
         self.params = self.Params(**cfg["workload"]["params"])
+        self.device = assigned_device(cfg)
         self.defenses = build_defenses(cfg)
 
     # -- defenses that act inside training (DP-SGD) -------------------------------------------

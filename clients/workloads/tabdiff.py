@@ -112,7 +112,23 @@ def to_params(arrays: ArrayRecord) -> dict[str, torch.Tensor]:
 
 def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     names = [n for n, _ in model.named_parameters()]
-    return ArrayRecord(OrderedDict((n, params[n].detach().clone()) for n in names))
+    return ArrayRecord(OrderedDict((n, params[n].detach().cpu().clone()) for n in names))
+
+
+def to_device(device: str, *items: Any) -> list[Any]:
+    """Parameter dicts, Rows and Latents moved to ``device`` (no-ops on ``cpu``)."""
+    moved: list[Any] = []
+    for item in items:
+        if isinstance(item, dict):
+            moved.append({k: v.to(device) for k, v in item.items()})
+        elif isinstance(item, Rows):
+            moved.append(Rows(item.num.to(device), item.cat.to(device)))
+        elif isinstance(item, Latents):
+            mask = item.mask.to(device) if item.mask is not None else None
+            moved.append(Latents(item.t.to(device), item.eps.to(device), mask))
+        else:
+            raise TypeError(f"cannot move {type(item).__name__} to a device")
+    return moved
 
 
 # -- workload -----------------------------------------------------------------------------------
@@ -195,6 +211,10 @@ class TabDiff(Workload):
             self.cfg, self.spec, self.protocol, params, pid, rnd, len(data["ids"])
         )
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
+        # plan and latents are drawn on the CPU (the same bits on any device), then moved
+        dev = self.device
+        params, *batches = to_device(dev, params, *batches)
+        latents = to_device(dev, *latents)
         losses: list[float] = []
         start = time.perf_counter()
         dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
@@ -203,7 +223,9 @@ class TabDiff(Workload):
             noise = torch.Generator().manual_seed(client_seed(self.cfg["seed"], pid, rnd, salt=3))
 
             def gradient(model, state, rows, lat):  # noqa: ANN001, ANN202
-                return dp.privatize(per_sample_gradients(model, state, rows, lat), noise)
+                per_row = per_sample_gradients(model, state, rows, lat)
+                noised = dp.privatize({k: g.cpu() for k, g in per_row.items()}, noise)
+                return {k: g.to(dev) for k, g in noised.items()}
 
         new = local_update(
             self.model, params, batches, latents, self.protocol, on_loss=losses.append,
@@ -238,6 +260,7 @@ class TabDiff(Workload):
             torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes
         )
         latents = sample_latents(self.spec, params, n, gen)
+        params, rows, latents = to_device(self.device, params, rows, latents)
         with torch.no_grad():
             terms = loss_terms(self.model, params, rows, latents)
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
@@ -248,7 +271,8 @@ class TabDiff(Workload):
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 
     def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:
-        """N synthetic rows (original units) from the global model."""
+        """N synthetic rows (original units) from the global model (on the CPU: the sampler
+        draws from a CPU generator)."""
         params = to_params(arrays)
         num, codes = sample_rows(self.model, params, n, self.params.sample_steps, seed)
         return encoded(self._key).prep.decode(num.double().numpy(), codes.numpy())

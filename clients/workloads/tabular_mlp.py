@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +119,16 @@ class TabularMLP(Workload):
         self.in_dim = x_train.shape[1]
         self.num_classes = len(table.schema.classes)
 
-    def _model(self) -> nn.Sequential:
-        return make_mlp(self.in_dim, list(self.params.hidden), self.num_classes)
+    def _model(self, arrays: ArrayRecord | None = None) -> nn.Sequential:
+        """The MLP on ``self.device``, with ``arrays`` loaded when given."""
+        model = make_mlp(self.in_dim, list(self.params.hidden), self.num_classes)
+        if arrays is not None:
+            model.load_state_dict(arrays.to_torch_state_dict())
+        return model.to(self.device)
+
+    def _arrays(self, model: nn.Module) -> ArrayRecord:
+        """The model's weights as CPU arrays (what travels, whatever the device)."""
+        return ArrayRecord(OrderedDict((k, v.cpu()) for k, v in model.state_dict().items()))
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, TabularData]:
         x, y, _, _, _ = _encoded(self._key)
@@ -139,14 +148,13 @@ class TabularMLP(Workload):
 
     def init_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])
-        return ArrayRecord(self._model().state_dict())
+        return self._arrays(self._model())
 
     def fit(
         self, arrays: ArrayRecord, data: dict[str, TabularData], config: dict[str, Any],
         state: RecordDict,
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
+        model = self._model(arrays)
         train = data["train"]
         seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
         torch.manual_seed(seed)  # DP noise and Poisson sampling draw from the global generator
@@ -167,6 +175,7 @@ class TabularMLP(Workload):
             for x, y in loader:
                 if len(y) == 0:  # Poisson sampling (DP-SGD) may draw an empty batch
                     continue
+                x, y = x.to(self.device), y.to(self.device)
                 optimizer.zero_grad()
                 loss = loss_fn(trained(x), y)
                 if global_params is not None:
@@ -181,26 +190,23 @@ class TabularMLP(Workload):
                 steps += 1
         metrics = {"num-examples": len(train.y), "loss": total_loss / max(steps, 1)}
         self.training_done(state, metrics)
-        return ArrayRecord(model.state_dict()), metrics
+        return self._arrays(model), metrics
 
-    @staticmethod
-    def _score(model: nn.Module, data: TabularData) -> dict[str, float]:
+    def _score(self, model: nn.Module, data: TabularData) -> dict[str, float]:
         model.eval()
+        x, y = data.x.to(self.device), data.y.to(self.device)
         with torch.no_grad():
-            logits = model(data.x)
-            loss = float(nn.functional.cross_entropy(logits, data.y)) if len(data.y) else 0.0
-            accuracy = float((logits.argmax(1) == data.y).float().mean()) if len(data.y) else 0.0
+            logits = model(x)
+            loss = float(nn.functional.cross_entropy(logits, y)) if len(y) else 0.0
+            accuracy = float((logits.argmax(1) == y).float().mean()) if len(y) else 0.0
         return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, TabularData], config: dict[str, Any]):
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        return self._score(model, data["test"])
+        return self._score(self._model(arrays), data["test"])
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         _, y_train, x_test, y_test, _ = _encoded(self._key)
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
+        model = self._model(arrays)
         scores = self._score(model, TabularData(torch.from_numpy(x_test), torch.from_numpy(y_test)))
         majority = np.bincount(y_train).argmax()
         scores["majority_accuracy"] = float((y_test == majority).mean())

@@ -121,6 +121,15 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
         )
 
 
+def federation_config(clients: dict[str, Any]) -> str:
+    """``--federation-config`` for ``clients``: N SuperNodes, ``clients.resources`` per ClientApp."""
+    resources = clients["resources"]
+    return (
+        f"num-supernodes={clients['num']} client-resources-num-cpus={resources['cpus']} "
+        f"client-resources-num-gpus={float(resources['gpus'])}"
+    )
+
+
 class LocalSuperLink:
     """A private simulation SuperLink: its own home, port and process group.
 
@@ -165,7 +174,7 @@ class LocalSuperLink:
 
     def flwr_run(self, app: Path, run_config: str, clients: dict) -> list[str]:
         """The ``flwr run`` command that submits ``app`` to this SuperLink."""
-        federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
+        federation = federation_config(clients)
         return [
             bin_path("flwr"), "run", str(app), "sim", "--stream",
             "--run-config", run_config, "--federation-config", federation,

@@ -320,3 +320,23 @@ def test_verbose_prints_flowers_log_once(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("[ROUND 1/1]") == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--ray", "not an address"], "--ray address 'not an address' not understood (allowed: local, auto"),
+        (["--cpus-per-cell", "2"], "--cpus-per-cell needs --ray"),
+        (["--cell-timeout", "60"], "--cell-timeout needs --ray"),
+        (["--ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be > 0"),  # --ray alone: local
+        (["--ray", "auto", "--gpus-per-cell", "-1"], "--gpus-per-cell must be >= 0"),
+        (["--ray", "--cell-timeout", "0"], "--cell-timeout must be > 0 seconds"),
+    ],
+)  # fmt: skip
+def test_bad_sweep_options_are_one_line_exit_2(tmp_path, args, needle):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", "quickstart-lr", "--out", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not out.exists()
