@@ -48,7 +48,7 @@ class ResourcesConfig:
     ``gpus > 0`` also puts workloads' tensors on CUDA (``Workload.device``) on every engine."""
 
     cpus: int = param(1, ge=1)
-    gpus: float = param(0.0, ge=0, lt=float("inf"))
+    gpus: float = param(0.0, ge=0)
 
 
 @dataclass

@@ -146,15 +146,16 @@ def test_a_cell_needs_only_the_shipped_bytes(tmp_path, local_ray):
 
 def test_failed_and_hanging_cells_are_recorded(tmp_path, local_ray):
     overrides = [*_csv_overrides(_csv_dataset(tmp_path)), "rounds=100000"]
-    spec = dict(SWEEP, overrides=overrides, grid={"workload.params.hidden": [[-3], [8]]})
+    # 4 rows cannot feed 2 clients and a test split: fails at run time; the other cell hangs
+    spec = dict(SWEEP, overrides=overrides, grid={"dataset.max_rows": [4, None]})
     out = run_sweep(
         load_sweep(_write(tmp_path, spec)), tmp_path / "out", inline_grid,
         ray=RayOptions(cell_timeout=4),
     )  # fmt: skip
-    rows = {row["params"]["workload.params.hidden"]: row for row in _rows(out)}
-    assert rows["-3"]["status"] == "error" and "timed out" not in rows["-3"]["error"]
-    assert rows["8"]["status"] == "error"
-    assert "timed out after 4 s" in rows["8"]["error"]
+    rows = {str(row["params"]["dataset.max_rows"]): row for row in _rows(out)}
+    assert rows["4"]["status"] == "error" and "timed out" not in rows["4"]["error"]
+    assert rows["None"]["status"] == "error"
+    assert "timed out after 4 s" in rows["None"]["error"]
     assert "failed cells" in (out / "results.md").read_text()
     deadline = time.monotonic() + 30  # the hung cell's worker was killed: its CPU is free again
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
