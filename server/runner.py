@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
@@ -150,7 +151,7 @@ def run_experiment(
         return MetricRecord(central) if central else None
 
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
-    strategy.start(
+    result = strategy.start(
         grid=OrderedGrid(grid, writer.count_failures),
         initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
@@ -158,4 +159,6 @@ def run_experiment(
         evaluate_config=config,
         evaluate_fn=evaluate_fn,
     )
+    if cfg["output"]["save_model"]:
+        torch.save(result.arrays.to_torch_state_dict(), Path(run_dir) / "model.pt")
     return writer.finish()

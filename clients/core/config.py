@@ -74,6 +74,7 @@ class OutputConfig:
 
     dir: str = "runs"
     plots: bool = True
+    save_model: bool = False  # write the final global arrays to model.pt (torch state dict)
 
 
 @dataclass

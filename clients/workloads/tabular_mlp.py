@@ -140,7 +140,7 @@ class TabularMLP(ClassifierWorkload):
 
     def train_pool(self) -> Examples:
         data = _encoded(self._key)
-        return Examples(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
+        return Examples(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train.copy()))
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         data = _encoded(self._key)
