@@ -92,9 +92,13 @@ def dataset_label(cfg: dict) -> str:
     return Path(ds["path"]).stem if ds["name"] == "csv" and ds.get("path") else ds["name"]
 
 
-def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print) -> dict[str, torch.Tensor] | None:  # fmt: skip
+def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
+                   also: tuple[int, ...] = ()) -> dict[str, torch.Tensor] | None:  # fmt: skip
     """The global model after ``rounds`` rounds of the preset's own federated training (same data
-    and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation)."""
+    and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation).
+
+    One training run of ``max(rounds, *also)`` rounds writes every requested round's model to
+    ``cache`` (keyed by the training config), so later calls only load."""
     if rounds <= 0:
         return None
     from flowerbed.apps.inline import run_inline
@@ -106,18 +110,22 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print) -> dic
             train["workload"]["params"][key] = preset["workload"]["params"][key]
     if "quality_rows" in train["workload"]["params"]:
         train["workload"]["params"]["quality_rows"] = 0
-    train.update(rounds=rounds, attack={"name": None, "params": {}}, defenses=[])
+    train.update(attack={"name": None, "params": {}}, defenses=[])
     train["clients"]["fraction_evaluate"] = 0.0
+    train.pop("output", None)
     key = hashlib.sha256(json.dumps(train, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache / f"{key}.pt"
+    path = cache / f"{key}.r{rounds}.pt"
     if not path.is_file():
+        wanted = sorted({rounds, *(r for r in also if r > 0)})
         cache.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            train["output"] = {"dir": tmp, "plots": False, "save_model": True}
-            summary = run_inline(train)
-            path.write_bytes((Path(summary["run_dir"]) / "model.pt").read_bytes())
-        log(f"trained {rounds} rounds in {time.perf_counter() - start:.0f} s -> {path}")
+            train.update(rounds=max(wanted))
+            train["output"] = {"dir": tmp, "plots": False, "save_rounds": wanted}
+            run_dir = Path(run_inline(train)["run_dir"])
+            for r in wanted:
+                (cache / f"{key}.r{r}.pt").write_bytes((run_dir / f"model.r{r}.pt").read_bytes())
+        log(f"trained {max(wanted)} rounds in {time.perf_counter() - start:.0f} s -> {cache}")
     return {k: v.float() for k, v in torch.load(path).items()}
 
 
@@ -191,7 +199,7 @@ def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], ba
             stds = {c: float(train[c].std()) for c in data.prep.numeric}
             marginals = (data.num, data.codes)
             for rounds in trained_rounds:
-                params = trained_params(cfg, rounds, cache or MODEL_CACHE, log)
+                params = trained_params(cfg, rounds, cache or MODEL_CACHE, log, trained_rounds)
                 for b in batch_sizes:
                     for i in range(batches):
                         case = make_case(cfg, b, seed=1000 * b + i, params=params)[0]
@@ -240,7 +248,7 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
         label, p = dataset_label(cfg), cfg["workload"]["params"]
         setting = p.get("model", "mlp")
         for rounds in trained_rounds:
-            params = trained_params(cfg, rounds, cache or MODEL_CACHE, log)
+            params = trained_params(cfg, rounds, cache or MODEL_CACHE, log, trained_rounds)
             for b in batch_sizes:
                 for i in range(batches):
                     sent, reply, truth = classifier_case(work, b, 1000 * b + i, params)

@@ -136,7 +136,11 @@ def run_experiment(
     strategy = MetricsTap(build_strategy(cfg, writer))
     round_started = [time.perf_counter()]
 
+    save_rounds = set(cfg["output"]["save_rounds"])
+
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round in save_rounds:
+            torch.save(arrays.to_torch_state_dict(), Path(run_dir) / f"model.r{server_round}.pt")
         central = workload.server_evaluate(server_round, arrays) or {}
         if server_round > 0:
             writer.log(server_round, "train", strategy.train.get(server_round, {}))
@@ -151,7 +155,7 @@ def run_experiment(
         return MetricRecord(central) if central else None
 
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
-    result = strategy.start(
+    strategy.start(
         grid=OrderedGrid(grid, writer.count_failures),
         initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
@@ -159,6 +163,4 @@ def run_experiment(
         evaluate_config=config,
         evaluate_fn=evaluate_fn,
     )
-    if cfg["output"]["save_model"]:
-        torch.save(result.arrays.to_torch_state_dict(), Path(run_dir) / "model.pt")
     return writer.finish()

@@ -74,7 +74,8 @@ class OutputConfig:
 
     dir: str = "runs"
     plots: bool = True
-    save_model: bool = False  # write the final global arrays to model.pt (torch state dict)
+    #: rounds after which the global model is written to model.r<round>.pt (torch state dict)
+    save_rounds: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -78,7 +78,7 @@ def test_classifier_harness_on_the_csv_table_and_trained_rounds(table_csv, tmp_p
     df = pd.read_csv(out)
     assert sorted(set(df["rounds"])) == [0, 2] and set(df["dataset"]) == {"clinic_visits"}
     assert (df[df["attack"] == "analytic-fc"]["success"] == 1.0).all()
-    assert len(list((tmp_path / "models").glob("*.pt"))) == 1
+    assert len(list((tmp_path / "models").glob("*.r2.pt"))) == 1
 
 
 def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None:
