@@ -113,6 +113,15 @@ def test_idlg_labels_from_the_output_bias() -> None:
     grad = _true_gradient(contract, params, train.x[idx], train.y[idx])
     rec = recover_labels(ServerView(contract, params, grad, 8))
     assert sorted(rec.tolist()) == sorted(train.y[idx].tolist())
+    # a model that predicts class 0 most of the time (as a trained model may): class 0's bias
+    # gradient is positive although it is in the batch; the mean prediction accounts for it
+    skewed = dict(params)
+    skewed[contract.last_bias] = params[contract.last_bias] + 3.0 * (torch.arange(10) == 0)
+    idx = np.concatenate([np.flatnonzero(train.y == 0)[:1], np.flatnonzero(train.y != 0)[:7]])
+    grad = _true_gradient(contract, skewed, train.x[idx], train.y[idx])
+    assert float(grad[contract.last_bias][0]) > 0
+    rec = recover_labels(ServerView(contract, skewed, grad, 8))
+    assert sorted(rec.tolist()) == sorted(train.y[idx].tolist())
 
 
 # -- the contract: the attacker's replay is the client's training ---------------------------------
