@@ -61,9 +61,7 @@ class InversionConfig:
     lam_dens: float = 1e-1
     t_grid: int = 24
     label_recovery: bool = True  # restrict categories to the support the gradient reveals
-    adam_as_signs: bool = (
-        True  # FedAvg-Adam, mixed regime: the update as a sign-compressed gradient
-    )
+    adam_as_signs: bool = True  # FedAvg-Adam, mixed: the update as a sign-compressed gradient
     seed: int = 0
 
 
