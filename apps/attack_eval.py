@@ -324,7 +324,7 @@ def _goliath_details(df: pd.DataFrame, piv: pd.DataFrame, index: list[str]) -> l
     )  # fmt: skip
     lines += ["", f"| {' | '.join(group)} | B | batches | accuracy ± sd | numeric | categorical | "
               "batches exact | t MAE | mask F1 | s mean / max |",
-              "|---" * (len(group) + 10) + "|"]  # fmt: skip
+              "|---" * (len(group) + 9) + "|"]  # fmt: skip
     fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
     for key, r in agg.iterrows():
         cells = " | ".join(str(k) for k in key)
