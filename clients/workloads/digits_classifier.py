@@ -12,7 +12,7 @@ train images partitioned over clients (iid or Dirichlet); no downloads.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,14 @@ from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.model_loss import InputSchema, LocalTraining, ModelLoss
+from flowerbed.clients.core.params import choices, param
+from flowerbed.clients.model_loss import (
+    OPTIMIZERS,
+    PROTOCOLS,
+    InputSchema,
+    LocalTraining,
+    ModelLoss,
+)
 from flowerbed.clients.workloads import (
     WORKLOADS,
     ClassifierWorkload,
@@ -77,6 +84,11 @@ def make_model(kind: str, hidden: list[int], channels: list[int]) -> nn.Sequenti
     return nn.Sequential(*layers)
 
 
+ModelKind = choices("ModelKind", ("mlp", "cnn"))
+Protocol = choices("Protocol", PROTOCOLS)
+Optimizer = choices("Optimizer", OPTIMIZERS)
+
+
 # -- workload -----------------------------------------------------------------------------------
 @WORKLOADS.register("digits-classifier", "Image classifier (MLP or CNN) on sklearn digits 8x8")
 class DigitsClassifier(ClassifierWorkload):
@@ -87,17 +99,18 @@ class DigitsClassifier(ClassifierWorkload):
 
     @dataclass
     class Params:
-        model: str = "mlp"  # mlp | cnn
-        hidden: list[int] = field(default_factory=lambda: [128])  # MLP widths
-        channels: list[int] = field(default_factory=lambda: [8, 16])  # CNN channels
-        protocol: str = "fedavg"  # fedavg | fedsgd (one gradient step on batch_size images)
-        lr: float = 0.1
-        momentum: float = 0.9
-        optimizer: str = "sgd"  # sgd | adam (FedAvg local steps)
-        batch_size: int = 32
-        local_epochs: int = 2
-        round_examples: int = 0  # FedAvg: images a client trains on per round (0 = all it holds)
-        test_fraction_local: float = 0.2
+        model: ModelKind = ModelKind("mlp")  # mlp | cnn
+        hidden: list[int] = param(factory=lambda: [128], ge=1)  # MLP widths
+        channels: list[int] = param(factory=lambda: [8, 16], ge=1)  # CNN channels
+        protocol: Protocol = Protocol("fedavg")  # fedavg | fedsgd (one step on batch_size images)
+        lr: float = param(0.1, gt=0)
+        momentum: float = param(0.9, ge=0, lt=1)
+        optimizer: Optimizer = Optimizer("sgd")  # sgd | adam (FedAvg local steps)
+        batch_size: int = param(32, ge=1)
+        local_epochs: int = param(2, ge=1)
+        #: FedAvg: images a client trains on per round (0 = all it holds)
+        round_examples: int = param(0, ge=0)
+        test_fraction_local: float = param(0.2, ge=0, lt=1)
 
     @classmethod
     def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
