@@ -400,10 +400,23 @@ def list_(
         elif name == "engines":
             for engine_name, (_, _, help_text) in ENGINES.items():
                 table.add_row(engine_name, help_text)
+        elif name in ("attacks", "defenses"):  # with the workloads each one runs on
+            for entry, cls in registries[name].items():
+                table.add_row(entry, cls.description, _runs_on(cls, COMPONENTS.workloads))
         else:
             for entry, cls in registries[name].items():
                 table.add_row(entry, cls.description)
         out.print(table)
+
+
+def _runs_on(cls: type, workloads: Any) -> str:
+    """``on: tabdiff, tabular-mlp`` (the workloads whose offers fit ``cls.needs``)."""
+    from flowerbed.clients.core.capabilities import alternatives, supported_workloads
+
+    needs = getattr(cls, "needs", ())
+    if not any(alternatives(needs)):
+        return "on: any workload"
+    return "on: " + (", ".join(supported_workloads(needs, workloads.items())) or "none")
 
 
 @app.command()

@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
@@ -300,7 +301,11 @@ def _run(
     strategy = MetricsTap(SeededSampling(build_strategy(cfg, writer), cfg["seed"]))
     final_arrays: list[ArrayRecord] = []
 
+    save_rounds = set(cfg["output"]["save_rounds"])
+
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round in save_rounds:
+            torch.save(arrays.to_torch_state_dict(), writer.run_dir / f"model.r{server_round}.pt")
         central = workload.server_evaluate(server_round, arrays) or {}
         if server_round > 0:
             writer.log(server_round, "train", strategy.train.get(server_round, {}))

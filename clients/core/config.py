@@ -26,6 +26,13 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from flowerbed.clients.core.capabilities import (
+    alternatives,
+    describe,
+    fits,
+    offered,
+    supported_workloads,
+)
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import check_rules, param, plain
 from flowerbed.clients.core.registry import Registry
@@ -90,6 +97,8 @@ class OutputConfig:
 
     dir: str = "runs"
     plots: bool = True
+    #: rounds after which the global model is written to model.r<round>.pt (torch state dict)
+    save_rounds: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -261,7 +270,7 @@ def resolve(
     workload_cls = _fill_params(cfg, "workload", components.workloads)
     _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
     _fill_params(cfg, "strategy", components.strategies)
-    offers = set(getattr(workload_cls, "offers", ()))
+    offers = offered(workload_cls, cfg["workload"]["params"])
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
@@ -319,17 +328,25 @@ def _check_reads(
 
 
 def _check_needs(
-    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: set[str], workloads: Registry
-) -> None:
-    """An attack or defense runs only on a workload that offers what it needs."""
-    missing = sorted(set(getattr(cls, "needs", ())) - offers)
-    if missing:
-        fits = [n for n, c in workloads.items() if set(getattr(cls, "needs", ())) <= set(c.offers)]
-        raise ConfigError(
-            f"{kind} '{name}' needs {', '.join(missing)}, which workload "
-            f"'{cfg['workload']['name']}' does not offer (workloads that do: "
-            f"{', '.join(fits) or 'none'})"
-        )
+    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]],
+    workloads: Registry,
+) -> None:  # fmt: skip
+    """An attack or defense runs only on a workload that offers what one of its alternatives needs
+    (``offers`` = what the workload offers under its params, and why it withholds the rest)."""
+    needs = getattr(cls, "needs", ())
+    available, withheld = offers
+    if fits(needs, available):
+        return
+    workload = cfg["workload"]["name"]
+    reasons = [why for cap, why in sorted(withheld.items()) if fits(needs, available | {cap})]
+    where = f" here ({'; '.join(reasons)})" if reasons else ""
+    fitting = supported_workloads(needs, workloads.items())
+    alts = alternatives(needs)
+    what = describe(alts[0] - available) if len(alts) == 1 else describe(needs)
+    raise ConfigError(
+        f"{kind} '{name}' needs {what}, which workload '{workload}' does not offer"
+        f"{where} (workloads that do: {', '.join(fitting) or 'none'})"
+    )
 
 
 def _fill_params(cfg: dict[str, Any], section: str, registry: Registry) -> type:

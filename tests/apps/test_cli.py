@@ -53,6 +53,24 @@ def _one_line_exit_2(result, out, needle):
         (["quickstart", "clients.fraction=1.5"], "clients.fraction must be in (0, 1]"),
         (["tabdiff-adult-mixed", "workload.params.regime=uniform"], "(allowed: gaussian, mixed)"),
         (["quickstart", "defenses=[{name: topk, params: {fraction: 2}}]"], "fraction must be in"),
+        # an attack on a workload that cannot serve it: names the attack, the workload, the gap
+        (
+            ["quickstart", "attack.name=goliath"],
+            "attack 'goliath' needs tabular-diffusion, which workload 'tabular-mlp' does not offer",
+        ),
+        (
+            ["digits-classifier", "attack.name=analytic-fc", "workload.params.model=cnn"],
+            "attack 'analytic-fc' needs linear-first-layer, which workload 'digits-classifier' does "
+            "not offer here (model=cnn starts with a convolution)",
+        ),
+        (
+            ["tabdiff-adult-mixed", "attack.name=analytic-fc"],
+            "attack 'analytic-fc' needs linear-first-layer + model-loss, which workload 'tabdiff'",
+        ),
+        (
+            ["fits", "attack.name=dlg"],
+            "attack 'dlg' needs tabular-diffusion or model-loss, which workload 'fits' does not",
+        ),
     ],
 )
 def test_bad_config_is_one_line_exit_2_no_run_dir(tmp_path, args, needle):
@@ -242,6 +260,22 @@ def test_eval_of_a_directory_without_a_model(tmp_path):
     result = runner.invoke(app, ["eval", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a finished run directory" in result.stderr
+
+
+def test_list_attacks_shows_the_workloads_each_runs_on():
+    result = runner.invoke(app, ["list", "attacks"])
+    assert result.exit_code == 0
+    rows: dict[str, str] = {}
+    name = ""
+    for line in result.output.splitlines():  # a row may wrap over several lines
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == 3:
+            name = cells[0] or name
+            rows[name] = " ".join([rows.get(name, ""), cells[2]])
+    assert "on: tabdiff" in rows["goliath"] and "tabular-mlp" not in rows["goliath"]
+    for name in ("dlg", "idlg", "inverting-gradients", "random-baseline"):
+        assert all(w in rows[name] for w in ("tabdiff", "tabular-mlp", "digits-classifier")), name
+    assert "digits-classifier, tabular-mlp" in rows["analytic-fc"]
 
 
 def test_list_kinds():
