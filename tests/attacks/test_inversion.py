@@ -222,7 +222,7 @@ def test_tabular_analytic_attack_in_a_run_without_client_data(tmp_path, monkeypa
     import flowerbed.clients.workloads.tabular_mlp as tm
     from flowerbed.apps.inline import run_inline
 
-    state = _guard_data(monkeypatch, tm, ["_encoded", "load_table", "TabularMLP.load_partition",
+    state = _guard_data(monkeypatch, tm, ["_encoded", "table_from_key", "TabularMLP.load_partition",
                                           "TabularMLP.round_data"], ModelLossAttack)  # fmt: skip
     cfg = load_experiment("quickstart", [
         "engine=inline", "rounds=3", "clients.num=3", f"output.dir={tmp_path}", "output.plots=false",
