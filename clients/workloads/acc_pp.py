@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -611,21 +611,13 @@ class ACCpp(Workload):
 
     @dataclass
     class Params:
-        local_steps: int = 100
-        lr: float = 3e-3  # 1e-2 made training chaotic (see trained_model)
-        batch_size: int = 64
-        train_prompts: int = 1000
-        trace_prompts: int = 16
-        attn_weight_thresh: float = 0.1
-        ig_steps: int = 256
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        p = self.params
-        if p.trace_prompts < 1 or p.ig_steps < 1 or not 0 < p.attn_weight_thresh < 0.5:
-            raise ConfigError(
-                "trace_prompts and ig_steps must be >= 1 and attn_weight_thresh in (0, 0.5)"
-            )
+        local_steps: int = param(100, ge=0)
+        lr: float = param(3e-3, gt=0)  # 1e-2 made training chaotic (see trained_model)
+        batch_size: int = param(64, ge=1)
+        train_prompts: int = param(1000, ge=1)
+        trace_prompts: int = param(16, ge=1)
+        attn_weight_thresh: float = param(0.1, gt=0, lt=0.5)  # edges traced at weight >= 2x
+        ig_steps: int = param(256, ge=1)
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.cfg["seed"])

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -373,14 +373,9 @@ class FlowLeak(Workload):
 
     @dataclass
     class Params:
-        mas_per_client: int = 4
-        budget: int = 40
+        mas_per_client: int = param(4, ge=1)
+        budget: int = param(40, ge=1)
         share_statistics: bool = True
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        if self.params.budget < 1 or self.params.mas_per_client < 1:
-            raise ConfigError("budget and mas_per_client must be >= 1")
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}
