@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from flowerbed.clients.workloads.filosofer import SCHEMES, stealing_table
+from flowerbed.attacks.model_stealing import SCHEMES, stealing_table
 
 QS = (0.02, 0.05, 0.1)
 VARIANTS = {
@@ -69,13 +69,9 @@ def recovery(seed: int = 0) -> None:
     """User accuracy after LoRA recovery of the greedy Fisher 2 % flip: per-layer vs cross-layer."""
     import torch
 
-    from flowerbed.clients.workloads.filosofer import (
-        accuracy,
-        digits_split,
-        fisher_diagonal,
-        release,
-        train_victim,
-    )
+    from flowerbed.clients.defenses.filosofer import release
+    from flowerbed.clients.training import accuracy, fisher_diagonal
+    from flowerbed.clients.workloads.filosofer import digits_split, train_victim
 
     torch.set_num_threads(1)
     split = digits_split(seed)

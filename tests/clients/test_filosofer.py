@@ -7,26 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from flowerbed.clients.workloads.filosofer import (
-    Filosofer,
-    accuracy,
-    attacker_subset,
-    black_box,
-    digits_split,
-    fisher_diagonal,
-    fisher_per_sample,
+from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
+from flowerbed.clients.defenses.filosofer import (
     iterative_fisher_mask,
-    load_state,
-    make_mlp,
     model_macs,
     obfuscate,
     release,
     select_mask,
-    steal,
-    train_victim,
-    unpack,
     weight_keys,
 )
+from flowerbed.clients.training import (
+    accuracy,
+    fisher_diagonal,
+    fisher_per_sample,
+    load_state,
+    make_mlp,
+)
+from flowerbed.clients.workloads.filosofer import Filosofer, digits_split, train_victim, unpack
 
 QS = (0.02, 0.05, 0.1)
 
