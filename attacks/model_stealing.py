@@ -14,7 +14,7 @@ benchmarks/filosofer.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import build_defenses
-from flowerbed.clients.defenses.filosofer import Release, release
+from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
 from flowerbed.clients.training import (
     accuracy,
     fisher_diagonal,
@@ -97,17 +97,23 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "none": {"scheme": "none"},
     "shield-last-layer": {"scheme": "shield-last-layer"},
     "whole-model": {"scheme": "whole-model"},
-    "random 2%": {"scheme": "random"},
-    "magnitude 2%": {"scheme": "magnitude"},
-    "FILOsofer 2%": {"scheme": "fisher"},
+    "random 8%": {"scheme": "random"},
+    "magnitude 8%": {"scheme": "magnitude"},
+    "FILOsofer 8%": {"scheme": "fisher"},
 }
 
 
 def stealing_table(
     seed: int, qs: tuple[float, ...] = (0.02, 0.05, 0.1),
     schemes: dict[str, dict[str, Any]] | None = None, steps: int = 150, victim_epochs: int = 40,
+    adaptive: Callable[..., dict[str, float]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One seed of the analysis: victim, each scheme's release (``release`` kwargs), surrogate per q."""
+    """One seed of the analysis: victim, each scheme's release (``release`` kwargs), surrogate per q.
+
+    ``adaptive(exposed, x, y, x_test, y_test, rho, seed=...)``, when given, is a defense-aware
+    attacker run on every fully exposed release too (``row["adaptive"]``: the better of it and the
+    plain attacker, per q).
+    """
     torch.set_num_threads(1)
     split = digits_split(seed)
     victim = train_victim(split, seed, victim_epochs)
@@ -134,6 +140,13 @@ def stealing_table(
                      keep_last_layer_secret=rel.keep_last_layer_secret)["best"]
             for q in qs
         }  # fmt: skip
+        if adaptive is not None and rel.exposed is not None and not rel.keep_last_layer_secret:
+            rho = kwargs.get("rho", DEFAULT_RHO)
+            row["adaptive"] = {
+                q: max(row["surrogate"][q], adaptive(rel.exposed, *subsets[q], split.x_test,
+                                                     split.y_test, rho, seed=seed)["best"])
+                for q in qs
+            }  # fmt: skip
         out["schemes"][name] = row
     return out
 
@@ -147,9 +160,14 @@ def release_with(cfg: dict[str, Any], victim, owner_x, owner_y, fisher, seed: in
     return release(victim, "none", owner_x, owner_y, fisher, seed=seed)
 
 
+#: an extra attacker on the same release: (release, attacker data, test data, seed, hidden widths,
+#: params, the plain attack's metrics) -> metrics (the defense-aware stealing attack plugs in here)
+ExtraAttack = Callable[..., dict[str, float]]
+
+
 def attack_release(
     cfg: dict[str, Any], params: Any, state: dict[str, torch.Tensor],
-    fisher: dict[str, torch.Tensor],
+    fisher: dict[str, torch.Tensor], extra: ExtraAttack | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
     torch.set_num_threads(1)
@@ -177,15 +195,18 @@ def attack_release(
         exposed = load_state(rel.exposed, hidden)
         out["exposed_accuracy"] = accuracy(exposed, *test)
         out["exposed_entropy"] = output_entropy(exposed, split.x_test)
+    if extra is not None:
+        out |= extra(rel, (x_q, y_q), test, seed, hidden, params, out)
     return out
 
 
 class StealingObserver(StrategyWrapper):
     """Captures the final round's global model and pooled Fisher, then attacks its release."""
 
-    def __init__(self, inner: Any, cfg: dict[str, Any], params: Any, writer: Any) -> None:
+    def __init__(self, inner: Any, cfg: dict[str, Any], params: Any, writer: Any,
+                 extra: ExtraAttack | None = None) -> None:  # fmt: skip
         super().__init__(inner)
-        self.cfg, self.params, self.writer = cfg, params, writer
+        self.cfg, self.params, self.writer, self.extra = cfg, params, writer, extra
         self.sent: ArrayRecord | None = None
 
     def configure_train(
@@ -200,7 +221,7 @@ class StealingObserver(StrategyWrapper):
         if server_round == self.cfg["rounds"] and self.sent is not None and arrays is not None:
             state, _ = unpack(self.sent)
             _, fisher = unpack(arrays)  # the clients' pooled Fisher of the model sent this round
-            result = attack_release(self.cfg, self.params, state, fisher)
+            result = attack_release(self.cfg, self.params, state, fisher, self.extra)
             self.writer.log(server_round, "attack", result)
             for key, value in result.items():
                 self.writer.set_final(f"attack.{key}", value)
@@ -217,11 +238,16 @@ class ModelStealing:
         lrs: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2])
         steps: int = 150
 
-    @staticmethod
-    def wrap(strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
+    @classmethod
+    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
+        return StealingObserver(strategy, cfg, cls.checked_params(cfg), writer)
+
+    @classmethod
+    def checked_params(cls, cfg: dict[str, Any]) -> Any:
+        name = cfg["attack"]["name"]
         if cfg["workload"]["name"] != "filosofer":
-            raise ConfigError("attack 'model-stealing' needs workload 'filosofer' (Fisher arrays)")
-        params = ModelStealing.Params(**cfg["attack"]["params"])
+            raise ConfigError(f"attack '{name}' needs workload 'filosofer' (Fisher arrays)")
+        params = cls.Params(**cfg["attack"]["params"])
         if not 0 < params.q <= 1:
-            raise ConfigError("model-stealing.q must be in (0, 1]")
-        return StealingObserver(strategy, cfg, params, writer)
+            raise ConfigError(f"{name}.q must be in (0, 1]")
+        return params

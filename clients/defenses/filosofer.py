@@ -7,7 +7,9 @@ release mechanism itself (masks, the flip, entropy ascent, TEE-held LoRA adapter
 helpers and the Fisher live in ``clients/training.py``.
 
 - ``filosofer``: flip the top-``rho`` weights (by Fisher; ``mask: random | magnitude`` are the
-  same-size ablations), LoRA adapters in the TEE recover the user's accuracy;
+  same-size ablations) to the other sign with a magnitude the tensor already has (``flip:
+  sampled``; ``extreme`` pins them at the tensor's min / max, which a defense-aware attacker finds
+  and zeroes: docs/methods/filosofer.md), LoRA adapters in the TEE recover the user's accuracy;
 - ``shield-last-layer``: DarkneTZ-style, the last layer runs in the TEE and is withheld;
 - ``whole-model-tee``: the whole model in the TEE, the attacker is black-box.
 """
@@ -15,6 +17,7 @@ helpers and the Fisher live in ``clients/training.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -30,6 +33,8 @@ from flowerbed.clients.training import (
     load_state,
     predict,
 )
+
+DEFAULT_RHO = 0.08  # flipped fraction of the weight matrices (docs/methods/filosofer.md)
 
 
 # -- the TEE part: low-rank adapters ----------------------------------------------------------
@@ -123,20 +128,53 @@ def select_mask(
     return masks
 
 
-def obfuscate(
-    state: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Flip each masked weight to the opposite extreme of its tensor: ``theta > 0 -> min``, else max.
+class Flip(StrEnum):
+    """Where a flipped weight goes (``sampled`` is the default; ``extreme`` the original rule)."""
 
-    With a layer's min < 0 < max this is ``-sign(theta) * (near-max magnitude)``, and every value
-    stays inside the original ``[min, max]``, so no exposed weight is a magnitude outlier.
+    extreme = "extreme"
+    sampled = "sampled"
+
+
+def obfuscate(
+    state: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], flip: Flip = Flip.sampled,
+    low: float = 0.5, seed: int = 0,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Flip each masked weight to the other sign with a large magnitude, inside its tensor's range.
+
+    ``extreme``: ``theta > 0 -> min``, else ``max`` (the largest damage, but the flipped weights sit
+    exactly at their tensor's extremes, where an attacker finds them all). ``sampled``: a positive
+    weight becomes a value drawn from the tensor's unflipped negative weights, between the ``low``
+    quantile of their magnitudes and the most negative one (interpolated between order statistics),
+    and a negative weight likewise from the positive ones: every flipped value lies among values the
+    tensor already takes, never beyond them, so no exposed weight is an extreme or an outlier.
     """
     out = {k: v.clone() for k, v in state.items()}
-    for key, mask in masks.items():
+    for index, (key, mask) in enumerate(masks.items()):
         w = state[key]
-        flipped = torch.where(w > 0, w.min(), w.max())
+        if flip == Flip.extreme:
+            flipped = torch.where(w > 0, w.min(), w.max())
+        else:
+            gen = torch.Generator().manual_seed(seed * 1009 + index)
+            kept = w[~mask]
+            negative = _sample_magnitudes(-kept[kept < 0], w.shape, low, gen)
+            positive = _sample_magnitudes(kept[kept > 0], w.shape, low, gen)
+            flipped = torch.where(w > 0, -negative, positive)
         out[key] = torch.where(mask, flipped, w)
     return out
+
+
+def _sample_magnitudes(
+    pool: torch.Tensor, shape: torch.Size, low: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Values drawn between the ``low`` quantile and the maximum of ``pool`` (interpolated)."""
+    pool = pool.flatten().sort().values
+    if len(pool) < 2:
+        return pool.max().expand(shape) if len(pool) else torch.zeros(shape)
+    u = low + (1 - low) * torch.rand(shape, generator=gen, dtype=torch.float64)
+    pos = u * (len(pool) - 1)
+    below = pos.floor().long().clamp(max=len(pool) - 2)
+    frac = (pos - below).to(pool.dtype)
+    return pool[below] * (1 - frac) + pool[below + 1] * frac
 
 
 def entropy_ascent(
@@ -162,6 +200,7 @@ def entropy_ascent(
 def iterative_fisher_mask(
     state: dict[str, torch.Tensor], keys: list[str], rho: float, fisher: dict[str, torch.Tensor],
     x: torch.Tensor, y: torch.Tensor, chunks: int = 4, hidden: list[int] | None = None,
+    flip: Flip = Flip.sampled, low: float = 0.5, seed: int = 0,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """Greedy Fisher selection: flip ``rho / chunks`` at a time, re-estimating the Fisher in between.
 
@@ -177,13 +216,13 @@ def iterative_fisher_mask(
         scores = {k: torch.where(total[k], torch.zeros_like(scores[k]), scores[k]) for k in keys}
         masks = select_mask(state, keys, rho / chunks, "fisher", scores)
         total = {k: total[k] | masks[k] for k in keys}
-        current = obfuscate(state, total)
+        current = obfuscate(state, total, flip, low, seed)
     return total
 
 
 def distill_adapters(
     victim: nn.Sequential, exposed: nn.Sequential, x: torch.Tensor, rank: int = 4,
-    cross_layer: bool = False, epochs: int = 80, lr: float = 1e-2, batch_size: int = 128,
+    cross_layer: bool = True, epochs: int = 80, lr: float = 1e-2, batch_size: int = 128,
     seed: int = 0,
 ) -> AdaptedMLP:  # fmt: skip
     """Train TEE adapters on the owner's data with ``KL(p_victim || p_exposed+BA)``; exposed frozen."""
@@ -223,9 +262,9 @@ class Release:
 
 def release(
     victim: nn.Sequential, scheme: str, owner_x: torch.Tensor, owner_y: torch.Tensor,
-    fisher: dict[str, torch.Tensor] | None, rho: float = 0.02, rank: int = 4,
-    cross_layer: bool = False, entropy_steps: int = 0, distill_epochs: int = 80,
-    fisher_chunks: int = 4, seed: int = 0,
+    fisher: dict[str, torch.Tensor] | None, rho: float = DEFAULT_RHO, rank: int = 4,
+    cross_layer: bool = True, entropy_steps: int = 0, distill_epochs: int = 80,
+    fisher_chunks: int = 4, seed: int = 0, flip: Flip = Flip.sampled, flip_low: float = 0.5,
 ) -> Release:  # fmt: skip
     """Deploy ``victim`` under ``scheme``.
 
@@ -251,10 +290,10 @@ def release(
         if fisher is None:
             fisher = fisher_diagonal(victim, owner_x, owner_y)
         masks = iterative_fisher_mask(state, keys, rho, fisher, owner_x, owner_y, fisher_chunks,
-                                      hidden)  # fmt: skip
+                                      hidden, flip, flip_low, seed)  # fmt: skip
     else:
         masks = select_mask(state, keys, rho, scheme, fisher, seed)
-    exposed_model = load_state(obfuscate(state, masks), hidden)
+    exposed_model = load_state(obfuscate(state, masks, flip, flip_low, seed), hidden)
     if entropy_steps:
         entropy_ascent(exposed_model, masks, owner_x, entropy_steps)
     exposed = {k: v.detach().clone() for k, v in exposed_model.state_dict().items()}
@@ -284,13 +323,15 @@ class ModelRelease(Defense):
 class Filosofer(ModelRelease):
     @dataclass
     class Params:
-        rho: float = 0.02
+        rho: float = DEFAULT_RHO
         mask: str = "fisher"  # fisher | random | magnitude
         rank: int = 4
-        cross_layer: bool = False
+        cross_layer: bool = True
         entropy_steps: int = 0
         distill_epochs: int = 80
         fisher_chunks: int = 4  # 1 = one-shot top-rho; >1 = greedy, Fisher re-estimated
+        flip: Flip = Flip.sampled  # sampled: values the tensor already has; extreme: min / max
+        flip_low: float = 0.5  # sampled flips draw magnitudes above this quantile
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         super().__init__(cfg, params)
@@ -298,11 +339,14 @@ class Filosofer(ModelRelease):
             raise ConfigError("filosofer.mask must be fisher, random or magnitude")
         if not 0 < self.params.rho < 1:
             raise ConfigError("filosofer.rho must be in (0, 1)")
+        if not 0 <= self.params.flip_low < 1:
+            raise ConfigError("filosofer.flip_low must be in [0, 1)")
 
     def release(self, victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
         p = self.params
         return release(victim, p.mask, owner_x, owner_y, fisher, p.rho, p.rank, p.cross_layer,
-                       p.entropy_steps, p.distill_epochs, p.fisher_chunks, seed)  # fmt: skip
+                       p.entropy_steps, p.distill_epochs, p.fisher_chunks, seed, p.flip,
+                       p.flip_low)  # fmt: skip
 
 
 @DEFENSES.register("shield-last-layer", "DarkneTZ-style: the last layer in the TEE, withheld")
