@@ -53,10 +53,16 @@ class ReportConfig:
     extra: list[str] = field(default_factory=list)
 
 
-def load_cells(out: Path) -> pd.DataFrame:
-    """One row per cell (a cell re-run after a crash keeps its last row), metrics flattened."""
+def load_cells(out: Path, order: list[str] | None = None) -> pd.DataFrame:
+    """One row per cell (a cell re-run after a crash keeps its last row), metrics flattened.
+
+    ``order``: the cell ids in grid order; rows follow it, not the finishing order, so parallel
+    cells (``--ray``) give the same table as sequential ones."""
     rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines() if r.strip()]
     latest = {r["id"]: r for r in rows}
+    if order is not None:
+        rank = {cell_id: i for i, cell_id in enumerate(order)}
+        latest = dict(sorted(latest.items(), key=lambda item: rank.get(item[0], len(rank))))
     flat = []
     for row in latest.values():
         entry = {
@@ -72,9 +78,9 @@ def load_cells(out: Path) -> pd.DataFrame:
     return pd.DataFrame(flat)
 
 
-def write_outputs(sweep: Any, out: Path) -> None:
-    """cells.csv (one row per cell), results.md and the PNG plots of ``sweep.report``."""
-    frame = load_cells(out)
+def write_outputs(sweep: Any, out: Path, order: list[str] | None = None) -> None:
+    """cells.csv (one row per cell, in ``order``), results.md and the PNG plots of ``sweep.report``."""
+    frame = load_cells(out, order)
     tmp = out / ".cells.csv.tmp"
     frame.to_csv(tmp, index=False)
     os.replace(tmp, out / "cells.csv")

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flowerbed.attacks import ATTACKS
@@ -20,6 +20,7 @@ from flowerbed.attacks.adaptive.scoring import GroupScorer
 from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 
 __all__ = [
     "DefenseAwareInversion",
@@ -38,12 +39,12 @@ class GoliathAdaptive:
 
     @dataclass
     class Params:
-        target_clients: list[int] = field(default_factory=lambda: [0])
-        restarts: int = 4
-        iterations: int = 400
-        cycles: int = 4
-        rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
-        average_rounds: int = 4  # noisy updates of one client averaged (DP); 1 = no averaging
+        target_clients: list[int] = param(factory=lambda: [0], ge=0)
+        restarts: int = param(4, ge=1)
+        iterations: int = param(400, ge=0)
+        cycles: int = param(4, ge=1)
+        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+        average_rounds: int = param(4, ge=1)  # noisy updates of one client averaged (DP); 1 = none
         compare_unaware: bool = True  # also run the unaware Goliath on the same replies
 
     @classmethod

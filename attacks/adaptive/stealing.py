@@ -16,7 +16,7 @@ attacker's best learning rate (an upper bound of what such an attacker gets).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from torch import nn
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.model_stealing import ModelStealing, StealingObserver, steal
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
 from flowerbed.clients.training import load_state
 
@@ -100,11 +101,11 @@ class ModelStealingAdaptive(ModelStealing):
 
     @dataclass
     class Params:
-        q: float = 0.05
-        lrs: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2])
-        steps: int = 150
-        rho: float = 0.0  # the release's flip fraction; 0 = the configured defense's (public)
-        fractions: list[float] = field(default_factory=lambda: [1.0, 2.5])  # flagged, x rho
+        q: float = param(0.05, gt=0, le=1)
+        lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
+        steps: int = param(150, ge=1)
+        rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
+        fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:

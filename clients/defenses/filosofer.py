@@ -17,14 +17,12 @@ helpers and the Fisher live in ``clients/training.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
 
 import torch
 from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.defenses import DEFENSES, Defense
 from flowerbed.clients.training import (
     fisher_diagonal,
@@ -128,11 +126,8 @@ def select_mask(
     return masks
 
 
-class Flip(StrEnum):
-    """Where a flipped weight goes (``sampled`` is the default; ``extreme`` the original rule)."""
-
-    extreme = "extreme"
-    sampled = "sampled"
+#: where a flipped weight goes (``sampled`` is the default; ``extreme`` the original rule)
+Flip = choices("Flip", ("extreme", "sampled"))
 
 
 def obfuscate(
@@ -317,30 +312,26 @@ class ModelRelease(Defense):
         return release(victim, self.scheme, owner_x, owner_y, fisher, seed=seed)
 
 
+Mask = choices("Mask", ("fisher", "random", "magnitude"))
+
+
 @DEFENSES.register(
     "filosofer", "Fisher-guided flip of the top-rho exposed weights + TEE-held LoRA recovery"
 )
 class Filosofer(ModelRelease):
     @dataclass
     class Params:
-        rho: float = DEFAULT_RHO
-        mask: str = "fisher"  # fisher | random | magnitude
-        rank: int = 4
+        rho: float = param(DEFAULT_RHO, gt=0, lt=1)
+        mask: Mask = Mask("fisher")  # fisher | random | magnitude
+        rank: int = param(4, ge=1)
         cross_layer: bool = True
-        entropy_steps: int = 0
-        distill_epochs: int = 80
-        fisher_chunks: int = 4  # 1 = one-shot top-rho; >1 = greedy, Fisher re-estimated
-        flip: Flip = Flip.sampled  # sampled: values the tensor already has; extreme: min / max
-        flip_low: float = 0.5  # sampled flips draw magnitudes above this quantile
-
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
-        if self.params.mask not in ("fisher", "random", "magnitude"):
-            raise ConfigError("filosofer.mask must be fisher, random or magnitude")
-        if not 0 < self.params.rho < 1:
-            raise ConfigError("filosofer.rho must be in (0, 1)")
-        if not 0 <= self.params.flip_low < 1:
-            raise ConfigError("filosofer.flip_low must be in [0, 1)")
+        entropy_steps: int = param(0, ge=0)
+        distill_epochs: int = param(80, ge=0)
+        # 1 = one-shot top-rho; >1 = greedy, Fisher re-estimated between chunks
+        fisher_chunks: int = param(4, ge=1)
+        flip: Flip = Flip("sampled")  # sampled: values the tensor already has; extreme: min / max
+        # sampled flips draw magnitudes between this quantile of the other sign's and its maximum
+        flip_low: float = param(0.5, ge=0, lt=1)
 
     def release(self, victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
         p = self.params

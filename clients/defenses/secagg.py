@@ -21,7 +21,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Defense
 
@@ -36,15 +36,8 @@ class SecAgg(Defense):
 
     @dataclass
     class Params:
-        min_clients: int = 2
-        group_size: int = 0  # clients per aggregate (0 = all sampled clients)
-
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
-        if self.params.min_clients < 1 or self.params.group_size < 0:
-            raise ConfigError(
-                "secagg needs min_clients >= 1 and group_size >= 0 (0 = all sampled clients)"
-            )
+        min_clients: int = param(2, ge=1)
+        group_size: int = param(0, ge=0)  # clients per aggregate (0 = all sampled clients)
 
     @classmethod
     def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip

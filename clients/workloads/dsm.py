@@ -31,6 +31,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -301,16 +302,16 @@ class DSM(Workload):
 
     @dataclass
     class Params:
-        hidden: int = 256
-        subclusters: int = 4
-        n_mem: int = 20
-        dup: int = 4
-        local_steps: int = 300
-        lr: float = 2e-3
-        batch_size: int = 256
-        per_condition: int = 4
-        sample_steps: int = 50
-        guidance: float = 5.0
+        hidden: int = param(256, ge=1)
+        subclusters: int = param(4, ge=1)
+        n_mem: int = param(20, ge=0)
+        dup: int = param(4, ge=1)
+        local_steps: int = param(300, ge=0)
+        lr: float = param(2e-3, gt=0)
+        batch_size: int = param(256, ge=1)
+        per_condition: int = param(4, ge=1)
+        sample_steps: int = param(50, ge=1)
+        guidance: float = param(5.0, ge=0)
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
