@@ -6,37 +6,152 @@ the victim through the configured release defense (``filosofer``, ``shield-last-
 ``whole-model-tee``; none = all weights exposed) and runs the attacker: the exposed weights
 fine-tuned on a fraction ``q`` of the training data, best over learning rates (0 = as is), against
 the black-box bound (same architecture from scratch on the same data).
+
+Also here: the attacker's loops (``steal``, ``black_box``) and one seed of the central analysis
+(``stealing_table``: victim, every release scheme, surrogate per q), used by the tests and
+benchmarks/filosofer.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from torch import nn
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import build_defenses
-from flowerbed.clients.workloads.filosofer import (
-    Release,
+from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
+from flowerbed.clients.training import (
     accuracy,
-    attacker_subset,
-    black_box,
-    digits_split,
+    fisher_diagonal,
     load_state,
+    make_mlp,
     output_entropy,
-    release,
-    steal,
-    unpack,
 )
+from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack
 
 
+# -- the attacker ------------------------------------------------------------------------------
+def attacker_subset(split: Split, q: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fraction ``q`` of the training pool (at least one sample per class where possible)."""
+    n = max(int(round(q * len(split.y_train))), 10)
+    idx = np.random.default_rng([seed, 17]).permutation(len(split.y_train))[:n]
+    return split.x_train[idx], split.y_train[idx]
+
+
+def steal(
+    exposed: dict[str, torch.Tensor] | None, x: torch.Tensor, y: torch.Tensor,
+    x_test: torch.Tensor, y_test: torch.Tensor, lrs: tuple[float, ...] = (0.0, 1e-3, 1e-2),
+    steps: int = 150, seed: int = 0, keep_last_layer_secret: bool = False,
+    hidden: list[int] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Model stealing: warm-start from the exposed weights, fine-tune on ``(x, y)``, best over ``lrs``.
+
+    ``lr = 0`` uses the exposed weights as they are. ``exposed=None`` (nothing exposed) or a
+    withheld last layer re-initialise the missing part at random. Full-batch Adam for ``steps``
+    steps. Returns the best test accuracy and the per-lr accuracies (the attacker's upper bound:
+    the best lr is picked on the test set).
+    """
+    out: dict[str, float] = {}
+    for lr in lrs:
+        torch.manual_seed(seed)
+        model = make_mlp(hidden=hidden)
+        if exposed is not None:
+            state = {k: v.clone() for k, v in exposed.items()}
+            if keep_last_layer_secret:
+                last = [k for k in model.state_dict() if k.startswith(f"{len(model) - 1}.")]
+                fresh = model.state_dict()
+                state.update({k: fresh[k].clone() for k in last})
+            model.load_state_dict(state)
+        if lr > 0:
+            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            model.train()
+            for _ in range(steps):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        out[f"lr{lr:g}"] = accuracy(model, x_test, y_test)
+    out["best"] = max(out.values())
+    return out
+
+
+def black_box(
+    x: torch.Tensor, y: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor, steps: int = 150,
+    seed: int = 0, hidden: list[int] | None = None,
+) -> float:  # fmt: skip
+    """The black-box bound: the same architecture from random init on the same data, best lr."""
+    return steal(None, x, y, x_test, y_test, (1e-3, 1e-2), steps, seed, hidden=hidden)["best"]
+
+
+# -- the analysis: one seed of the release-scheme table ----------------------------------------
+SCHEMES: dict[str, dict[str, Any]] = {
+    "none": {"scheme": "none"},
+    "shield-last-layer": {"scheme": "shield-last-layer"},
+    "whole-model": {"scheme": "whole-model"},
+    "random 8%": {"scheme": "random"},
+    "magnitude 8%": {"scheme": "magnitude"},
+    "FILOsofer 8%": {"scheme": "fisher"},
+}
+
+
+def stealing_table(
+    seed: int, qs: tuple[float, ...] = (0.02, 0.05, 0.1),
+    schemes: dict[str, dict[str, Any]] | None = None, steps: int = 150, victim_epochs: int = 40,
+    adaptive: Callable[..., dict[str, float]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One seed of the analysis: victim, each scheme's release (``release`` kwargs), surrogate per q.
+
+    ``adaptive(exposed, x, y, x_test, y_test, rho, seed=...)``, when given, is a defense-aware
+    attacker run on every fully exposed release too (``row["adaptive"]``: the better of it and the
+    plain attacker, per q).
+    """
+    torch.set_num_threads(1)
+    split = digits_split(seed)
+    victim = train_victim(split, seed, victim_epochs)
+    fisher = fisher_diagonal(victim, split.x_train, split.y_train)
+    out: dict[str, Any] = {"victim": accuracy(victim, split.x_test, split.y_test), "schemes": {}}
+    subsets = {q: attacker_subset(split, q, seed) for q in qs}
+    out["black-box"] = {
+        q: black_box(*subsets[q], split.x_test, split.y_test, steps, seed) for q in qs
+    }
+    for name, kwargs in (schemes or SCHEMES).items():
+        rel = release(victim, owner_x=split.x_train, owner_y=split.y_train, fisher=fisher,
+                      seed=seed, **kwargs)  # fmt: skip
+        row: dict[str, Any] = {
+            "user": accuracy(rel.user_model, split.x_test, split.y_test),
+            "tee_params": rel.tee_param_fraction,
+            "tee_flops": rel.tee_flop_fraction,
+        }
+        if rel.exposed is not None and not rel.keep_last_layer_secret:
+            exposed_model = load_state(rel.exposed)
+            row["exposed"] = accuracy(exposed_model, split.x_test, split.y_test)
+            row["entropy"] = output_entropy(exposed_model, split.x_test)
+        row["surrogate"] = {
+            q: steal(rel.exposed, *subsets[q], split.x_test, split.y_test, steps=steps, seed=seed,
+                     keep_last_layer_secret=rel.keep_last_layer_secret)["best"]
+            for q in qs
+        }  # fmt: skip
+        if adaptive is not None and rel.exposed is not None and not rel.keep_last_layer_secret:
+            rho = kwargs.get("rho", DEFAULT_RHO)
+            row["adaptive"] = {
+                q: max(row["surrogate"][q], adaptive(rel.exposed, *subsets[q], split.x_test,
+                                                     split.y_test, rho, seed=seed)["best"])
+                for q in qs
+            }  # fmt: skip
+        out["schemes"][name] = row
+    return out
+
+
+# -- the federated attack ----------------------------------------------------------------------
 def release_with(cfg: dict[str, Any], victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
     """Release ``victim`` through the first configured release defense (none: all exposed)."""
     for defense in build_defenses(cfg):
@@ -45,9 +160,14 @@ def release_with(cfg: dict[str, Any], victim, owner_x, owner_y, fisher, seed: in
     return release(victim, "none", owner_x, owner_y, fisher, seed=seed)
 
 
+#: an extra attacker on the same release: (release, attacker data, test data, seed, hidden widths,
+#: params, the plain attack's metrics) -> metrics (the defense-aware stealing attack plugs in here)
+ExtraAttack = Callable[..., dict[str, float]]
+
+
 def attack_release(
     cfg: dict[str, Any], params: Any, state: dict[str, torch.Tensor],
-    fisher: dict[str, torch.Tensor],
+    fisher: dict[str, torch.Tensor], extra: ExtraAttack | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
     torch.set_num_threads(1)
@@ -75,15 +195,18 @@ def attack_release(
         exposed = load_state(rel.exposed, hidden)
         out["exposed_accuracy"] = accuracy(exposed, *test)
         out["exposed_entropy"] = output_entropy(exposed, split.x_test)
+    if extra is not None:
+        out |= extra(rel, (x_q, y_q), test, seed, hidden, params, out)
     return out
 
 
 class StealingObserver(StrategyWrapper):
     """Captures the final round's global model and pooled Fisher, then attacks its release."""
 
-    def __init__(self, inner: Any, cfg: dict[str, Any], params: Any, writer: Any) -> None:
+    def __init__(self, inner: Any, cfg: dict[str, Any], params: Any, writer: Any,
+                 extra: ExtraAttack | None = None) -> None:  # fmt: skip
         super().__init__(inner)
-        self.cfg, self.params, self.writer = cfg, params, writer
+        self.cfg, self.params, self.writer, self.extra = cfg, params, writer, extra
         self.sent: ArrayRecord | None = None
 
     def configure_train(
@@ -98,7 +221,7 @@ class StealingObserver(StrategyWrapper):
         if server_round == self.cfg["rounds"] and self.sent is not None and arrays is not None:
             state, _ = unpack(self.sent)
             _, fisher = unpack(arrays)  # the clients' pooled Fisher of the model sent this round
-            result = attack_release(self.cfg, self.params, state, fisher)
+            result = attack_release(self.cfg, self.params, state, fisher, self.extra)
             self.writer.log(server_round, "attack", result)
             for key, value in result.items():
                 self.writer.set_final(f"attack.{key}", value)
@@ -115,11 +238,16 @@ class ModelStealing:
         lrs: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2])
         steps: int = 150
 
-    @staticmethod
-    def wrap(strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
+    @classmethod
+    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
+        return StealingObserver(strategy, cfg, cls.checked_params(cfg), writer)
+
+    @classmethod
+    def checked_params(cls, cfg: dict[str, Any]) -> Any:
+        name = cfg["attack"]["name"]
         if cfg["workload"]["name"] != "filosofer":
-            raise ConfigError("attack 'model-stealing' needs workload 'filosofer' (Fisher arrays)")
-        params = ModelStealing.Params(**cfg["attack"]["params"])
+            raise ConfigError(f"attack '{name}' needs workload 'filosofer' (Fisher arrays)")
+        params = cls.Params(**cfg["attack"]["params"])
         if not 0 < params.q <= 1:
-            raise ConfigError("model-stealing.q must be in (0, 1]")
-        return StealingObserver(strategy, cfg, params, writer)
+            raise ConfigError(f"{name}.q must be in (0, 1]")
+        return params

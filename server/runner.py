@@ -18,7 +18,7 @@ from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, dense_bytes
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.results import ResultsWriter
@@ -223,22 +223,37 @@ class SeededSampling(StrategyWrapper):
 
 
 class MetricsTap(StrategyWrapper):
-    """Records the aggregated train/evaluate metrics of each round for the results writer."""
+    """Records the aggregated train/evaluate metrics of each round for the results writer.
+
+    It is the outermost wrapper, so it sees every client's reply as sent: ``comm`` holds the
+    upload of the round (``wire-bytes`` of a compressing defense, else the dense array bytes).
+    """
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
         self.train: dict[int, dict[str, Any]] = {}
         self.evaluate: dict[int, dict[str, Any]] = {}
         self.dp: dict[int, dict[str, Any]] = {}
+        self.comm: dict[int, dict[str, float]] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
+        ok = [r for r in replies if not r.has_error() and "metrics" in r.content]
         epsilons = [
-            float(r.content["metrics"]["epsilon"]) for r in replies
-            if not r.has_error() and "metrics" in r.content and "epsilon" in r.content["metrics"]
+            float(r.content["metrics"]["epsilon"]) for r in ok if "epsilon" in r.content["metrics"]
+        ]
+        sizes = [
+            float(r.content["metrics"][WIRE_BYTES]) if WIRE_BYTES in r.content["metrics"]
+            else float(dense_bytes(r.content["arrays"]))
+            for r in ok if "arrays" in r.content
         ]  # fmt: skip
+        if sizes:
+            self.comm[server_round] = {
+                "upload_bytes": sum(sizes), "upload_bytes_per_client": sum(sizes) / len(sizes),
+            }  # fmt: skip
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
-        self.train[server_round] = {k: v for k, v in dict(metrics or {}).items() if k != "epsilon"}
+        hidden = ("epsilon", WIRE_BYTES)
+        self.train[server_round] = {k: v for k, v in dict(metrics or {}).items() if k not in hidden}
         if epsilons:  # DP-SGD: the worst client's cumulative epsilon
             self.train[server_round]["epsilon_max"] = max(epsilons)
             self.dp[server_round] = {"epsilon": max(epsilons)}
@@ -311,6 +326,7 @@ def _run(
             writer.log(server_round, "train", strategy.train.get(server_round, {}))
             writer.log(server_round, "eval", strategy.evaluate.get(server_round, {}))
             writer.log(server_round, "dp", strategy.dp.get(server_round, {}))
+            writer.log(server_round, "comm", strategy.comm.get(server_round, {}))
         writer.log(server_round, "central", central)
         writer.round_done(server_round)
         final_arrays[:] = [arrays]

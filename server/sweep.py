@@ -10,8 +10,8 @@ A sweep YAML::
       workload.params.lr: [0.01, 0.1]
       defenses: [[], [{name: topk, params: {fraction: 0.1}}]]
       seed: [0, 1]
-    report:                          # how results.md and the plots are laid out (all optional)
-      rows: defenses
+    report:                          # how results.md and the plots are laid out (all optional;
+      rows: defenses                 #   server/sweep_report.py: also the privacy-utility study)
       columns: attack.name
       value: attack.cell_accuracy
       utility: central.accuracy
@@ -50,18 +50,10 @@ from flowerbed.clients.core.config import (
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.experiment import resolve
 from flowerbed.server.runner import run_experiment
+from flowerbed.server.sweep_report import ReportConfig, write_outputs
 
 if TYPE_CHECKING:
     from flowerbed.server.ray_sweep import RayOptions
-
-
-@dataclass
-class ReportConfig:
-    rows: str | None = None
-    columns: str | None = None
-    value: str | None = None
-    utility: str | None = None
-    x: str | None = None
 
 
 @dataclass
@@ -250,114 +242,8 @@ def run_sweep(
             from flowerbed.server.engines.simulation import run_simulation_sweep
 
             run_simulation_sweep([cfg for _, cfg in todo], [c for c, _ in todo], out, on_cell)
-    write_outputs(sweep, out)
+    write_outputs(sweep, out, [cell["id"] for cell in cells_of(sweep)])
     return out
-
-
-def write_outputs(sweep: SweepConfig, out: Path) -> None:
-    """cells.csv (one row per cell), results.md (pivot) and PNG plots."""
-    import pandas as pd
-
-    rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines() if r.strip()]
-    latest = {r["id"]: r for r in rows}  # a cell re-run after a crash keeps its last row
-    order = {cell["id"]: i for i, cell in enumerate(cells_of(sweep))}
-    # grid order, not finishing order: parallel cells (--ray) give the same table as sequential ones
-    latest = dict(sorted(latest.items(), key=lambda item: order.get(item[0], len(order))))
-    flat = []
-    for row in latest.values():
-        entry = {
-            "cell": row["id"],
-            **row["params"],
-            "status": row["status"],
-            "wall_s": row["wall_s"],
-        }
-        entry.update(row.get("metrics", {}))
-        if row["status"] != "ok":
-            entry["error"] = row.get("error", "")
-        flat.append(entry)
-    frame = pd.DataFrame(flat)
-    tmp = out / ".cells.csv.tmp"
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, out / "cells.csv")
-    (out / "results.md").write_text(_results_md(sweep, frame))
-    _plots(sweep, frame, out)
-
-
-def _results_md(sweep: SweepConfig, frame: Any) -> str:
-    rep = sweep.report
-    lines = [
-        f"# {sweep.name}",
-        "",
-        f"{len(frame)} cells, base `{sweep.base}`, engine `{sweep.engine}`",
-        "",
-    ]
-    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
-    if rep.rows and rep.value and rep.rows in ok and rep.value in ok:
-        columns = rep.columns if rep.columns in ok else None
-        pivot = ok.pivot_table(index=rep.rows, columns=columns, values=rep.value, aggfunc="mean")
-        lines += [
-            f"mean `{rep.value}` by `{rep.rows}`" + (f" x `{columns}`" if columns else ""),
-            "",
-        ]
-        lines += [markdown_table(pivot.round(4)), ""]
-    if rep.rows and rep.utility and rep.utility in ok and rep.rows in ok:
-        util = ok.groupby(rep.rows)[rep.utility].mean().round(4)
-        lines += [f"mean `{rep.utility}` by `{rep.rows}`", "", markdown_table(util.to_frame()), ""]
-    errors = frame[frame["status"] != "ok"] if "status" in frame else frame.iloc[:0]
-    if len(errors):
-        lines += ["## failed cells", ""] + [f"- `{r.cell}`: {r.error}" for r in errors.itertuples()]
-    lines += ["", "All cells: `cells.csv`."]
-    return "\n".join(lines) + "\n"
-
-
-def markdown_table(frame: Any) -> str:
-    """A pandas frame (index = first column) as a Markdown table."""
-    head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for index, row in frame.iterrows():
-        lines.append(
-            "| "
-            + " | ".join(
-                [str(index)] + [f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def _plots(sweep: SweepConfig, frame: Any, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rep = sweep.report
-    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
-    if not (rep.rows and rep.value and rep.rows in ok and rep.value in ok):
-        return
-    if rep.utility and rep.utility in ok:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        for name, group in ok.groupby(rep.rows):
-            mean = group[[rep.utility, rep.value]].mean()
-            ax.scatter(mean[rep.utility], mean[rep.value], label=str(name))
-        ax.set_xlabel(rep.utility)
-        ax.set_ylabel(rep.value)
-        ax.set_title("privacy-utility")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "privacy_utility.png", dpi=90)
-        plt.close(fig)
-    if rep.x and rep.x in ok:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        for name, group in ok.groupby(rep.rows):
-            curve = group.groupby(rep.x)[rep.value].mean()
-            ax.plot(curve.index.astype(str), curve.values, marker="o", label=str(name))
-        ax.set_xlabel(rep.x)
-        ax.set_ylabel(rep.value)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{rep.value.replace('.', '_')}_vs_{rep.x.split('.')[-1]}.png", dpi=90)
-        plt.close(fig)
 
 
 __all__ = ["SweepConfig", "load_sweep", "run_sweep", "cells_of"]

@@ -9,6 +9,7 @@ per-row latents (t, eps, and in the mixed regime the [MASK] pattern).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +36,9 @@ class Knowledge:
     params: dict[str, torch.Tensor]  # the global model sent this round
     protocol: Protocol
     prep: TablePreprocessor
+    #: a defense's public transform of an update, as a defense-aware attacker models it (applied to
+    #: every simulated update before matching; None = the server sees the update as trained)
+    view: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     @property
     def spec(self) -> DiffusionSpec:

@@ -154,12 +154,15 @@ class Variables:
 def simulate(
     know: Knowledge, rows: Rows, lats: list[Latents], create_graph: bool
 ) -> dict[str, torch.Tensor]:
-    """What the client would send for these rows and latents: grad (FedSGD) or delta (FedAvg)."""
+    """What the client would send for these rows and latents: grad (FedSGD) or delta (FedAvg),
+    seen through ``know.view`` when the attacker models a defense."""
     if know.protocol.kind == "fedsgd":
-        return loss_grad(know.model, know.params, rows, lats[0], create_graph=create_graph)
-    new = local_update(know.model, know.params, [rows] * len(lats), lats, know.protocol,
-                       create_graph=create_graph)  # fmt: skip
-    return {k: know.params[k] - new[k] for k in know.params}
+        out = loss_grad(know.model, know.params, rows, lats[0], create_graph=create_graph)
+    else:
+        new = local_update(know.model, know.params, [rows] * len(lats), lats, know.protocol,
+                           create_graph=create_graph)  # fmt: skip
+        out = {k: know.params[k] - new[k] for k in know.params}
+    return out if know.view is None else know.view(out)
 
 
 def argmax_onehot(cat: torch.Tensor, cat_sizes: tuple[int, ...]) -> torch.Tensor:

@@ -15,6 +15,10 @@ with a do-nothing default:
   server, and so the observer, receives at all (secure aggregation).
 
 ``needs`` lists the workload capabilities the defense depends on (checked at config time).
+
+Bytes on the wire: a mod that encodes the update more compactly than dense arrays (top-k as values
++ indices, quantisation as ``bits`` per entry) says how many bytes its encoding takes in the reply
+metric ``wire-bytes``; the server counts dense array bytes for replies without it.
 """
 
 from __future__ import annotations
@@ -29,10 +33,20 @@ from flowerbed.clients.core.registry import NoParams, Registry
 
 DEFENSES = Registry("defense", (__name__,))
 
-__all__ = ["DEFENSES", "Defense", "build_defenses", "update_mod"]
+__all__ = ["DEFENSES", "WIRE_BYTES", "Defense", "build_defenses", "dense_bytes", "update_mod"]
 
 #: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
 UpdateTransform = Callable[[ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord]
+#: the size of an encoded update in bytes: (arrays sent, arrays the transform returned) -> bytes
+WireSize = Callable[[ArrayRecord, ArrayRecord], int]
+
+#: reply metric: bytes the update takes on the wire in the encoding of the last compressing mod
+WIRE_BYTES = "wire-bytes"
+
+
+def dense_bytes(arrays: ArrayRecord) -> int:
+    """Bytes of the arrays as dense tensors (what a reply costs without compression)."""
+    return sum(int(arrays[key].numpy().nbytes) for key in arrays)
 
 
 class Defense:
@@ -62,11 +76,14 @@ class Defense:
         return strategy
 
 
-def update_mod(transform: UpdateTransform) -> Callable[[Message, Context, Any], Message]:
+def update_mod(
+    transform: UpdateTransform, wire_size: WireSize | None = None
+) -> Callable[[Message, Context, Any], Message]:
     """A Flower client mod that rewrites the trained arrays of a train reply.
 
     The transform sees the arrays the server sent, the trained arrays and the round config with
-    ``partition-id`` (for seeding); error replies pass through untouched.
+    ``partition-id`` (for seeding); error replies pass through untouched. ``wire_size``, when given,
+    is recorded as the reply's ``wire-bytes`` (the transform's compact encoding).
     """
 
     def mod(msg: Message, context: Context, call_next: Any) -> Message:
@@ -75,7 +92,10 @@ def update_mod(transform: UpdateTransform) -> Callable[[Message, Context, Any], 
             return reply
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         config["partition-id"] = int(context.node_config["partition-id"])
-        reply.content["arrays"] = transform(msg.content["arrays"], reply.content["arrays"], config)
+        out = transform(msg.content["arrays"], reply.content["arrays"], config)
+        reply.content["arrays"] = out
+        if wire_size is not None:
+            reply.content["metrics"][WIRE_BYTES] = wire_size(msg.content["arrays"], out)
         return reply
 
     return mod

@@ -1,7 +1,11 @@
 """Update compression as defenses: top-k sparsification and k-bit quantisation of the update.
 
 Both act on the update ``delta = trained - sent`` (what a gradient-inversion attacker inverts) and
-send ``sent + compressed(delta)``.
+send ``sent + compressed(delta)``. What they would cost on the wire (reply metric ``wire-bytes``):
+top-k sends each changed entry as a float32 value and an int32 flat index (8 bytes); quantisation
+sends ``bits`` per entry (packed, rounded up to whole bytes per tensor) plus the tensor's float32
+min and max (8 bytes). The random seed of stochastic rounding is not sent (the server does not need
+it to decode).
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ from flwr.app import Array, ArrayRecord
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
+
+VALUE_BYTES = 4  # float32 value
+INDEX_BYTES = 4  # int32 flat index
+RANGE_BYTES = 8  # a quantised tensor's float32 min and max
 
 
 def _deltas(sent: ArrayRecord, updated: ArrayRecord) -> dict[str, np.ndarray]:
@@ -57,6 +65,17 @@ def quantize(
     return out
 
 
+def topk_wire_bytes(sent: ArrayRecord, out: ArrayRecord) -> int:
+    """Top-k as (value, index) pairs: 8 bytes per entry that changed."""
+    changed = sum(int(np.count_nonzero(d)) for d in _deltas(sent, out).values())
+    return changed * (VALUE_BYTES + INDEX_BYTES)
+
+
+def quantized_wire_bytes(out: ArrayRecord, bits: int) -> int:
+    """``bits`` per entry, packed per tensor, plus each tensor's min and max."""
+    return sum(-(-out[k].numpy().size * bits // 8) + RANGE_BYTES for k in out)
+
+
 @DEFENSES.register("topk", "top-k sparsification of the client update (keep a fraction)")
 class TopK(Defense):
     @dataclass
@@ -64,7 +83,7 @@ class TopK(Defense):
         fraction: float = param(0.1, gt=0, le=1)
 
     def mods(self) -> list[Any]:
-        return [update_mod(self.transform)]
+        return [update_mod(self.transform, topk_wire_bytes)]
 
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         return _rebuild(sent, topk(_deltas(sent, updated), self.params.fraction))
@@ -77,7 +96,9 @@ class Quantize(Defense):
         bits: int = param(4, ge=1, le=16)
 
     def mods(self) -> list[Any]:
-        return [update_mod(self.transform)]
+        return [
+            update_mod(self.transform, lambda _, out: quantized_wire_bytes(out, self.params.bits))
+        ]
 
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         key = [

@@ -1,11 +1,15 @@
-"""Secure aggregation as a visibility defense: the server sees only the sum of sampled updates.
+"""Secure aggregation as a visibility defense: the server sees only sums of sampled updates.
 
 Flower's SecAgg+ exists only for legacy strategies (``SecAggPlusWorkflow`` + ``secaggplus_mod``,
 see the Flower 1.42 notes), while flowerbed's strategies use the Message API. So ``secagg`` runs as
-aggregate-only observation: the server half replaces the individual replies by their
-example-weighted aggregate before the attack's observer and the strategy see them. The aggregate is
-exactly what SecAgg reveals; the masking cryptography is not simulated. Nothing changes on the
-client.
+aggregate-only observation: the server half replaces the individual replies by example-weighted
+aggregates before the attack's observer and the strategy see them. The aggregate is exactly what
+SecAgg reveals; the masking cryptography is not simulated. Nothing changes on the client.
+
+``group_size`` N (0 = all sampled clients) models grouped secure aggregation (one SecAgg instance
+per group of N clients, as in hierarchical or SecAgg+-style deployments): the server learns each
+group's aggregate and which clients formed it (``secagg`` record, ``members``), which is the
+strength knob an aggregate-inverting attacker is measured against.
 """
 
 from __future__ import annotations
@@ -14,16 +18,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Defense
 
+MEMBERS_RECORD = "secagg"  # ConfigRecord of an aggregate reply: {"members": [partition ids]}
+
 
 @DEFENSES.register(
-    "secagg", "secure aggregation: the server sees only the aggregate of sampled updates"
+    "secagg", "secure aggregation: the server sees only aggregates of N sampled updates"
 )
 class SecAgg(Defense):
     server_position = "outer"
@@ -31,34 +37,57 @@ class SecAgg(Defense):
     @dataclass
     class Params:
         min_clients: int = param(2, ge=1)
+        group_size: int = param(0, ge=0)  # clients per aggregate (0 = all sampled clients)
 
     @classmethod
     def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
-        return AggregateOnlyView(strategy, params["min_clients"])
+        return AggregateOnlyView(strategy, params["min_clients"], params.get("group_size", 0))
+
+
+def groups_of(pids: list[int], group_size: int, min_clients: int) -> list[list[int]]:
+    """Consecutive groups of ``group_size`` sorted partition ids; a short tail joins the last group."""
+    pids = sorted(pids)
+    if group_size <= 0 or group_size >= len(pids):
+        return [pids]
+    groups = [pids[i : i + group_size] for i in range(0, len(pids), group_size)]
+    if len(groups) > 1 and len(groups[-1]) < max(group_size, min_clients):
+        groups[-2] += groups.pop()
+    return groups
+
+
+def aggregate_message(replies: list[Message]) -> Message:
+    """One reply: the example-weighted mean of arrays and metrics, and who contributed."""
+    arrays: ArrayRecord = aggregate_arrayrecords([r.content for r in replies], "num-examples")
+    metric_keys = {k for r in replies for k in r.content["metrics"]}
+    total = sum(float(r.content["metrics"]["num-examples"]) for r in replies)
+    metrics = {
+        k: sum(float(r.content["metrics"].get(k, 0.0)) * float(r.content["metrics"]["num-examples"]) for r in replies) / total
+        for k in metric_keys if k not in ("num-examples", "partition-id")
+    }  # fmt: skip
+    metrics.update({"num-examples": total, "partition-id": -1, "secagg-clients": len(replies)})
+    members = [int(r.content["metrics"]["partition-id"]) for r in replies]
+    content = RecordDict(
+        {
+            "arrays": arrays,
+            "metrics": MetricRecord(metrics),
+            MEMBERS_RECORD: ConfigRecord({"members": members}),
+        }
+    )
+    return Message(content, dst_node_id=0, message_type="train")
 
 
 class AggregateOnlyView(StrategyWrapper):
-    """Hands the wrapped strategy one reply: the example-weighted aggregate of all replies."""
+    """Hands the wrapped strategy one reply per group: the example-weighted aggregate of the group."""
 
-    def __init__(self, inner: Any, min_clients: int) -> None:
+    def __init__(self, inner: Any, min_clients: int, group_size: int = 0) -> None:
         super().__init__(inner)
         self.min_clients = min_clients
+        self.group_size = group_size
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        ok = [r for r in replies if not r.has_error()]
+        ok = {int(r.content["metrics"]["partition-id"]): r for r in replies if not r.has_error()}
         if len(ok) < self.min_clients:  # SecAgg cannot unmask below its threshold: drop the round
             return None, None
-        arrays: ArrayRecord = aggregate_arrayrecords([r.content for r in ok], "num-examples")
-        metric_keys = {k for r in ok for k in r.content["metrics"]}
-        total = sum(float(r.content["metrics"]["num-examples"]) for r in ok)
-        metrics = {
-            k: sum(float(r.content["metrics"].get(k, 0.0)) * float(r.content["metrics"]["num-examples"]) for r in ok) / total
-            for k in metric_keys if k not in ("num-examples", "partition-id")
-        }  # fmt: skip
-        metrics.update({"num-examples": total, "partition-id": -1, "secagg-clients": len(ok)})
-        summed = Message(
-            RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
-            dst_node_id=0,
-            message_type="train",
-        )
-        return self.inner.aggregate_train(server_round, [summed])
+        groups = groups_of(list(ok), self.group_size, self.min_clients)
+        summed = [aggregate_message([ok[pid] for pid in group]) for group in groups]
+        return self.inner.aggregate_train(server_round, summed)

@@ -94,3 +94,93 @@ def test_quantize_levels_and_unbiased():
     q = quantize(deltas, 2, np.random.default_rng(2))["w"]
     assert len(np.unique(q)) <= 4
     assert abs(q.mean() - deltas["w"].mean()) < 0.05
+
+
+AGGREGATES: dict[int, dict] = {}
+
+
+@ATTACKS.register("record-aggregate", "test helper: records replies and the aggregate below")
+class RecordAggregate:
+    @staticmethod
+    def wrap(strategy, cfg, writer):
+        class Recorder(StrategyWrapper):
+            def aggregate_train(self, server_round, replies):
+                replies = list(replies)
+                arrays, metrics = self.inner.aggregate_train(server_round, replies)
+                AGGREGATES[server_round] = {
+                    "replies": [_numpy(r.content["arrays"]) for r in replies],
+                    "aggregate": _numpy(arrays),
+                }
+                return arrays, metrics
+
+        return Recorder(strategy)
+
+
+def _numpy(arrays) -> np.ndarray:
+    return np.concatenate([v.numpy().ravel().astype(np.float64) for v in arrays.values()])
+
+
+def test_central_dp_clips_updates_and_noises_the_aggregate(inline_cfg):
+    """Flower's central DP (client clipping): what the curious server sees is clipped to C, the
+    aggregate carries Gaussian noise of std sigma * C / n, and epsilon follows the accountant."""
+    sigma, clip, n = 2.0, 0.05, 3
+    cfg = inline_cfg(
+        "quickstart", "rounds=1", f"clients.num={n}", "dataset.max_rows=3000",
+        "attack.name=record-aggregate",
+        f"defenses=[{{name: central-dp, params: {{noise_multiplier: {sigma}, "
+        f"clipping_norm: {clip}, clipping: client}}}}]",
+    )  # fmt: skip
+    from flowerbed.clients.workloads import WORKLOADS
+
+    sent = _numpy(WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays())
+    AGGREGATES.clear()
+    summary = run_inline(cfg)
+    seen = AGGREGATES[1]
+    updates = [r - sent for r in seen["replies"]]
+    assert all(np.linalg.norm(u) <= clip * (1 + 1e-4) for u in updates)
+    assert max(np.linalg.norm(u) for u in updates) > clip * 0.99  # clipping was active
+    noise = seen["aggregate"] - np.mean(seen["replies"], axis=0)
+    assert np.std(noise) == pytest.approx(sigma * clip / n, rel=0.1)
+    accountant = RDPAccountant()
+    accountant.step(noise_multiplier=sigma, sample_rate=1.0)
+    assert summary["metrics"]["dp.epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))
+
+
+def test_secagg_groups_reveal_only_group_sums(inline_cfg):
+    base = ["rounds=1", "clients.num=4", "dataset.max_rows=3000", "attack.name=record-replies"]
+    SEEN.clear()
+    run_inline(inline_cfg("quickstart", *base))
+    individual = _train_arrays(SEEN[1])
+    SEEN.clear()
+    run_inline(
+        inline_cfg("quickstart", *base, "defenses=[{name: secagg, params: {group_size: 2}}]")
+    )
+    assert [pid for pid, _ in SEEN[1]] == [-1, -1]
+    key = next(iter(individual[0]))
+    for (_, arrays), members in zip(SEEN[1], ([0, 1], [2, 3]), strict=True):
+        group = np.mean([individual[m][key] for m in members], axis=0)
+        assert np.allclose(arrays[key].numpy(), group, atol=1e-5)
+        assert all(not np.allclose(arrays[key].numpy(), individual[m][key]) for m in members)
+
+
+def test_bytes_per_round_count_the_compressed_encoding(inline_cfg):
+    """Dense replies cost their array bytes; top-k 8 bytes per kept entry (float32 value + int32
+    index); b-bit quantisation b bits per entry plus each tensor's min and max."""
+    base = ["rounds=1", "clients.num=2", "dataset.max_rows=2000"]
+
+    def per_client(defenses: str) -> float:
+        metrics = run_inline(inline_cfg("quickstart", *base, f"defenses={defenses}"))["metrics"]
+        assert metrics["comm.upload_bytes"] == 2 * metrics["comm.upload_bytes_per_client"]
+        return metrics["comm.upload_bytes_per_client"]
+
+    from flowerbed.clients.workloads import WORKLOADS
+
+    cfg = inline_cfg("quickstart", *base)
+    arrays = WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays()
+    sizes = [arrays[k].numpy().size for k in arrays]
+    assert per_client("[]") == 4 * sum(sizes)
+    kept = per_client("[{name: topk, params: {fraction: 0.1}}]")
+    assert kept <= 8 * round(0.1 * sum(sizes)) and kept >= 0.9 * 8 * round(0.1 * sum(sizes))
+    assert per_client("[{name: quantize, params: {bits: 4}}]") == sum(
+        -(-n * 4 // 8) + 8 for n in sizes
+    )

@@ -7,26 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from flowerbed.clients.workloads.filosofer import (
-    Filosofer,
-    accuracy,
-    attacker_subset,
-    black_box,
-    digits_split,
-    fisher_diagonal,
-    fisher_per_sample,
+from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
+from flowerbed.clients.defenses.filosofer import (
     iterative_fisher_mask,
-    load_state,
-    make_mlp,
     model_macs,
     obfuscate,
     release,
     select_mask,
-    steal,
-    train_victim,
-    unpack,
     weight_keys,
 )
+from flowerbed.clients.training import (
+    accuracy,
+    fisher_diagonal,
+    fisher_per_sample,
+    load_state,
+    make_mlp,
+)
+from flowerbed.clients.workloads.filosofer import Filosofer, digits_split, train_victim, unpack
 
 QS = (0.02, 0.05, 0.1)
 
@@ -51,13 +48,16 @@ def victim():
     return split, model, fisher_diagonal(model, split.x_train, split.y_train)
 
 
+RHO = 0.08  # the filosofer defense's default
+
+
 def test_fisher_flip_breaks_exposed_model_with_values_in_range(victim):
     split, model, fisher = victim
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     keys = weight_keys(model)
-    masks = iterative_fisher_mask(state, keys, 0.02, fisher, split.x_train, split.y_train)
+    masks = iterative_fisher_mask(state, keys, RHO, fisher, split.x_train, split.y_train)
     n_weights = sum(state[k].numel() for k in keys)
-    assert abs(sum(int(m.sum()) for m in masks.values()) - 0.02 * n_weights) <= 4
+    assert abs(sum(int(m.sum()) for m in masks.values()) - RHO * n_weights) <= 4
     exposed = obfuscate(state, masks)
     for key in keys:
         assert exposed[key].min() >= state[key].min() and exposed[key].max() <= state[key].max()
@@ -65,18 +65,18 @@ def test_fisher_flip_breaks_exposed_model_with_values_in_range(victim):
         assert (torch.sign(exposed[key][masks[key]]) != torch.sign(state[key][masks[key]])).all()
     victim_acc = accuracy(model, split.x_test, split.y_test)
     assert victim_acc >= 0.95
-    assert accuracy(load_state(exposed), split.x_test, split.y_test) <= 0.35
-    # the ablation: the same number of random flips barely hurts
-    rand = obfuscate(state, select_mask(state, keys, 0.02, "random", seed=0))
-    assert accuracy(load_state(rand), split.x_test, split.y_test) >= victim_acc - 0.1
+    fisher_acc = accuracy(load_state(exposed), split.x_test, split.y_test)
+    assert fisher_acc <= 0.35
+    # the ablation: the same number of random flips hurts far less (measured 0.89 vs 0.00)
+    rand = obfuscate(state, select_mask(state, keys, RHO, "random", seed=0))
+    assert accuracy(load_state(rand), split.x_test, split.y_test) >= fisher_acc + 0.4
 
 
 def test_lora_in_tee_recovers_user_accuracy_at_small_cost(victim):
-    # cross-layer rank-4 adapters, 250 distillation epochs (per-layer ones reach only -0.027)
+    # the defaults: 8 % sampled flips, cross-layer rank-4 adapters, 80 distillation epochs
     split, model, fisher = victim
     victim_acc = accuracy(model, split.x_test, split.y_test)
-    rel = release(model, "fisher", split.x_train, split.y_train, fisher, rho=0.02, rank=4,
-                  cross_layer=True, distill_epochs=250, seed=0)  # fmt: skip
+    rel = release(model, "fisher", split.x_train, split.y_train, fisher, seed=0)
     exposed_acc = accuracy(load_state(rel.exposed), split.x_test, split.y_test)
     user_acc = accuracy(rel.user_model, split.x_test, split.y_test)
     assert exposed_acc <= 0.35  # without the TEE adapters the model is broken
@@ -90,37 +90,41 @@ def test_lora_in_tee_recovers_user_accuracy_at_small_cost(victim):
 
 
 def _stealing_gaps(seed: int, split=None, model=None, fisher=None) -> tuple[float, float]:
-    """Mean over q of surrogate - black-box, for the Fisher flip and for a random flip (2 %)."""
+    """Mean over q of surrogate - black-box, for the Fisher flip and for a random flip (8 %)."""
     if split is None:
         split = digits_split(seed)
         model = train_victim(split, seed)
         fisher = fisher_diagonal(model, split.x_train, split.y_train)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     keys = weight_keys(model)
-    fmask = iterative_fisher_mask(state, keys, 0.02, fisher, split.x_train, split.y_train)
-    rmask = select_mask(state, keys, 0.02, "random", seed=seed)
+    fmask = iterative_fisher_mask(state, keys, RHO, fisher, split.x_train, split.y_train, seed=seed)
+    rmask = select_mask(state, keys, RHO, "random", seed=seed)
     gaps_f, gaps_r = [], []
     for q in QS:
         xq, yq = attacker_subset(split, q, seed)
         test = (split.x_test, split.y_test)
         bb = black_box(xq, yq, *test, seed=seed)
-        gaps_f.append(steal(obfuscate(state, fmask), xq, yq, *test, seed=seed)["best"] - bb)
-        gaps_r.append(steal(obfuscate(state, rmask), xq, yq, *test, seed=seed)["best"] - bb)
+        gaps_f.append(
+            steal(obfuscate(state, fmask, seed=seed), xq, yq, *test, seed=seed)["best"] - bb
+        )
+        gaps_r.append(
+            steal(obfuscate(state, rmask, seed=seed), xq, yq, *test, seed=seed)["best"] - bb
+        )
     return float(np.mean(gaps_f)), float(np.mean(gaps_r))
 
 
 def test_surrogate_under_filosofer_stays_at_black_box_while_random_mask_leaks(victim):
-    fisher_gap, random_gap = _stealing_gaps(0, *victim)
+    fisher_gap, random_gap = _stealing_gaps(0, *victim)  # measured -0.004 and +0.149
     assert fisher_gap <= 0.02
-    assert random_gap - fisher_gap >= 0.03
+    assert random_gap - fisher_gap >= 0.05
 
 
 @pytest.mark.slow
-def test_surrogate_bound_holds_over_three_seeds(victim):
-    gaps = [_stealing_gaps(0, *victim)] + [_stealing_gaps(s) for s in (1, 2)]
-    fisher_gap, random_gap = np.mean(gaps, axis=0)
-    assert fisher_gap <= 0.02
-    assert random_gap - fisher_gap >= 0.03
+def test_surrogate_bound_holds_on_four_of_five_seeds(victim):
+    """Measured, seeds 0-4: FILOsofer -0.004 +0.006 -0.001 +0.002 +0.007, random 8 % +0.149
+    +0.111 +0.118 +0.171 +0.098 (the claim holds on all five; asserted on four)."""
+    gaps = [_stealing_gaps(0, *victim)] + [_stealing_gaps(s) for s in (1, 2, 3, 4)]
+    assert sum(f <= 0.02 and r - f >= 0.05 for f, r in gaps) >= 4
 
 
 def test_clients_pooled_fisher_is_the_pooled_data_fisher(inline_cfg):

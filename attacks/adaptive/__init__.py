@@ -1,0 +1,57 @@
+"""Defense-aware attacks: the strongest attacker we have that knows each defense's public mechanism.
+
+- ``goliath-adaptive`` (tabular diffusion): Goliath's engine adapted to top-k (match on the kept
+  coordinates), quantisation (match within one grid step), DP-SGD / local DP (average a client's
+  noisy updates over rounds) and secure aggregation (invert the aggregate of N clients); the
+  unaware Goliath runs beside it on the same replies (``attack.unaware_*``). ``inversion.py``.
+- ``model-stealing-adaptive`` (model release): detect FILOsofer's flipped weights (values pinned
+  at a tensor's extremes, the largest magnitudes, or a saliency score on the attacker's own data),
+  zero them, then fine-tune; reported beside the plain stealing attack. ``stealing.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
+from flowerbed.attacks.adaptive.scoring import GroupScorer
+from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
+from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
+
+__all__ = [
+    "DefenseAwareInversion",
+    "DefenseAwareObserver",
+    "GoliathAdaptive",
+    "ModelStealingAdaptive",
+]
+
+
+@ATTACKS.register(
+    "goliath-adaptive",
+    "defense-aware Goliath (top-k support, quantisation grid, DP averaging, SecAgg aggregate)",
+)
+class GoliathAdaptive:
+    needs = frozenset({Capability.TABULAR_DIFFUSION})
+
+    @dataclass
+    class Params:
+        target_clients: list[int] = param(factory=lambda: [0], ge=0)
+        restarts: int = param(4, ge=1)
+        iterations: int = param(400, ge=0)
+        cycles: int = param(4, ge=1)
+        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+        average_rounds: int = param(4, ge=1)  # noisy updates of one client averaged (DP); 1 = none
+        compare_unaware: bool = True  # also run the unaware Goliath on the same replies
+
+    @classmethod
+    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+        p = cfg["attack"]["params"]
+        icfg = with_config(GOLIATH, p, cfg["seed"])
+        adaptive = DefenseAwareInversion(cfg, icfg, p["average_rounds"])
+        unaware = TabularInversion(cfg, icfg) if p["compare_unaware"] else None
+        return DefenseAwareObserver(strategy, writer, adaptive, GroupScorer(cfg),
+                                    p["target_clients"], p["rounds"], unaware)  # fmt: skip
