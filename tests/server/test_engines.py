@@ -49,21 +49,41 @@ def _strip_timing(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith("time.")}
 
 
-def test_inline_and_simulation_agree(inline_cfg):
-    """The same experiment and seed give the same final metrics on both engines (Ray, flwr run)."""
-    from flowerbed.server.engines.simulation import run_simulation
+def _carrying(home: str) -> list[psutil.Process]:
+    """Live processes whose environment points at ``home`` (the engine's private FLWR_HOME):
+    exactly the processes that engine started, whoever else runs Flower on the machine."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FLWR_HOME") == home and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def test_inline_and_simulation_agree(inline_cfg, monkeypatch):
+    """The same experiment and seed give the same final metrics on both engines (Ray, flwr run),
+    and the simulation engine leaves none of the processes it started running."""
+    from flowerbed.server.engines import simulation
     from flowerbed.server.results import default_run_dir
 
+    homes: list[str] = []
+    flower_env = simulation.flower_env
+
+    def recording_env(home):  # noqa: ANN001, ANN202
+        env = flower_env(home)
+        homes.append(env["FLWR_HOME"])
+        return env
+
+    monkeypatch.setattr(simulation, "flower_env", recording_env)
     cfg = inline_cfg("quickstart", "rounds=2", "clients.num=4")
     inline = run_inline(json.loads(json.dumps(cfg)))
     cfg["engine"] = "simulation"
-    before = {p.pid for p in psutil.process_iter()}
-    simulated = run_simulation(cfg, default_run_dir(cfg))
+    simulated = simulation.run_simulation(cfg, default_run_dir(cfg))
     assert _strip_timing(simulated["metrics"]) == pytest.approx(
         _strip_timing(inline["metrics"]), abs=1e-6
     )
-    leftovers = [
-        p for p in psutil.process_iter(["pid", "cmdline"])
-        if p.pid not in before and any("flower-super" in c for c in (p.info["cmdline"] or []))
-    ]  # fmt: skip
-    assert not leftovers, "the simulation engine left a SuperLink/SuperExec running"
+    assert len(homes) == 1
+    leftovers = _carrying(homes[0])
+    assert not leftovers, f"the simulation engine left {[p.pid for p in leftovers]} running"
