@@ -80,6 +80,23 @@ def client_conditions(n_cond: int, partition_id: int, num_partitions: int) -> np
     return np.arange(partition_id, n_cond, num_partitions)
 
 
+def client_rows(
+    cond: np.ndarray, memorised: np.ndarray, partition_id: int, num_partitions: int,
+    split: str = "conditions", seed: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """Training rows of a client. ``split="conditions"``: every row of a condition sits with the
+    condition's owner (``client_conditions``), so each planted image's duplicates are on one
+    client. ``"iid"``: rows are dealt to clients at random, so the duplicates of every planted
+    image are spread over the clients (as when the same item was collected by several sites)."""
+    if split == "conditions":
+        return np.flatnonzero(np.isin(cond, client_conditions(len(memorised), partition_id,
+                                                              num_partitions)))  # fmt: skip
+    if split != "iid":
+        raise ValueError(f"split must be 'conditions' or 'iid' (got {split!r})")
+    order = np.random.default_rng(seed).permutation(len(cond))
+    return np.sort(order[partition_id::num_partitions])
+
+
 # -- model -----------------------------------------------------------------------------------
 
 
@@ -311,6 +328,7 @@ class DSM(Workload):
         per_condition: int = 4
         sample_steps: int = 50
         guidance: float = 5.0
+        split: str = "conditions"  # or "iid" (see client_rows)
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
@@ -322,9 +340,11 @@ class DSM(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         x, cond, memorised, _ = self._conditions()
         own = client_conditions(len(memorised), partition_id, num_partitions)
-        mask = np.isin(cond, own)
+        rows = client_rows(
+            cond, memorised, partition_id, num_partitions, self.params.split, self.cfg["seed"]
+        )
         data = CondData(
-            torch.from_numpy(x[mask]), torch.from_numpy(cond[mask]), memorised, len(memorised)
+            torch.from_numpy(x[rows]), torch.from_numpy(cond[rows]), memorised, len(memorised)
         )
         return {"train": data, "own": own, "partition": partition_id}
 
@@ -363,16 +383,26 @@ class DSM(Workload):
         return {"num-examples": len(data["own"]) * self.params.per_condition, **res}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
-        """Per-client audit table: each client's AUROC (DSM, Wen, curvature) at the first step."""
+        """Per-client audit table: each client's AUROC (DSM, Wen, curvature) at the first step,
+        their means, and whether the global model memorised at all: the nearest-neighbour
+        distance to the training set of samples from memorised vs general conditions
+        (``memorisation_ratio`` = mem / gen; the planted images are reproduced when it is small)."""
         if server_round == 0:
             return {}
         model = self._load(arrays)
         n_cond = len(self._conditions()[2])
         num = self.cfg["clients"]["num"]
+        keys = ("auroc_dsm_step0", "auroc_wen_step0", "auroc_hess_step0", "nn_dist_mem",
+                "nn_dist_gen")  # fmt: skip
         out: dict[str, float] = {}
+        per_client = []
         for pid in range(num):
             seed = client_seed(self.cfg["seed"], pid, server_round, salt=1)
             res = self._audit(model, client_conditions(n_cond, pid, num), seed)
-            for key in ("auroc_dsm_step0", "auroc_wen_step0", "auroc_hess_step0"):
+            per_client.append(res)
+            for key in keys[:3]:
                 out[f"client{pid}_{key}"] = res[key]
+        for key in keys:
+            out[key] = float(np.nanmean([res[key] for res in per_client]))
+        out["memorisation_ratio"] = out["nn_dist_mem"] / out["nn_dist_gen"]
         return out

@@ -125,8 +125,8 @@ class TabularMLP(Workload):
             TensorDataset(train.x, train.y), batch_size=self.params.batch_size, shuffle=True,
             generator=torch.Generator().manual_seed(seed),
         )  # fmt: skip
-        mu = float(config.get("proximal-mu", 0.0))
-        global_params = [p.detach().clone() for p in model.parameters()] if mu > 0 else None
+        mu = float(config.get("proximal-mu", 0.0))  # set by FedProx
+        global_params = [p.detach().clone() for p in model.parameters()]
         optimizer = torch.optim.SGD(
             model.parameters(), lr=self.params.lr, momentum=self.params.momentum
         )
@@ -140,7 +140,7 @@ class TabularMLP(Workload):
                     continue
                 optimizer.zero_grad()
                 loss = loss_fn(trained(x), y)
-                if global_params is not None:
+                if mu > 0:
                     prox = sum(
                         ((p - g) ** 2).sum()
                         for p, g in zip(model.parameters(), global_params, strict=True)
@@ -150,7 +150,16 @@ class TabularMLP(Workload):
                 optimizer.step()
                 total_loss += float(loss.detach())
                 steps += 1
-        metrics = {"num-examples": len(train.y), "loss": total_loss / max(steps, 1)}
+        with torch.no_grad():
+            drift = sum(
+                float(((p - g) ** 2).sum())
+                for p, g in zip(model.parameters(), global_params, strict=True)
+            )
+        metrics = {
+            "num-examples": len(train.y),
+            "loss": total_loss / max(steps, 1),
+            "update_norm": drift**0.5,  # ||w_local - w_global||: client drift (FedProx shrinks it)
+        }
         self.training_done(state, metrics)
         return ArrayRecord(model.state_dict()), metrics
 
@@ -177,3 +186,15 @@ class TabularMLP(Workload):
         scores["majority_accuracy"] = float((y_test == majority).mean())
         scores.pop("num-examples")
         return scores
+
+
+def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:
+    """The ablation of federation: one client trains on its own partition for the federation's
+    whole budget (``rounds`` x local epochs) with no aggregation; central test metrics."""
+    cfg = work.cfg
+    data = work.load_partition(partition_id, cfg["clients"]["num"])
+    arrays, state = work.init_arrays(), RecordDict()
+    for server_round in range(1, cfg["rounds"] + 1):
+        config = {"partition-id": partition_id, "server-round": server_round}
+        arrays, _ = work.fit(arrays, data, config, state)
+    return work.server_evaluate(cfg["rounds"], arrays)
