@@ -1,34 +1,62 @@
-"""Attack evaluation harness: attack x dataset x regime x batch size over sampled batches.
+"""Attack evaluation harness: attack x dataset x setting x batch size (x training rounds) over
+sampled batches, for tabular diffusion (Goliath and its baselines) or any model-loss workload.
 
-Each case simulates one honest client update with the workload's own protocol code (the global
-model at initialisation, as TabLeak attacks epoch 0), gives the attack only public knowledge and
-the update, then scores the reconstruction against the batch (which only the scorer holds).
+Each case simulates one honest client update with the workload's own training code (the global
+model at initialisation, or after ``--trained-rounds R`` rounds of the preset's own federated
+training), gives the attack only public knowledge and the update, then scores the reconstruction
+against the batch (which only the scorer holds).
 
     python -m flowerbed.apps.attack_eval --datasets adult german --regimes mixed gaussian \
         --batch-sizes 1 2 4 8 16 32 --batches 20 --out docs/goliath_table.md
+    python -m flowerbed.apps.attack_eval --workload digits-classifier --batch-sizes 1 4 8 \
+        workload.params.protocol=fedsgd
+    python -m flowerbed.apps.attack_eval --datasets csv dataset.path=my.csv dataset.label=y \
+        dataset.numeric=[a,b] dataset.categorical=[c]
+
+Overrides (``key=value``) may stand anywhere on the command line. A ``csv`` table is named by its
+file in the output. ``--trained-rounds``: the model is trained with the preset's own protocol
+(``tabdiff-adult-mixed``, ``quickstart`` or ``digits-classifier``) on the same data and
+architecture, cached under ``--model-cache``; the attacked update then follows the overrides.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from flwr.app import RecordDict
 
 from flowerbed.attacks.baselines import CONFIGS, ORACLE, random_reconstruction
 from flowerbed.attacks.goliath import Knowledge, invert, observed_target
+from flowerbed.attacks.inversion import SETTINGS, InversionSettings
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import build_model, model_params, onehot_rows, sample_latents
 from flowerbed.clients.tabdiff.training import local_update
+from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
 from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
 from flowerbed.server.experiment import load_experiment
 
 ATTACK_NAMES = ["goliath", "tableak", "inverting-gradients", "dlg", "idlg", "random", "oracle"]
+MODEL_LOSS_ATTACKS = ["analytic-fc", "inverting-gradients", "idlg", "dlg", "random"]
+#: the preset whose workload and training protocol each family uses
+PRESETS = {"tabdiff": "tabdiff-adult-mixed", "tabular-mlp": "quickstart",
+           "digits-classifier": "digits-classifier"}  # fmt: skip
+#: workload params that define the local training protocol (restored to the preset's for training)
+TRAIN_KEYS = ("protocol", "batch_size", "lr", "optimizer", "local_epochs", "max_steps",
+              "momentum", "round_examples")  # fmt: skip
 
 
 @dataclass
@@ -40,6 +68,7 @@ class Case:
     truth_latents: list[Any]  # scorer side only (and the oracle upper bound)
 
 
+# -- configs and trained models ------------------------------------------------------------------
 def experiment(
     dataset: str, regime: str, protocol: str, overrides: list[str] | None = None
 ) -> dict:
@@ -50,7 +79,59 @@ def experiment(
     )  # fmt: skip
 
 
-def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1) -> list[Case]:
+def classifier_experiment(workload: str, dataset: str, overrides: list[str] | None = None) -> dict:
+    data = [f"dataset.name={dataset}"] if workload == "tabular-mlp" else []
+    return load_experiment(PRESETS[workload], [*data, "engine=inline", *(overrides or [])])
+
+
+def dataset_label(cfg: dict) -> str:
+    """The name of a table in the output: a csv file by its stem, else the dataset's name."""
+    if cfg["workload"]["name"] == "digits-classifier":
+        return "digits"
+    ds = cfg["dataset"]
+    return Path(ds["path"]).stem if ds["name"] == "csv" and ds.get("path") else ds["name"]
+
+
+def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
+                   also: tuple[int, ...] = ()) -> dict[str, torch.Tensor] | None:  # fmt: skip
+    """The global model after ``rounds`` rounds of the preset's own federated training (same data
+    and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation).
+
+    One training run of ``max(rounds, *also)`` rounds writes every requested round's model to
+    ``cache`` (keyed by the training config), so later calls only load."""
+    if rounds <= 0:
+        return None
+    from flowerbed.apps.inline import run_inline
+
+    preset = load_experiment(PRESETS[cfg["workload"]["name"]], ["engine=inline"])
+    train = json.loads(json.dumps(cfg))
+    for key in TRAIN_KEYS:
+        if key in preset["workload"]["params"]:
+            train["workload"]["params"][key] = preset["workload"]["params"][key]
+    if "quality_rows" in train["workload"]["params"]:
+        train["workload"]["params"]["quality_rows"] = 0
+    train.update(attack={"name": None, "params": {}}, defenses=[])
+    train["clients"]["fraction_evaluate"] = 0.0
+    train.pop("output", None)
+    key = hashlib.sha256(json.dumps(train, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache / f"{key}.r{rounds}.pt"
+    if not path.is_file():
+        wanted = sorted({rounds, *(r for r in also if r > 0)})
+        cache.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            train.update(rounds=max(wanted))
+            train["output"] = {"dir": tmp, "plots": False, "save_rounds": wanted}
+            run_dir = Path(run_inline(train)["run_dir"])
+            for r in wanted:
+                (cache / f"{key}.r{r}.pt").write_bytes((run_dir / f"model.r{r}.pt").read_bytes())
+        log(f"trained {max(wanted)} rounds in {time.perf_counter() - start:.0f} s -> {cache}")
+    return {k: v.float() for k, v in torch.load(path).items()}
+
+
+# -- tabular diffusion ----------------------------------------------------------------------------
+def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
+              params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
     work = TabDiff(cfg)
     data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
@@ -60,7 +141,8 @@ def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1) -> li
         torch.from_numpy(data.num[idx]), torch.from_numpy(data.codes[idx]), work.spec.cat_sizes
     )
     frame = data.prep.decode(data.num[idx].astype(np.float64), data.codes[idx])
-    params = model_params(build_model(work.spec, cfg["seed"]))
+    if params is None:
+        params = model_params(build_model(work.spec, cfg["seed"]))
     protocol = replace(work.protocol, batch_size=max(work.protocol.batch_size, batch))
     cases = []
     for r in range(epochs_same_rows):
@@ -86,6 +168,7 @@ def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
         out["timestep_mae"] = timestep_mae(case.truth_latents[0].t.numpy(), rec.t, res["perm"])
     if rec.mask is not None and case.truth_latents[0].mask is not None:
         out["mask_f1"] = mask_f1(case.truth_latents[0].mask.numpy(), rec.mask, res["perm"])
+    out["success"] = out["accuracy"]
     return out
 
 
@@ -102,118 +185,254 @@ def run_attack(name: str, case: Case, budget: dict[str, int], seed: int, margina
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
              attacks: list[str], budget: dict[str, int], protocol: str = "fedsgd",
-             log: Any = print, overrides: list[str] | None = None) -> pd.DataFrame:  # fmt: skip
+             log: Any = print, overrides: list[str] | None = None,
+             trained_rounds: tuple[int, ...] = (0,), cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
+    """Tabular diffusion: Goliath and its baselines."""
     torch.set_num_threads(1)
     rows = []
     for ds in datasets:
         for regime in regimes:
             cfg = experiment(ds, regime, protocol, overrides)
+            label = dataset_label(cfg)
             data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
             train = data.table.train
             stds = {c: float(train[c].std()) for c in data.prep.numeric}
             marginals = (data.num, data.codes)
-            for b in batch_sizes:
-                for i in range(batches):
-                    case = make_case(cfg, b, seed=1000 * b + i)[0]
-                    for name in attacks:
-                        rec = run_attack(name, case, budget, i, marginals)
-                        s = score(case, rec, stds)
-                        rows.append(
-                            {
-                                "dataset": ds,
-                                "protocol": protocol,
-                                "hidden": cfg["workload"]["params"]["hidden"],
-                                "regime": regime,
-                                "B": b,
-                                "batch": i,
-                                "attack": name,
-                                **s,
-                            }
-                        )
-                        log(
-                            f"{ds} {regime} B={b} #{i} {name}: acc={s['accuracy']:.3f} ({rec.seconds:.1f}s)"
-                        )
+            for rounds in trained_rounds:
+                params = trained_params(cfg, rounds, cache or MODEL_CACHE, log, trained_rounds)
+                for b in batch_sizes:
+                    for i in range(batches):
+                        case = make_case(cfg, b, seed=1000 * b + i, params=params)[0]
+                        for name in attacks:
+                            rec = run_attack(name, case, budget, i, marginals)
+                            s = score(case, rec, stds)
+                            rows.append({"workload": "tabdiff", "dataset": label,
+                                         "protocol": protocol,
+                                         "hidden": cfg["workload"]["params"]["hidden"],
+                                         "regime": regime, "rounds": rounds, "B": b, "batch": i,
+                                         "attack": name, **s})  # fmt: skip
+                            log(f"{label} {regime} R={rounds} B={b} #{i} {name}: "
+                                f"acc={s['accuracy']:.3f} ({rec.seconds:.1f}s)")  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def table(df: pd.DataFrame) -> str:
-    """Markdown: mean per-cell accuracy (%) by dataset/regime/attack x batch size, then Goliath's
-    margin over the best baseline and Goliath's per-setting details."""
-    piv = df.pivot_table(
-        index=["dataset", "regime", "attack"], columns="B", values="accuracy", aggfunc="mean"
+# -- model-loss workloads ---------------------------------------------------------------------
+def classifier_case(work: Any, batch: int, seed: int, params: dict[str, torch.Tensor] | None):  # noqa: ANN201
+    """(sent, reply, truth examples): one client update on ``batch`` sampled training examples,
+    trained by the workload's own code (torch.optim through ``fit_classifier``)."""
+    pool = work.train_pool()
+    idx = np.random.default_rng(seed).choice(len(pool.y), batch, replace=False)
+    truth = Examples(pool.x[idx], pool.y[idx])
+    model = work._model()
+    model.load_state_dict(
+        params if params is not None else work.init_arrays().to_torch_state_dict()
     )
+    sent = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+    fit_classifier(work, model, truth, work.training, seed, RecordDict())
+    reply = {k: v.detach().float() for k, v in model.state_dict().items()}
+    return sent, reply, truth
+
+
+def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[int], batches: int,
+                        attacks: list[str], budget: dict[str, int], log: Any = print,
+                        overrides: list[str] | None = None, trained_rounds: tuple[int, ...] = (0,),
+                        cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
+    """Model-loss workloads: analytic-fc, DLG, iDLG, Inverting Gradients, random prior draws."""
+    torch.set_num_threads(1)
+    rows = []
+    for ds in datasets:
+        cfg = classifier_experiment(workload, ds, overrides)
+        work = WORKLOADS.get(workload)(cfg)
+        contract = work.model_loss()
+        scorer = ClassifierScorer(cfg)
+        label, p = dataset_label(cfg), cfg["workload"]["params"]
+        setting = p.get("model", "mlp")
+        for rounds in trained_rounds:
+            params = trained_params(cfg, rounds, cache or MODEL_CACHE, log, trained_rounds)
+            for b in batch_sizes:
+                for i in range(batches):
+                    sent, reply, truth = classifier_case(work, b, 1000 * b + i, params)
+                    for name in attacks:
+                        if name == "analytic-fc" and contract.first_linear is None:
+                            continue
+                        method = {"analytic-fc": "analytic", "random": "random"}.get(name, "optimised")  # fmt: skip
+                        settings = replace(SETTINGS.get(name, InversionSettings()), seed=i,
+                                           **budget)  # fmt: skip
+                        rec = ModelLossAttack(contract, method, settings, name).invert(
+                            sent, reply, b
+                        )
+                        s = scorer.score_against(truth, rec)
+                        rows.append({"workload": workload, "dataset": label,
+                                     "protocol": p["protocol"], "optimizer": p.get("optimizer"),
+                                     "local_epochs": p.get("local_epochs"), "regime": setting,
+                                     "rounds": rounds, "B": b, "batch": i, "attack": name,
+                                     "seconds": rec.seconds, **s})  # fmt: skip
+                        log(f"{label} {setting} R={rounds} B={b} #{i} {name}: "
+                            f"success={s['success']:.3f} ({rec.seconds:.1f}s)")  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# -- tables -------------------------------------------------------------------------------------
+def _index(df: pd.DataFrame) -> list[str]:
+    extra = [c for c in ("rounds", "protocol") if c in df and df[c].nunique() > 1]
+    return ["dataset", "regime", *extra, "attack"]
+
+
+def table(df: pd.DataFrame) -> str:
+    """Markdown: mean success (%) by dataset/setting/attack x batch size; for Goliath its margin
+    over the best baseline and its details; for model-loss attacks PSNR / labels / timing."""
+    df = df.copy()
+    if "success" not in df:
+        df["success"] = df["accuracy"]
+    index = _index(df)
+    piv = df.pivot_table(index=index, columns="B", values="success", aggfunc="mean")
     piv["mean"] = piv.mean(axis=1)
-    lines = ["| dataset | regime | attack | " + " | ".join(f"B={c}" for c in piv.columns[:-1]) + " | mean |",
-             "|---" * (len(piv.columns) + 3) + "|"]  # fmt: skip
-    for (ds, rg, at), r in piv.iterrows():
-        lines.append(
-            f"| {ds} | {rg} | {at} | " + " | ".join(f"{100 * v:.1f}" for v in r.to_numpy()) + " |"
-        )
-    if "goliath" not in set(df["attack"]):
-        return "\n".join(lines)
-    lines += ["", "| dataset | regime | goliath (mean over B) | best baseline | margin |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for (ds, rg), grp in piv.groupby(level=[0, 1]):
-        m = grp["mean"].droplevel([0, 1])
+    head = " | ".join(index)
+    lines = [f"| {head} | " + " | ".join(f"B={c}" for c in piv.columns[:-1]) + " | mean |",
+             "|---" * (len(piv.columns) + len(index)) + "|"]  # fmt: skip
+    for key, r in piv.iterrows():
+        cells = " | ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        lines.append(f"| {cells} | " + " | ".join(f"{100 * v:.1f}" for v in r.to_numpy()) + " |")
+    if "goliath" in set(df["attack"]):
+        lines += _goliath_details(df, piv, index)
+    elif "label_accuracy" in df:
+        lines += _classifier_details(df, index)
+    return "\n".join(lines)
+
+
+def _goliath_details(df: pd.DataFrame, piv: pd.DataFrame, index: list[str]) -> list[str]:
+    group = index[:-1]
+    lines = ["", f"| {' | '.join(group)} | goliath (mean over B) | best baseline | margin |",
+             "|---" * (len(group) + 3) + "|"]  # fmt: skip
+    for key, grp in piv.groupby(level=list(range(len(group)))):
+        m = grp["mean"].droplevel(list(range(len(group))))
         base = m.drop([a for a in ("goliath", "oracle") if a in m.index])
-        if base.empty:
+        if base.empty or "goliath" not in m.index:
             continue
-        lines.append(f"| {ds} | {rg} | {100 * m['goliath']:.1f} | {100 * base.max():.1f} "
+        cells = " | ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        lines.append(f"| {cells} | {100 * m['goliath']:.1f} | {100 * base.max():.1f} "
                      f"({base.idxmax()}) | {100 * (m['goliath'] - base.max()):+.1f} |")  # fmt: skip
     g = df[df["attack"] == "goliath"].copy()
     for col in ("timestep_mae", "mask_f1"):
         if col not in g:
             g[col] = float("nan")
-    agg = g.groupby(["dataset", "regime", "B"]).agg(
+    agg = g.groupby([*group, "B"]).agg(
         n=("accuracy", "size"), acc=("accuracy", "mean"), sd=("accuracy", "std"),
         num=("num_accuracy", "mean"), categ=("cat_accuracy", "mean"),
         exact=("accuracy", lambda a: (a > 0.999).mean()), tmae=("timestep_mae", "mean"),
         f1=("mask_f1", "mean"), sec=("seconds", "mean"), secmax=("seconds", "max"),
     )  # fmt: skip
-    lines += ["", "| dataset | regime | B | batches | accuracy ± sd | numeric | categorical | "
-              "batches exact | t MAE | mask F1 | s mean / max |", "|---" * 11 + "|"]  # fmt: skip
+    lines += ["", f"| {' | '.join(group)} | B | batches | accuracy ± sd | numeric | categorical | "
+              "batches exact | t MAE | mask F1 | s mean / max |",
+              "|---" * (len(group) + 9) + "|"]  # fmt: skip
     fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
-    for (ds, rg, b), r in agg.iterrows():
+    for key, r in agg.iterrows():
+        cells = " | ".join(str(k) for k in key)
         lines.append(
-            f"| {ds} | {rg} | {b} | {int(r.n)} | {100 * r.acc:.1f} ± {fmt(100 * r.sd, '.1f')} | "
+            f"| {cells} | {int(r.n)} | {100 * r.acc:.1f} ± {fmt(100 * r.sd, '.1f')} | "
             f"{100 * r.num:.1f} | {100 * r.categ:.1f} | {100 * r.exact:.0f} % | "
             f"{fmt(r.tmae, '.4f')} | {fmt(r.f1, '.2f')} | {r.sec:.1f} / {r.secmax:.1f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="+", default=["adult", "german"])
-    ap.add_argument("--regimes", nargs="+", default=["mixed", "gaussian"])
+def _classifier_details(df: pd.DataFrame, index: list[str]) -> list[str]:
+    for col in ("psnr", "identified"):
+        if col not in df:
+            df[col] = float("nan")
+    agg = df.groupby([*index, "B"]).agg(
+        n=("success", "size"), succ=("success", "mean"), psnr=("psnr", "median"),
+        ident=("identified", "mean"), lab=("label_accuracy", "mean"), sec=("seconds", "mean"),
+    )  # fmt: skip
+    lines = ["", f"| {' | '.join(index)} | B | batches | success | median PSNR (dB) | identified "
+             "| label accuracy | s mean |", "|---" * (len(index) + 7) + "|"]  # fmt: skip
+    fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
+    for key, r in agg.iterrows():
+        cells = " | ".join(str(k) for k in key)
+        lines.append(f"| {cells} | {int(r.n)} | {100 * r.succ:.1f} | {fmt(r.psnr, '.1f')} | "
+                     f"{fmt(100 * r.ident, '.1f')} | {100 * r.lab:.1f} | {r.sec:.1f} |")  # fmt: skip
+    return lines
+
+
+# -- command line ---------------------------------------------------------------------------------
+MODEL_CACHE = Path(".flowerbed") / "attack-eval-models"
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(options, overrides): every ``key=value`` token that is not an option is an override,
+    wherever it stands (so ``--attacks a b key=value`` keeps the override)."""
+    options, overrides = [], []
+    for token in argv:
+        (overrides if "=" in token and not token.startswith("-") else options).append(token)
+    return options, overrides
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="key=value overrides may stand anywhere.")  # fmt: skip
+    ap.add_argument("--workload", default="tabdiff", choices=sorted(PRESETS))
+    ap.add_argument("--datasets", nargs="+", default=None,
+                    help="adult german csv ... (default: adult german; digits for the images)")  # fmt: skip
+    ap.add_argument("--regimes", nargs="+", default=["mixed", "gaussian"], help="tabdiff only")
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--batches", type=int, default=20)
-    ap.add_argument("--attacks", nargs="+", default=ATTACK_NAMES)
+    ap.add_argument("--attacks", nargs="+", default=None,
+                    help=f"tabdiff: {' '.join(ATTACK_NAMES)}; others: {' '.join(MODEL_LOSS_ATTACKS)}")  # fmt: skip
     ap.add_argument("--iterations", type=int, default=400)
-    ap.add_argument("--restarts", type=int, default=4)
-    ap.add_argument("--protocol", default="fedsgd")
+    ap.add_argument("--restarts", type=int, default=None,
+                    help="default: 4 on tabdiff (Goliath, TabLeak), each attack's own otherwise")  # fmt: skip
+    ap.add_argument("--protocol", default="fedsgd", help="tabdiff: fedsgd | fedavg")
+    ap.add_argument("--trained-rounds", nargs="+", type=int, default=[0],
+                    help="attack the model after R rounds of the preset's training (0 = init)")  # fmt: skip
+    ap.add_argument("--model-cache", default=str(MODEL_CACHE))
     ap.add_argument("--out", default="")
     ap.add_argument("--csv", default="")
     ap.add_argument("--report", nargs="+", default=[], help="render saved CSVs instead of running")
-    ap.add_argument(
-        "overrides", nargs="*", help="dotlist overrides, e.g. workload.params.hidden=64"
-    )
-    args = ap.parse_args()
+    return ap
+
+
+def run(argv: list[str]) -> int:
+    options, overrides = split_overrides(argv)
+    ap = parser()
+    args = ap.parse_args(options)
     if args.report:
         print(table(pd.concat([pd.read_csv(f) for f in args.report], ignore_index=True)))
-        return
+        return 0
+    allowed = ATTACK_NAMES if args.workload == "tabdiff" else MODEL_LOSS_ATTACKS
+    attacks = args.attacks or allowed
+    bad = [a for a in attacks if a not in allowed]
+    if bad:
+        ap.error(f"unknown attack '{bad[0]}' for --workload {args.workload} "
+                 f"(allowed: {', '.join(allowed)})")  # fmt: skip
+    datasets = args.datasets or (["digits"] if args.workload == "digits-classifier" else ["adult", "german"])  # fmt: skip
     start = time.perf_counter()
-    df = evaluate(args.datasets, args.regimes, args.batch_sizes, args.batches, args.attacks,
-                  {"iterations": args.iterations, "restarts": args.restarts}, args.protocol,
-                  overrides=args.overrides)  # fmt: skip
+    budget = {"iterations": args.iterations}
+    if args.restarts is not None or args.workload == "tabdiff":
+        budget["restarts"] = 4 if args.restarts is None else args.restarts
+    rounds, cache = tuple(args.trained_rounds), Path(args.model_cache)
+    try:
+        if args.workload == "tabdiff":
+            df = evaluate(datasets, args.regimes, args.batch_sizes, args.batches, attacks, budget,
+                          args.protocol, overrides=overrides, trained_rounds=rounds, cache=cache)  # fmt: skip
+        else:
+            df = evaluate_classifier(args.workload, datasets, args.batch_sizes, args.batches,
+                                     attacks, budget, overrides=overrides, trained_rounds=rounds,
+                                     cache=cache)  # fmt: skip
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     md = table(df)
     print(md)
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.csv:
         df.to_csv(args.csv, index=False)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(md + "\n")
+        Path(args.out).write_text(md + "\n")
+    return 0
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from flowerbed.clients.runtime import handle_evaluate, handle_train
+from flowerbed.clients.runtime import handle_evaluate, handle_query, handle_train
 
 app = ClientApp()
 
@@ -16,3 +16,8 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return handle_evaluate(msg, context)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return handle_query(msg, context)

@@ -20,8 +20,11 @@ def run_inline(
     cfg: dict[str, Any],
     run_dir: Path | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a resolved config in this process; returns the summary (``summary["run_dir"]``)."""
+    if on_status is not None:
+        on_status("building the workload and evaluating the initial model…")
     grid = InlineGrid(client_app, cfg["clients"]["num"])
     return run_experiment(grid, cfg, Path(run_dir) if run_dir else default_run_dir(cfg), on_round)
 

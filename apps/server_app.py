@@ -4,9 +4,13 @@ Flower's run config is flat, so the experiment crosses over as keys (see pyproje
 ``config`` (a resolved config as base64 JSON, what ``flowerbed run`` sends; it works across
 machines) or ``experiment`` + ``overrides`` (what ``flwr run . --run-config "experiment='NAME'"``
 gives); ``run-dir`` names the run directory (default ``output.dir/<time>-<experiment>``).
+
+On any federation the ServerApp records the engine its Grid really is and, unless the experiment
+pins ``clients.num``, runs with the SuperNodes actually connected (``server/federation.py``).
 """
 
 import json
+import re
 from pathlib import Path
 
 from flwr.app import Context
@@ -14,20 +18,30 @@ from flwr.serverapp import Grid, ServerApp
 
 from flowerbed.clients.core.config import decode_config
 from flowerbed.server.experiment import load_experiment, resolve
+from flowerbed.server.federation import (
+    ERROR_MARKER,
+    fit_to_federation,
+    grid_engine,
+    one_line,
+    serverapp_run_dir,
+)
 from flowerbed.server.results import default_run_dir
 from flowerbed.server.runner import run_experiment
 from flowerbed.server.sweep import run_cells
 
 app = ServerApp()
 
+_PINS_CLIENTS = re.compile(r"(^|\s)clients\.num=")
 
-def config_from_run_config(run_config: dict) -> dict:
+
+def config_from_run_config(run_config: dict) -> tuple[dict, bool]:
+    """The resolved config, and whether it pins ``clients.num`` (``flowerbed run`` always does)."""
     encoded = str(run_config.get("config", "") or "")
     if encoded:
-        return resolve(decode_config(encoded))
-    return load_experiment(
-        str(run_config.get("experiment", "quickstart")), str(run_config.get("overrides", ""))
-    )
+        return resolve(decode_config(encoded)), True
+    overrides = str(run_config.get("overrides", ""))
+    cfg = load_experiment(str(run_config.get("experiment", "quickstart")), overrides)
+    return cfg, bool(_PINS_CLIENTS.search(overrides))
 
 
 @app.main()
@@ -38,6 +52,13 @@ def main(grid: Grid, context: Context) -> None:
         todo = json.loads((Path(sweep_dir) / "todo.json").read_text())
         run_cells(grid, [(cell, resolve(cfg)) for cell, cfg in todo], Path(sweep_dir))
         return
-    cfg = config_from_run_config(run_config)
-    run_dir = str(run_config.get("run-dir", "") or "")
-    run_experiment(grid, cfg, Path(run_dir) if run_dir else default_run_dir(cfg))
+    try:
+        cfg, pinned = config_from_run_config(run_config)
+        cfg = fit_to_federation(grid, cfg, pinned)
+        requested = str(run_config.get("run-dir", "") or "")
+        run_dir = serverapp_run_dir(cfg, requested, default_run_dir(cfg))
+        run_experiment(grid, cfg, run_dir)
+    except Exception as exc:
+        if grid_engine(grid) == "deployment":  # the submitter may be on another machine
+            print(ERROR_MARKER + one_line(exc), flush=True)
+        raise

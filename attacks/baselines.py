@@ -1,6 +1,14 @@
-"""Gradient-inversion baselines under the same observer and budget knobs as Goliath.
+"""Gradient-inversion baselines, on tabular diffusion and on any model that exposes its loss.
 
-Each is a setting of ``attacks.goliath``'s engine (same simulated client, same budget):
+``dlg``, ``idlg``, ``inverting-gradients`` and ``random-baseline`` declare two alternative needs:
+``tabular-diffusion`` (then they are settings of Goliath's engine, below) or ``model-loss`` (then
+they run ``attacks.inversion`` on the workload's model-loss contract: any torch classifier, with its
+local steps replayed). ``analytic-fc`` (input recovery through a fully connected first layer) needs
+``model-loss`` + ``linear-first-layer``. The observer, budget knobs and per-round metrics are the
+same for all.
+
+On tabular diffusion each is a setting of ``attacks.goliath``'s engine (same simulated client, same
+budget):
 
 * ``dlg`` — L2 gradient distance on raw continuous rows (relaxed one-hot, no softmax).
 * ``idlg`` — DLG + iDLG-style analytic category recovery: categories absent from the batch
@@ -35,8 +43,12 @@ from flowerbed.attacks.goliath import (
     decode,
     with_config,
 )
+from flowerbed.attacks.inversion import SETTINGS, InversionSettings, with_budget
+from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
+from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.observer import AttackObserver
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.workloads import WORKLOADS
 
 DLG = InversionConfig(objective="l2", cat_param="raw", latents="joint", restarts=1, lr=0.05, label_recovery=False,
                       analytic_init=False)  # fmt: skip
@@ -75,28 +87,50 @@ class BaselineParams:
     target_clients: list[int] = field(default_factory=lambda: [0])
     restarts: int = 1
     iterations: int = 400
-    latents: str = "joint"
+    latents: str = "joint"  # tabular diffusion only: fixed | joint
     rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
+
+
+ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})
+ON_MODEL_LOSS = frozenset({Capability.MODEL_LOSS})
+
+
+def on_diffusion(cfg: dict[str, Any]) -> bool:
+    """Whether the configured workload is the tabular-diffusion one (else: model-loss)."""
+    return Capability.TABULAR_DIFFUSION in WORKLOADS.get(cfg["workload"]["name"]).offers
+
+
+def model_loss_observer(strategy: Any, cfg: dict[str, Any], writer: Any, method: str,
+                        settings: InversionSettings, name: str) -> AttackObserver:  # fmt: skip
+    """The observer running a model-loss attack, scored against the client's round examples."""
+    p = cfg["attack"]["params"]
+    attack = ModelLossAttack(
+        model_loss_of(cfg), method, with_budget(settings, p, cfg["seed"]), name
+    )
+    return AttackObserver(strategy, writer, attack, ClassifierScorer(cfg), p["target_clients"],
+                          rounds=p["rounds"])  # fmt: skip
 
 
 def _register(name: str, description: str, base: InversionConfig) -> None:
     @ATTACKS.register(name, description)
     class Entry:
         Params = BaselineParams
-        needs = frozenset({Capability.TABULAR_DIFFUSION})
+        needs = (ON_DIFFUSION, ON_MODEL_LOSS) if name in SETTINGS else ON_DIFFUSION
         config = base
 
         @classmethod
         def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-            icfg = with_config(cls.config, cfg["attack"]["params"], cfg["seed"])
+            p = cfg["attack"]["params"]
+            if not on_diffusion(cfg):
+                return model_loss_observer(strategy, cfg, writer, "optimised", SETTINGS[name], name)
+            icfg = with_config(cls.config, p, cfg["seed"])
             return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                                  cfg["attack"]["params"]["target_clients"],
-                                  rounds=cfg["attack"]["params"]["rounds"])  # fmt: skip
+                                  p["target_clients"], rounds=p["rounds"])  # fmt: skip
 
 
-_register("dlg", "Deep Leakage from Gradients (L2) adapted to tabular diffusion", DLG)
-_register("idlg", "iDLG: DLG + analytic category-support recovery", IDLG)
-_register("inverting-gradients", "Inverting Gradients (cosine, signed Adam, box)", IG)
+_register("dlg", "Deep Leakage from Gradients (L2, joint labels)", DLG)
+_register("idlg", "iDLG: DLG + analytic label / category-support recovery", IDLG)
+_register("inverting-gradients", "Inverting Gradients (cosine, signed Adam, box, TV prior)", IG)
 _register("tableak", "TabLeak adapted (softmax/sigmoid priors, pooled restarts)", TABLEAK)
 
 
@@ -114,13 +148,34 @@ class RandomRows(TabularInversion):
         return random_reconstruction(know, batch, self.marginals, self.seed)
 
 
-@ATTACKS.register("random-baseline", "Empirical-marginal random rows (TabLeak floor)")
+@ATTACKS.register("random-baseline", "Draws from the public prior, ignoring the update (floor)")
 class RandomBaseline:
     Params = BaselineParams
-    needs = frozenset({Capability.TABULAR_DIFFUSION})
+    needs = (ON_DIFFUSION, ON_MODEL_LOSS)
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+        p = cfg["attack"]["params"]
+        if not on_diffusion(cfg):
+            return model_loss_observer(strategy, cfg, writer, "random", InversionSettings(),
+                                       "random-baseline")  # fmt: skip
         return AttackObserver(strategy, writer, RandomRows(cfg), TruthScorer(cfg),
-                              cfg["attack"]["params"]["target_clients"],
-                                  rounds=cfg["attack"]["params"]["rounds"])  # fmt: skip
+                              p["target_clients"], rounds=p["rounds"])  # fmt: skip
+
+
+@ATTACKS.register("analytic-fc", "Analytic input recovery through a fully connected first layer")
+class AnalyticFirstLayer:
+    """x = (dL/dW)_i / (dL/db)_i per first-layer neuron (exact for one example; for a batch, the
+    inputs several neurons agree on), labels by iDLG + update matching."""
+
+    needs = frozenset({Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER})
+
+    @dataclass
+    class Params:
+        target_clients: list[int] = field(default_factory=lambda: [0])
+        rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
+
+    @classmethod
+    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+        return model_loss_observer(strategy, cfg, writer, "analytic", InversionSettings(),
+                                   "analytic-fc")  # fmt: skip

@@ -2,6 +2,11 @@
 
     PYTHONPATH=$PWD python -m benchmarks.fcm --presets fcm-trig-evolving fcm-dot-partial \
         fcm-digits-evolving --seeds 0 1 2 --out docs/fcm_results.json
+    PYTHONPATH=$PWD python -m benchmarks.fcm --methods F-CMs "Centralised, full labels" \
+        --presets fcm-dag6-schedule "fcm-dag6-schedule:workload.params.scenario=evolving"
+
+A preset may carry overrides after a colon (``PRESET:key=value,key=value``); they apply before the
+method's own overrides (so the centralised baseline stays centralised).
 
 Every method runs the same preset (data, clients, rounds); only the overrides below differ.
 Concept accuracy is split into concepts a client holds labels for vs lacks (mean over clients);
@@ -53,8 +58,10 @@ def run_one(
     preset: str, method: str, seed: int, extra: list[str] | None = None
 ) -> dict[str, float]:
     """Final metrics of one run (client-side evaluation; local-only scores its own models)."""
+    preset, _, variant = preset.partition(":")
     with tempfile.TemporaryDirectory() as tmp:
         overrides = ["engine=inline", f"seed={seed}", f"output.dir={tmp}", "output.plots=false"]
+        overrides += [o for o in variant.split(",") if o]
         cfg = load_experiment(preset, overrides + METHODS[method] + (extra or []))
         if method.startswith("Centralised"):
             cfg["workload"]["params"]["central_clients"] = load_experiment(preset)["clients"]["num"]
@@ -83,7 +90,51 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]]) -> str:
                     f"{np.mean(vals):.3f} ± {np.std(vals):.3f}" if vals else "n/a (all held)"
                 )
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        fcm, central = by_method.get("F-CMs"), by_method.get("Centralised, full labels")
+        if fcm and central:
+            n = min(len(fcm), len(central))
+            gaps = [100 * (central[i]["task_accuracy"] - fcm[i]["task_accuracy"]) for i in range(n)]
+            per_seed = ", ".join(f"{g:+.1f}" for g in gaps)
+            lines.append(
+                f"\nTask-accuracy gap to centralised (points, centralised - F-CMs, per seed in run "
+                f"order): {per_seed}; mean {np.mean(gaps):+.2f}"
+            )
     return "\n".join(lines)
+
+
+#: hand-made mutants (file, original text, replacement) that the claim tests must kill
+MUTANTS: dict[str, tuple[str, str, str]] = {
+    "untrained task head (clients never train task.*)": (
+        "clients/workloads/fcm.py",
+        "        k for k in params\n",
+        "        k for k in params if not k.startswith('task.')\n",
+    ),
+    "server skips concept aggregation (concept modules keep their previous value)": (
+        "strategies/fcm.py",
+        "        held = [(v, w) for v, w in held if w > 0]\n",
+        "        held = [(v, w) for v, w in held if w > 0 and not key.startswith('concept.')]\n",
+    ),
+    "server takes one holder's concept module (no averaging)": (
+        "strategies/fcm.py",
+        "        held = [(v, w) for v, w in held if w > 0]\n",
+        "        held = [(v, w) for v, w in held if w > 0][: 1 if key.startswith('concept.') else None]\n",
+    ),
+    "server skips task-head aggregation": (
+        "strategies/fcm.py",
+        "        held = [(v, w) for v, w in held if w > 0]\n",
+        "        held = [(v, w) for v, w in held if w > 0 and not key.startswith('task.')]\n",
+    ),
+    "server skips aggregation (keeps the previous model)": (
+        "strategies/fcm.py",
+        "        params = aggregate_concept_arrays(\n",
+        "        params = dict(self.current)\n        _ = aggregate_concept_arrays(\n",
+    ),
+}
+CLAIM_TESTS = [
+    "tests/clients/test_fcm.py::test_fcm_matches_centralised_task_accuracy_on_a_generated_dag",
+    "tests/clients/test_fcm.py::test_lacked_concepts_learnt_through_federation_not_locally",
+    "tests/strategies/test_fcm.py",
+]
 
 
 def main() -> None:
@@ -94,7 +145,13 @@ def main() -> None:
     parser.add_argument("--override", nargs="*", default=[], help="extra overrides (rounds=3)")
     parser.add_argument("--out", default=None, help="write raw results (JSON) here")
     parser.add_argument("--table", nargs="*", default=None, help="only render saved JSON files")
+    parser.add_argument("--mutants", nargs="*", default=None, help="run mutants (none: all)")
     args = parser.parse_args()
+    if args.mutants is not None:
+        from benchmarks.routing import run_mutants
+
+        run_mutants(MUTANTS, args.mutants or list(MUTANTS), CLAIM_TESTS)
+        return
     if args.table is not None:
         saved: dict = {}
         for path in args.table:

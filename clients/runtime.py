@@ -1,42 +1,81 @@
 """What a ClientApp does with a message, independent of the engine that delivered it.
 
 The resolved experiment config arrives in every message (``config["fb-config"]``, JSON) so a client
-needs nothing but the message and its node config; parsed configs, workloads and partitions are
-cached per process because simulated clients are recreated for every message.
+needs nothing but the message and its node config. Workloads are cached per process, keyed on the
+config plus the content of every file it references (a table rewritten at the same path is read
+again); a workload's partitions are kept while its config is in use, because simulated clients
+are recreated for every message and any of them may be sampled next.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from flowerbed.clients.core.files import content_key
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 CONFIG_KEY = "fb-config"
 PARTITION_KEY = "partition-id"
+#: the class name Flower puts in the error reason of an injected failure
+INJECTED = "InjectedFailure"
+#: workloads (with their partitions) kept per process: the configs of the latest runs
+CACHED_CONFIGS = 4
 
 
 class InjectedFailure(RuntimeError):
     """Raised on purpose by ``clients.failure_rate``; the engine turns it into an error reply."""
 
 
+class ClientError(RuntimeError):
+    """A client's training or evaluation failed; the message names the partition and the cause."""
+
+
+class _Entry:
+    """One config's workload and the partitions built for it so far."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        torch.set_num_threads(1)
+        self.cfg = cfg
+        self.workload: Workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+        self.partitions: dict[tuple[int, int], Any] = {}
+
+    def partition(self, partition_id: int, num_partitions: int) -> Any:
+        key = (partition_id, num_partitions)
+        if key not in self.partitions:
+            self.partitions[key] = self.workload.load_partition(partition_id, num_partitions)
+        return self.partitions[key]
+
+
+_ENTRIES: OrderedDict[str, _Entry] = OrderedDict()
+
+
+def _entry(config_json: str) -> _Entry:
+    cfg = _client_config(config_json)
+    key = content_key(cfg)
+    if key in _ENTRIES:
+        _ENTRIES.move_to_end(key)
+        return _ENTRIES[key]
+    entry = _Entry(cfg)
+    _ENTRIES[key] = entry
+    while len(_ENTRIES) > CACHED_CONFIGS:
+        _ENTRIES.popitem(last=False)
+    return entry
+
+
 @functools.lru_cache(maxsize=16)
-def _workload(config_json: str) -> tuple[dict[str, Any], Workload]:
+def _client_config(config_json: str) -> dict[str, Any]:
+    """The config as a client sees it: where the server writes results plays no part."""
     cfg = json.loads(config_json)
-    torch.set_num_threads(1)
-    return cfg, WORKLOADS.get(cfg["workload"]["name"])(cfg)
-
-
-@functools.lru_cache(maxsize=256)
-def _partition(config_json: str, partition_id: int, num_partitions: int) -> Any:
-    _, workload = _workload(config_json)
-    return workload.load_partition(partition_id, num_partitions)
+    cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
+    return cfg
 
 
 def message_config(msg: Message) -> dict[str, Any]:
@@ -46,22 +85,24 @@ def message_config(msg: Message) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != CONFIG_KEY}
 
 
-@functools.lru_cache(maxsize=16)
-def _without_output(config_json: str) -> str:
-    """Cache key: what a client computes never depends on where the server writes results."""
-    cfg = json.loads(config_json)
-    cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
-    return json.dumps(cfg, sort_keys=True)
-
-
 def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
-    config_json = _without_output(str(msg.content["config"][CONFIG_KEY]))
-    cfg, workload = _workload(config_json)
+    entry = _entry(str(msg.content["config"][CONFIG_KEY]))
     partition_id = int(context.node_config[PARTITION_KEY])
-    num_partitions = int(context.node_config.get("num-partitions", cfg["clients"]["num"]))
+    num_partitions = int(context.node_config.get("num-partitions", entry.cfg["clients"]["num"]))
     config = message_config(msg)
     config[PARTITION_KEY] = partition_id
-    return cfg, workload, config, _partition(config_json, partition_id, num_partitions)
+    try:
+        data = entry.partition(partition_id, num_partitions)
+    except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
+        raise _client_error(partition_id, exc) from exc
+    return entry.cfg, entry.workload, config, data
+
+
+def _client_error(partition_id: int, exc: Exception) -> ClientError:
+    first = str(exc).strip().splitlines()
+    return ClientError(
+        f"partition {partition_id}: {type(exc).__name__}" + (f": {first[0]}" if first else "")
+    )
 
 
 def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bool:
@@ -97,8 +138,10 @@ def _train(msg: Message, context: Context) -> Message:
         raise InjectedFailure(
             f"injected failure (client {config[PARTITION_KEY]}, round {server_round})"
         )
-    sent = msg.content["arrays"]
-    arrays, metrics = workload.fit(sent, data, config, context.state)
+    try:
+        arrays, metrics = workload.fit(msg.content["arrays"], data, config, context.state)
+    except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
+        raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
@@ -106,6 +149,15 @@ def _train(msg: Message, context: Context) -> Message:
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     _, workload, config, data = _setup(msg, context)
-    metrics = workload.evaluate(msg.content["arrays"], data, config)
+    try:
+        metrics = workload.evaluate(msg.content["arrays"], data, config)
+    except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
+        raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def handle_query(msg: Message, context: Context) -> Message:
+    """The node's partition id (the server maps nodes to partitions before it samples)."""
+    metrics = MetricRecord({PARTITION_KEY: int(context.node_config[PARTITION_KEY])})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

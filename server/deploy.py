@@ -1,10 +1,14 @@
 """A loopback federation: SuperLink + N SuperNodes as processes, with the flags of docker-compose.yml.
 
-``up`` generates a CA, a server certificate (SAN 127.0.0.1, ::1, localhost) and one ECDSA P-384
-key per SuperNode, starts the SuperLink with TLS and SuperNode authentication, registers the node
-keys through the Control API and starts the SuperNodes. ``down`` stops everything by PID. State
-(PIDs, ports, paths) lives in ``<dir>/state.json``; Flower's connection entry in
-``<dir>/flwr/config.toml`` is named ``flowerbed``.
+``up`` generates (or reuses) a CA, a server certificate (SAN 127.0.0.1, ::1, localhost) and one
+ECDSA P-384 key per SuperNode, starts the SuperLink with TLS and SuperNode authentication,
+registers the node keys through the Control API (keys it already knows are fine) and starts the
+SuperNodes. ``down`` stops only processes it can prove it started: each is recorded with its PID,
+start time and command line, and all three must still match. State lives in ``<dir>/state.json``;
+Flower's connection entry in ``<dir>/flwr/config.toml`` is named ``flowerbed``.
+
+The same functions serve docker-compose.yml's one-shot services (``flowerbed deploy certs`` and
+``flowerbed deploy register``).
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import ipaddress
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -28,22 +32,40 @@ from flowerbed.server.processes import (
     bin_path,
     flower_env,
     free_port,
+    is_same_process,
+    process_identity,
     stop_process_tree,
     wait_for_port,
 )
 
 CONNECTION = "flowerbed"
+#: how long a SuperNode keeps retrying a call while the SuperLink is unreachable (Flower's
+#: ``--max-wait-time``, per call); long enough to ride out a SuperLink restart
+SUPERNODE_MAX_WAIT_S = 600
+#: what ``flwr supernode register`` says for a key the SuperLink already holds
+ALREADY_REGISTERED = "already in use"
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    path.chmod(0o600)
+# ---- certificates and keys ---------------------------------------------------------------------
+def _write_file(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(mode)
+    if owner is not None:
+        os.chown(tmp, *owner)
+    os.replace(tmp, path)
 
 
 def make_certificates(
-    cert_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "::1", "localhost")
+    cert_dir: Path,
+    hosts: Sequence[str] = ("127.0.0.1", "::1", "localhost"),
+    owner: tuple[int, int] | None = None,
 ) -> None:
-    """Self-signed CA and a CA-signed server certificate for the SuperLink."""
+    """Self-signed CA and a CA-signed server certificate: ``ca.crt``, ``server.pem``, ``server.key``.
+
+    ``owner`` (uid, gid) hands the files to the account that reads them (uid 49999, ``app``, in
+    Flower's images); the private key is mode 600, the certificates 644.
+    """
     cert_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -52,7 +74,7 @@ def make_certificates(
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
         .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_after(now + datetime.timedelta(days=365))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
@@ -69,38 +91,74 @@ def make_certificates(
         .issuer_name(ca_name).public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_after(now + datetime.timedelta(days=365))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     pem = serialization.Encoding.PEM
-    (cert_dir / "ca.crt").write_bytes(ca_cert.public_bytes(pem))
-    (cert_dir / "flowerbed.server.pem").write_bytes(server_cert.public_bytes(pem))
-    _write_private(
-        cert_dir / "flowerbed.server.key",
-        server_key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
-                                 serialization.NoEncryption()),
-    )  # fmt: skip
+    key_bytes = server_key.private_bytes(
+        pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    )
+    _write_file(cert_dir / "server.key", key_bytes, 0o600, owner)
+    _write_file(cert_dir / "server.pem", server_cert.public_bytes(pem), 0o644, owner)
+    _write_file(cert_dir / "ca.crt", ca_cert.public_bytes(pem), 0o644, owner)  # last: "done"
 
 
-def make_node_key(path: Path) -> None:
+def make_node_key(path: Path, owner: tuple[int, int] | None = None) -> None:
     """ECDSA P-384 key pair in OpenSSH format (what ``flwr supernode register`` accepts)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
-    _write_private(
-        path,
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                          serialization.NoEncryption()),
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
     )  # fmt: skip
-    path.with_suffix(".pub").write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
+    _write_file(path, private, 0o600, owner)
+    _write_file(path.with_suffix(".pub"), public, 0o644, owner)
 
 
-# ---- Flower connection -------------------------------------------------------------------------
+def ensure_credentials(
+    certs: Path,
+    keys: Path,
+    nodes: int,
+    hosts: Sequence[str] = ("127.0.0.1", "::1", "localhost"),
+    owner: tuple[int, int] | None = None,
+) -> list[str]:
+    """Create what is missing (CA + server certificate, ``supernode<i>`` keys); keep the rest.
+
+    Keeping existing files is what lets a persisted SuperLink state (registered keys) survive a
+    restart. Returns the names of the files written.
+    """
+    written = []
+    if not (certs / "ca.crt").is_file():
+        make_certificates(certs, hosts, owner)
+        written.append("ca.crt")
+    for i in range(nodes):
+        key = keys / f"supernode{i}"
+        if not (key.is_file() and key.with_suffix(".pub").is_file()):
+            make_node_key(key, owner)
+            written.append(key.name)
+    for folder in (certs, keys):
+        if owner is not None and folder.is_dir():
+            os.chown(folder, *owner)
+    return written
+
+
+def parse_owner(text: str) -> tuple[int, int]:
+    """``UID[:GID]`` -> (uid, gid); a one-line error otherwise."""
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 0:
+        raise ConfigError(f"--owner must be UID or UID:GID (numbers), got '{text}'")
+    return parts[0], parts[-1]
+
+
+# ---- Flower connection and Control API -----------------------------------------------------------
 def write_connection(flwr_home: Path, address: str, ca: Path | None) -> None:
     flwr_home.mkdir(parents=True, exist_ok=True)
     tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
@@ -110,6 +168,63 @@ def write_connection(flwr_home: Path, address: str, ca: Path | None) -> None:
     )
 
 
+def flwr_cli(args: list[str], home: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the ``flwr`` CLI with ``home/flwr`` as FLWR_HOME (its connection ``flowerbed``)."""
+    env = flower_env(home)
+    env["FLWR_HOME"] = str(home / "flwr")
+    return subprocess.run(
+        [bin_path("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def cli_error(text: str) -> str:
+    """The message of the last error box the ``flwr`` CLI printed, on one line (else "")."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("╭")]
+    if not starts:
+        return ""
+    body = []
+    for line in lines[starts[-1] + 1 :]:
+        if line.lstrip().startswith("╰"):
+            break
+        body.append(line.strip().strip("│").strip())
+    return " ".join(part for part in body if part)
+
+
+class RegistrationError(RuntimeError):
+    """The SuperLink refused or could not be reached; the message is Flower's, on one line."""
+
+
+def register_keys(
+    home: Path, superlink: str, root_certificates: Path | None, public_keys: Sequence[Path]
+) -> dict[str, str]:
+    """Register SuperNode public keys with a SuperLink's Control API.
+
+    Keys the SuperLink already holds count as registered (a persisted state after a restart).
+    Returns ``{key file: "registered" | "already registered"}``; raises
+    :class:`RegistrationError` on the first key that fails.
+    """
+    for key in public_keys:
+        if not Path(key).is_file():
+            raise ConfigError(f"public key not found: {key}")
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise ConfigError(f"root certificate not found: {root_certificates}")
+    write_connection(home / "flwr", superlink, root_certificates)
+    outcome = {}
+    for key in public_keys:
+        done = flwr_cli(["supernode", "register", str(key), CONNECTION], home)
+        text = done.stdout + done.stderr
+        if done.returncode == 0 and "registered successfully" in text:
+            outcome[str(key)] = "registered"
+        elif ALREADY_REGISTERED in text:
+            outcome[str(key)] = "already registered"
+        else:
+            detail = cli_error(text) or text.strip().replace("\n", " ") or f"exit {done.returncode}"
+            raise RegistrationError(f"registering {key} with {superlink} failed: {detail}")
+    return outcome
+
+
+# ---- the loopback federation -----------------------------------------------------------------------
 def _state_path(directory: Path) -> Path:
     return directory / "state.json"
 
@@ -121,24 +236,55 @@ def load_state(directory: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> int:
-    with log.open("w") as fh:
+def _save(state: dict[str, Any]) -> None:
+    path = _state_path(Path(state["dir"]))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, path)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
+    """Start a process in its own session; returns its identity (pid, start time, command)."""
+    with log.open("a") as fh:
         proc = subprocess.Popen(
             cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
-    return proc.pid
+    return process_identity(proc.pid)
+
+
+def superlink_command(state: dict[str, Any]) -> list[str]:
+    """The SuperLink flags (the same as docker-compose.yml's superlink service)."""
+    directory = Path(state["dir"])
+    cmd = [bin_path("flower-superlink"), "--host", "127.0.0.1", "--port", str(state["port"]),
+           "--database", str(directory / "state.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
+    if state["insecure"]:
+        return [*cmd, "--insecure"]
+    certs = directory / "certs"
+    return [*cmd, "--ssl-ca-certfile", str(certs / "ca.crt"),
+            "--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key"),
+            "--enable-supernode-auth"]  # fmt: skip
 
 
 def supernode_command(
-    state: dict[str, Any], index: int, key: Path | None, insecure: bool
+    state: dict[str, Any],
+    index: int,
+    key: Path | None,
+    insecure: bool,
+    max_wait_s: float = SUPERNODE_MAX_WAIT_S,
+    root_certificates: Path | None = None,
 ) -> list[str]:
-    """The SuperNode flags (the same as docker-compose.yml's supernode services)."""
+    """The SuperNode flags (the same as docker-compose.yml's supernode services).
+
+    Retries are unlimited in number and bounded in time per call (``max_wait_s``), so a node
+    rides out a SuperLink restart; refusals (unknown key, TLS failure) end it at once.
+    """
     cmd = [bin_path("flower-supernode"), "--superlink", state["address"],
-           "--port", str(state["node_ports"][index]), "--max-retries", "3", "--max-wait-time", "20",
+           "--port", str(state["node_ports"][index]), "--max-wait-time", str(max_wait_s),
            "--node-config", f"partition-id={index} num-partitions={state['nodes']}"]  # fmt: skip
     if insecure:
         return [*cmd, "--insecure"]
-    cmd += ["--root-certificates", str(Path(state["dir"]) / "certs" / "ca.crt")]
+    ca = root_certificates or Path(state["dir"]) / "certs" / "ca.crt"
+    cmd += ["--root-certificates", str(ca)]
     if key is not None:
         cmd += ["--auth-supernode-private-key", str(key)]
     return cmd
@@ -147,61 +293,63 @@ def supernode_command(
 def flwr(
     args: list[str], state: dict[str, Any], timeout: float = 120
 ) -> subprocess.CompletedProcess:
-    env = flower_env(Path(state["dir"]))
-    env["FLWR_HOME"] = str(Path(state["dir"]) / "flwr")
-    return subprocess.run(
-        [bin_path("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    """The ``flwr`` CLI against this federation (connection ``flowerbed``)."""
+    return flwr_cli(args, Path(state["dir"]), timeout)
+
+
+def _alive(state: dict[str, Any]) -> dict[str, bool]:
+    return {name: is_same_process(ident) for name, ident in state["processes"].items()}
 
 
 def up(
     nodes: int, directory: Path, insecure: bool = False, port: int | None = None
 ) -> dict[str, Any]:
-    """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state."""
+    """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state.
+
+    A directory that held a federation before keeps its certificates, keys and SuperLink state
+    (``state.db``): keys already registered stay registered.
+    """
     directory = directory.resolve()
-    if _state_path(directory).is_file() and any(
-        psutil.pid_exists(p) for p in load_state(directory)["pids"].values()
-    ):
-        raise ConfigError(
-            f"a federation is already running from {directory} (flowerbed deploy down)"
-        )
+    if _state_path(directory).is_file():
+        old = load_state(directory)
+        if any(_alive(old).values()):
+            raise ConfigError(
+                f"a federation is already running from {directory} (flowerbed deploy down)"
+            )
+        if old["insecure"] != insecure:
+            raise ConfigError(
+                f"{directory} holds a {'plaintext' if old['insecure'] else 'TLS'} federation; "
+                f"use {'--insecure' if old['insecure'] else 'no --insecure'} or another --dir"
+            )
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     state: dict[str, Any] = {
         "dir": str(directory), "nodes": nodes, "insecure": insecure, "port": port,
-        "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)], "pids": {},
+        "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)],
+        "processes": {},
     }  # fmt: skip
     env = flower_env(directory)
     env["FLWR_HOME"] = str(directory / "flwr")
-    certs = directory / "certs"
-    link = [bin_path("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
-            "--database", str(directory / "state.db"), "--disable-runtime-dependency-installation"]  # fmt: skip
-    if insecure:
-        link.append("--insecure")
-        write_connection(directory / "flwr", state["address"], None)
-    else:
-        make_certificates(certs)
-        link += ["--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "flowerbed.server.pem"),
-                 "--ssl-keyfile", str(certs / "flowerbed.server.key"), "--enable-supernode-auth"]  # fmt: skip
-        write_connection(directory / "flwr", state["address"], certs / "ca.crt")
+    env["FLOWERBED_WORKSPACE"] = str(directory / "serverapp")
+    certs, keys = directory / "certs", directory / "keys"
+    if not insecure:
+        ensure_credentials(certs, keys, nodes)
+    write_connection(directory / "flwr", state["address"], None if insecure else certs / "ca.crt")
     try:
-        state["pids"]["superlink"] = _spawn(link, env, directory / "superlink.log")
+        state["processes"]["superlink"] = _spawn(
+            superlink_command(state), env, directory / "superlink.log"
+        )
         _save(state)
-        wait_for_port(port, state["pids"]["superlink"])
+        wait_for_port(port, state["processes"]["superlink"]["pid"])
+        node_keys = [keys / f"supernode{i}" for i in range(nodes)]
+        if not insecure:
+            register_keys(
+                directory, state["address"], certs / "ca.crt",
+                [k.with_suffix(".pub") for k in node_keys],
+            )  # fmt: skip
         for i in range(nodes):
-            key = None
-            if not insecure:
-                key = directory / "keys" / f"supernode{i}"
-                make_node_key(key)
-                done = flwr(
-                    ["supernode", "register", str(key.with_suffix(".pub")), CONNECTION], state
-                )
-                if done.returncode != 0:
-                    raise RuntimeError(
-                        f"registering supernode{i} failed: {done.stdout}{done.stderr}"
-                    )
-            cmd = supernode_command(state, i, key, insecure)
-            state["pids"][f"supernode{i}"] = _spawn(cmd, env, directory / f"supernode{i}.log")
+            cmd = supernode_command(state, i, None if insecure else node_keys[i], insecure)
+            state["processes"][f"supernode{i}"] = _spawn(cmd, env, directory / f"supernode{i}.log")
             _save(state)
     except BaseException:
         down(directory)
@@ -209,16 +357,26 @@ def up(
     return state
 
 
-def _save(state: dict[str, Any]) -> None:
-    path = _state_path(Path(state["dir"]))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, path)
+def restart_superlink(directory: Path) -> dict[str, Any]:
+    """Start the SuperLink again on the same port and database (after a crash or a kill)."""
+    directory = directory.resolve()
+    state = load_state(directory)
+    if is_same_process(state["processes"]["superlink"]):
+        raise ConfigError(f"the SuperLink of {directory} is still running")
+    env = flower_env(directory)
+    env["FLWR_HOME"] = str(directory / "flwr")
+    env["FLOWERBED_WORKSPACE"] = str(directory / "serverapp")
+    state["processes"]["superlink"] = _spawn(
+        superlink_command(state), env, directory / "superlink.log"
+    )
+    _save(state)
+    wait_for_port(state["port"], state["processes"]["superlink"]["pid"])
+    return state
 
 
 def status(directory: Path) -> dict[str, Any]:
     state = load_state(directory.resolve())
-    alive = {name: psutil.pid_exists(pid) for name, pid in state["pids"].items()}
+    alive = _alive(state)
     listing = (
         flwr(["supernode", "list", CONNECTION], state, timeout=60)
         if alive.get("superlink")
@@ -227,14 +385,23 @@ def status(directory: Path) -> dict[str, Any]:
     return {"state": state, "alive": alive, "supernodes": listing.stdout if listing else ""}
 
 
-def down(directory: Path) -> list[str]:
-    """Stop SuperNodes, then the SuperLink (and their SuperExecs), by PID."""
+def down(directory: Path) -> dict[str, str]:
+    """Stop the SuperNodes, then the SuperLink (and their SuperExecs).
+
+    Only processes whose PID, start time and command line all match what ``up`` recorded are
+    stopped; a PID now used by something else is left alone. Returns ``{name: outcome}``.
+    """
     directory = directory.resolve()
     if not _state_path(directory).is_file():
-        return []
+        return {}
     state = load_state(directory)
-    names = sorted(state["pids"], key=lambda n: n == "superlink")
-    for name in names:
-        stop_process_tree(state["pids"][name])
-    _state_path(directory).unlink()
-    return names
+    outcome = {}
+    for name in sorted(state["processes"], key=lambda n: n == "superlink"):
+        identity = state["processes"][name]
+        if is_same_process(identity):
+            stop_process_tree(identity["pid"])
+            outcome[name] = "stopped"
+        else:
+            outcome[name] = "not running"
+    _state_path(directory).unlink(missing_ok=True)
+    return outcome

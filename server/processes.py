@@ -5,9 +5,15 @@ start-up waits and shutdown by PID. Shared by the simulation and deployment engi
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +25,20 @@ from flowerbed.clients.core.config import configs_dir
 def app_dir() -> Path:
     """The Flower App (the project root, where pyproject.toml declares the components)."""
     return configs_dir().parent
+
+
+def app_manifest(home: Path) -> Path:
+    """A Flower App directory holding only flowerbed's ``pyproject.toml``, under ``home``.
+
+    The ServerApp and ClientApp components are imported from the installed package, so nothing
+    else of the project has to travel. ``flwr run`` walks its app directory before it bundles it
+    (the project root with a virtualenv inside is ~50,000 files, 2-3 s of CPU per run); this one
+    is a single file.
+    """
+    app = home / "app"
+    app.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(app_dir() / "pyproject.toml", app / "pyproject.toml")
+    return app
 
 
 def bin_path(name: str) -> str:
@@ -35,8 +55,13 @@ def free_port() -> int:
 
 
 def flower_env(home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private home, Ray temp dir, no telemetry or installs."""
+    """Environment for Flower processes: private home, Ray temp dir, no telemetry or installs.
+
+    ``FLOWERBED_OWNER`` tags every process started with it (and their descendants), so the
+    :class:`Reaper` can find them even after they left their process group.
+    """
     env = dict(os.environ)
+    env[OWNER_ENV] = str(home)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env["FLWR_HOME"] = str(home / "flwr")
@@ -68,15 +93,246 @@ def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return
-    procs = [root, *root.children(recursive=True)]
+    end_processes([root, *root.children(recursive=True)], timeout)
+
+
+def end_processes(procs: list[psutil.Process], timeout: float = 10.0) -> None:
+    """SIGTERM each of ``procs``, wait up to ``timeout``, SIGKILL those still alive."""
+    _each(procs, "terminate")
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    _each(alive, "kill")
+
+
+def _each(procs: list[psutil.Process], action: str) -> None:
     for proc in procs:
         try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
+            getattr(proc, action)()
+        except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
+
+
+# ---- owning what we start: temp folders, process groups, a reaper ------------------------------
+
+#: environment tag of every process an engine starts (the value is the engine's private home)
+OWNER_ENV = "FLOWERBED_OWNER"
+OWNER_FILE = "owner.json"
+HOME_PREFIX = "fb-"
+
+
+def _identity(pid: int) -> dict:
+    proc = psutil.Process(pid)
+    return {"pid": pid, "started": proc.create_time()}
+
+
+def _alive(identity: dict) -> bool:
+    try:
+        proc = psutil.Process(int(identity["pid"]))
+        return (
+            abs(proc.create_time() - float(identity["started"])) < 0.01
+            and proc.status() != psutil.STATUS_ZOMBIE
+        )
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def private_home(prefix: str = HOME_PREFIX) -> Path:
+    """A fresh temp folder owned by this process (short: Ray's socket paths are length-limited).
+
+    Folders left by owners that died (SIGKILL) are removed first, so a killed run's folder
+    lasts until the next start at the latest.
+    """
+    remove_stale_homes(prefix)
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    (home / OWNER_FILE).write_text(json.dumps(_identity(os.getpid())))
+    return home
+
+
+def remove_stale_homes(prefix: str = HOME_PREFIX) -> list[Path]:
+    """Remove temp folders whose recorded owner process is gone; returns what was removed."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        owner = path / OWNER_FILE
         try:
-            proc.kill()
-        except psutil.NoSuchProcess:
+            identity = json.loads(owner.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # not ours, or still being created
+        if not _alive(identity):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def stop_group(pid: int, timeout: float = 10.0) -> None:
+    """Stop a process started with ``start_new_session=True``: its group, then its descendants."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    _signal_group(pid, signal.SIGTERM)
+    _each(procs, "terminate")
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    _signal_group(pid, signal.SIGKILL)
+    _each(alive, "kill")
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Processes whose environment carries ``FLOWERBED_OWNER=tag``."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(OWNER_ENV) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+class Reaper:
+    """A watchdog process that cleans up after this one, however this one ends.
+
+    It reads commands on a pipe from this process: the process groups and temp folder to clean.
+    When the pipe closes without ``done`` (this process died, even by SIGKILL), it ends those
+    groups and every process tagged with the folder (:data:`OWNER_ENV`), then removes the
+    folder. It runs in its own session, so a terminal's Ctrl-C does not reach it.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flowerbed.server.reaper", str(home)],
+            stdin=subprocess.PIPE, text=True, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def watch(self, pid: int) -> None:
+        """Also end the process group led by ``pid`` (started with ``start_new_session``)."""
+        self._send(f"group {pid}")
+
+    def done(self) -> None:
+        """Everything was stopped here: the reaper exits without acting."""
+        self._send("done")
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def _send(self, line: str) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
             pass
+
+
+def process_identity(pid: int, timeout: float = 10.0) -> dict:
+    """What tells this process apart from a later one reusing its PID: start time and command.
+
+    Right after ``exec`` the kernel may not show the new command line yet; wait for it.
+    """
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    cmdline = proc.cmdline()
+    while not cmdline and time.monotonic() < deadline:
+        time.sleep(0.05)
+        cmdline = proc.cmdline()
+    if not cmdline:
+        raise RuntimeError(f"process {pid} shows no command line (did it exit at once?)")
+    return {"pid": pid, "started": proc.create_time(), "cmdline": cmdline}
+
+
+def is_same_process(identity: dict) -> bool:
+    """Whether ``identity`` (from :func:`process_identity`) still names a live process."""
+    try:
+        proc = psutil.Process(identity["pid"])
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            same_start = abs(proc.create_time() - identity["started"]) < 0.01
+            return same_start and proc.cmdline() == identity["cmdline"]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+        return False
+
+
+def reap(home: Path, groups: list[int]) -> None:
+    """End ``groups`` and every process tagged with ``home``; remove ``home``."""
+    for pgid in groups:
+        stop_group(pgid, timeout=3.0)
+    end_processes(tagged_processes(str(home)), timeout=3.0)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+# ---- user-caused failures in Flower's output ----------------------------------------------------
+
+#: Flower's words for "the SuperLink could not be reached" (refused, wrong port, failed TLS)
+UNREACHABLE = re.compile(
+    r"Connection to the SuperLink is unavailable|failed to connect to all addresses|"
+    r"StatusCode\.UNAVAILABLE|CERTIFICATE_VERIFY_FAILED|certificate verify failed",
+    re.I,
+)
+
+
+def user_problem(
+    log_path: Path, exc: BaseException | None = None, deployment: dict | None = None
+) -> str | None:
+    """A connection or TLS failure recognised in Flower's log (or the error), as one line.
+
+    With the SuperLink's address (and CA) known, the SuperLink is probed to tell a refused
+    connection from a certificate that the given CA did not sign.
+    """
+    text = str(exc or "")
+    if Path(log_path).is_file():
+        text += "\n" + Path(log_path).read_text(errors="replace")[-20000:]
+    if not UNREACHABLE.search(text):
+        return None
+    address = (deployment or {}).get("superlink")
+    if address:
+        found = probe_superlink(address, (deployment or {}).get("root_certificates"))
+        if found:
+            return found
+    return (
+        f"could not reach the SuperLink{f' at {address}' if address else ''} (is it running, "
+        "is HOST:PORT right, and does its TLS match --root-certificates / deployment.insecure?)"
+    )
+
+
+def probe_superlink(address: str, ca_file: str | None, timeout: float = 5.0) -> str | None:
+    """Why ``address`` cannot be used with ``ca_file``, in one line; None if nothing is found."""
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except (OSError, ValueError) as exc:
+        return (
+            f"could not connect to the SuperLink at {address} ({exc.strerror or exc}): is it "
+            "running and is HOST:PORT right? (`flowerbed deploy up` starts one)"
+        )
+    if not ca_file:
+        sock.close()
+        return None
+    context = ssl.create_default_context(cafile=ca_file)
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return (
+            f"TLS: the SuperLink at {address} presented a certificate that {ca_file} does not "
+            f"verify ({exc.verify_message}); pass the CA that signed it with --root-certificates"
+        )
+    except (ssl.SSLError, OSError) as exc:
+        return (
+            f"TLS handshake with the SuperLink at {address} failed ({exc}); is it started with "
+            "TLS, and is --root-certificates its CA?"
+        )
+    finally:
+        sock.close()

@@ -15,11 +15,38 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flowerbed.clients.core.config import to_yaml
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
 METRICS_MARKER = "FLOWERBED-METRICS "
 SUMMARY_MARKER = "FLOWERBED-SUMMARY "
+#: the one-line cause of a run that stopped (``RunFailed`` / ``ConfigError`` raised by the runner)
+ERROR_FILE = "error.txt"
+#: the final global model: one named array per entry of the strategy's ArrayRecord
+MODEL_FILE = "model.npz"
+#: epoch seconds when the command that started this run started (set by the CLI, inherited by the
+#: processes an engine starts), so ``wall_s`` and ``startup_s`` count imports and start-up too
+STARTED_AT_ENV = "FLOWERBED_STARTED_AT"
+
+
+def started_at() -> float | None:
+    """When the command behind this run started (epoch seconds), if a CLI said so."""
+    value = os.environ.get(STARTED_AT_ENV, "")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+def load_model(run_dir: str | Path) -> dict[str, np.ndarray]:
+    """The final global model of a finished run: ``{name: array}`` (``numpy.load`` works too)."""
+    path = Path(run_dir) / MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {MODEL_FILE} in {run_dir} (not a finished run directory)")
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
 
 
 def default_run_dir(cfg: dict[str, Any]) -> Path:
@@ -54,6 +81,9 @@ class ResultsWriter:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.metrics_path.write_text("")
         self.started = time.perf_counter()
+        self.started_epoch = time.time()
+        self.command_started = started_at() or self.started_epoch
+        self.round_ends: dict[int, float] = {}
         self.final: dict[str, float] = {}
         self.failures: dict[int, int] = {}
         self.history: list[dict[str, Any]] = []
@@ -74,6 +104,44 @@ class ResultsWriter:
         for key, value in clean.items():
             self.final[f"{scope}.{key}"] = value
 
+    def round_done(self, server_round: int) -> None:
+        """Round ``server_round`` is over (0: the initial evaluation); logs ``time.round_s``."""
+        now = time.time()
+        if server_round > 0 and server_round - 1 in self.round_ends:
+            self.log(server_round, "time", {"round_s": now - self.round_ends[server_round - 1]})
+        self.round_ends[server_round] = now
+
+    def save_model(self, arrays: Any) -> None:
+        """Write the global model (a Flower ArrayRecord) as ``model.npz`` of named arrays."""
+        named = {name: array.numpy() for name, array in arrays.items()}
+        tmp = self.run_dir / f".{MODEL_FILE}.tmp.npz"
+        np.savez(tmp, **named)
+        os.replace(tmp, self.run_dir / MODEL_FILE)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record why the run stopped (one line in ``error.txt``) for whoever started it."""
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        kind = "config" if type(exc).__name__ == "ConfigError" else "run"
+        atomic_write(self.run_dir / ERROR_FILE, f"{kind}: {line}\n")
+        if self.stream:
+            print(f"FLOWERBED-ERROR {line}", flush=True)
+
+    def timings(self) -> dict[str, Any]:
+        """``wall_s`` (from the command's start), ``startup_s`` (until round 1 began), ``round_s``."""
+        now = time.time()
+        rounds = self.cfg["rounds"]
+        ends = self.round_ends
+        first = ends.get(0, now)
+        return {
+            "wall_s": round(now - self.command_started, 3),
+            "startup_s": round(first - self.command_started, 3),
+            "run_s": round(now - self.started_epoch, 3),
+            "round_s": [
+                round(ends[r] - ends[r - 1], 3) for r in range(1, rounds + 1)
+                if r in ends and r - 1 in ends
+            ],
+        }  # fmt: skip
+
     def count_failures(self, server_round: int, count: int) -> None:
         self.failures[server_round] = self.failures.get(server_round, 0) + count
 
@@ -81,6 +149,9 @@ class ResultsWriter:
         self.final[name] = float(value)
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write curves.png, summary.json (timed after the plot) and report.md."""
+        if self.cfg["output"]["plots"]:
+            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
         rounds = self.cfg["rounds"]
         summary = {
             "experiment": self.cfg["experiment"],
@@ -88,7 +159,7 @@ class ResultsWriter:
             "seed": self.cfg["seed"],
             "rounds": rounds,
             "clients": self.cfg["clients"]["num"],
-            "wall_s": round(time.perf_counter() - self.started, 3),
+            **self.timings(),
             "failures": sum(self.failures.values()),
             "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
             "metrics": {k: v for k, v in sorted(self.final.items()) if math.isfinite(v)},
@@ -99,8 +170,6 @@ class ResultsWriter:
             print(SUMMARY_MARKER + json.dumps(summary), flush=True)
         atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write(self.run_dir / "report.md", render_report(summary, self.history))
-        if self.cfg["output"]["plots"]:
-            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
         return summary
 
 
@@ -122,7 +191,8 @@ def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str
         f"# {summary['experiment']}",
         "",
         f"engine `{summary['engine']}`, seed {summary['seed']}, {summary['rounds']} rounds, "
-        f"{summary['clients']} clients, {summary['wall_s']} s, {summary['failures']} failed replies",
+        f"{summary['clients']} clients, {summary['wall_s']} s (start-up "
+        f"{summary.get('startup_s', 0)} s), {summary['failures']} failed replies",
         "",
         "| metric | final value |",
         "|---|---|",

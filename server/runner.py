@@ -3,35 +3,47 @@
 from __future__ import annotations
 
 import random
-import time
+import re
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.config import to_json
-from flowerbed.clients.core.seeding import seed_everything
+from flowerbed.clients.core.errors import ConfigError, RunFailed
+from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES
-from flowerbed.clients.runtime import CONFIG_KEY, PARTITION_KEY
+from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.results import ResultsWriter
 from flowerbed.strategies import STRATEGIES
 
+SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
+
 
 class OrderedGrid(Grid):
-    """Delegating Grid that orders replies by partition id and counts failed replies.
+    """Delegating Grid: nodes in partition order, replies in partition order, failures counted.
 
-    Ordering makes float aggregation independent of node ids and arrival order, so engines
-    agree bit for bit on the same experiment and seed.
+    ``get_node_ids()`` lists nodes by partition id (once sampling needs it, see
+    :func:`node_partitions`), so a strategy's seeded ``random.sample`` picks the same partitions
+    on every engine; replies are ordered by partition id so float aggregation does not depend on
+    node ids or arrival order. A training round without a single successful reply raises
+    :class:`RunFailed` with the first client error (injected failures excepted).
     """
 
-    def __init__(self, inner: Grid, on_failures: Callable[[int, int], None]) -> None:
+    def __init__(
+        self, inner: Grid, on_failures: Callable[[int, int], None], by_partition: bool = False
+    ) -> None:
         self.inner = inner
         self.on_failures = on_failures
+        self.by_partition = by_partition
+        self.partitions: dict[int, int] = {}
 
     def set_run(self, run: Any) -> None:
         self.inner.set_run(run)
@@ -44,7 +56,14 @@ class OrderedGrid(Grid):
         return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def get_node_ids(self) -> Iterable[int]:
-        return sorted(self.inner.get_node_ids())
+        node_ids = list(self.inner.get_node_ids())
+        if not self.by_partition:
+            return sorted(node_ids)
+        unknown = [n for n in node_ids if n not in self.partitions]
+        if unknown:
+            self.partitions.update(node_partitions(self.inner, unknown))
+            _check_unique(self.partitions)
+        return sorted(node_ids, key=self.partitions.__getitem__)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.inner.push_messages(messages)
@@ -58,8 +77,112 @@ class OrderedGrid(Grid):
         failed = [r for r in replies if r.has_error()]
         missing = len(messages) - len(replies)
         if messages and messages[0].metadata.message_type.startswith("train"):
-            self.on_failures(_round_of(messages[0]), len(failed) + missing)
+            server_round = _round_of(messages[0])
+            self.on_failures(server_round, len(failed) + missing)
+            if len(failed) + missing == len(messages):
+                self._stop(server_round, len(messages), failed)
         return sorted(replies, key=_reply_order)
+
+    def _stop(self, server_round: int, sent: int, failed: list[Message]) -> None:
+        """Every training reply failed: stop, unless every failure was injected on purpose."""
+        real = [r for r in failed if INJECTED not in r.error.reason]
+        if failed and not real:
+            return  # clients.failure_rate: the strategy keeps the model and the run goes on
+        if not real:
+            raise RunFailed(f"round {server_round}: none of {sent} clients replied in time")
+        first = real[0]
+        node = first.metadata.src_node_id
+        cause = client_error(first.error.reason)
+        named = re.match(r"partition (\d+): (.*)", cause)
+        partition = named[1] if named else self.partitions.get(node)
+        cause = named[2] if named else cause
+        where = f"node {node}" + (f" (partition {partition})" if partition is not None else "")
+        raise RunFailed(
+            f"round {server_round}: all {sent} training replies failed; first error: "
+            f"{where}: {cause}"
+        )
+
+
+def client_error(reason: str) -> str:
+    """The first line of a client's error, from Flower's error reason.
+
+    flowerbed's ClientApp names the partition (``partition 3: ValueError: ...``); that part is
+    found anywhere in the reason (Ray wraps it in its own traceback). Otherwise Flower's
+    ``<class 'x.Y'>:<'message'>`` becomes ``Y: message``.
+    """
+    text = reason.strip()
+    ours = re.search(r"partition \d+: [A-Za-z_][\w.]*(: [^\n]*)?", text)
+    if ours:
+        return ours[0].rstrip("'>").strip()
+    match = re.match(r"<class '(?:[\w.]*\.)?([^'.]+)'>:<'(.*)'>$", text, re.DOTALL)
+    if match:
+        text = f"{match[1]}: {match[2]}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[0].strip() if lines else "unknown error"
+
+
+def node_partitions(grid: Grid, node_ids: list[int]) -> dict[int, int]:
+    """``{node_id: partition_id}`` for ``node_ids``.
+
+    An engine's own Grid may know it (``grid.partition_ids()``, the inline engine). Flower's
+    simulation registers virtual nodes in partition order, so the registration times of
+    ``grid.get_nodes()`` give it (nodes registered in the same microsecond are asked). Anything
+    else (a deployment) is asked: one ``query`` message per node, answered by the ClientApp
+    from its node config.
+    """
+    known = getattr(grid, "partition_ids", None)
+    if callable(known):
+        mapping = known()
+        return {n: mapping[n] for n in node_ids}
+    if type(grid).__name__ == "InMemoryGrid":
+        nodes = sorted(grid.get_nodes(), key=lambda n: (_registered(n), n.node_id))
+        order = {n.node_id: i for i, n in enumerate(nodes)}
+        stamps = [_registered(n) for n in nodes]
+        tied = {
+            n.node_id for i, n in enumerate(nodes)
+            if (i > 0 and stamps[i - 1] == stamps[i]) or (i + 1 < len(nodes) and stamps[i + 1] == stamps[i])
+        }  # fmt: skip
+        mapping = {n: order[n] for n in node_ids if n not in tied}
+        asked = [n for n in node_ids if n in tied]
+        return {**mapping, **(ask_partitions(grid, asked) if asked else {})}
+    return ask_partitions(grid, node_ids)
+
+
+def _registered(node: Any) -> datetime:
+    return datetime.fromisoformat(node.registered_at)
+
+
+def ask_partitions(grid: Grid, node_ids: list[int], timeout: float = 600.0) -> dict[int, int]:
+    """Ask each node for its ``partition-id`` (a ``query`` message to flowerbed's ClientApp)."""
+    messages = [
+        Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in node_ids
+    ]  # fmt: skip
+    mapping: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            raise RunFailed(
+                f"node {node} did not report its partition id: {client_error(reply.error.reason)}"
+            )
+        mapping[node] = int(reply.content["metrics"][PARTITION_KEY])
+    missing = sorted(set(node_ids) - set(mapping))
+    if missing:
+        raise RunFailed(
+            f"{len(missing)} nodes did not report their partition id within {timeout:.0f} s"
+        )
+    return mapping
+
+
+def _check_unique(partitions: dict[int, int]) -> None:
+    seen: dict[int, int] = {}
+    for node, partition in sorted(partitions.items()):
+        if partition in seen:
+            raise ConfigError(
+                f"nodes {seen[partition]} and {node} both have partition-id {partition} "
+                "(give each SuperNode its own --node-config 'partition-id=I num-partitions=N')"
+            )
+        seen[partition] = node
 
 
 def _round_of(msg: Message) -> int:
@@ -76,6 +199,27 @@ def _reply_order(msg: Message) -> tuple[int, int]:
         if PARTITION_KEY in record:
             return (0, int(record[PARTITION_KEY]))
     return (0, msg.metadata.src_node_id)
+
+
+class SeededSampling(StrategyWrapper):
+    """Seeds Python's ``random`` (what Flower's strategies sample nodes with) before every round.
+
+    The seed is a function of (experiment seed, round, train/evaluate), so the sample does not
+    depend on what else drew from ``random`` in the process (Ray, other libraries, earlier runs);
+    with the Grid listing nodes in partition order, every engine samples the same partitions.
+    """
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        super().__init__(inner)
+        self.seed = seed
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):  # fmt: skip
+        random.seed(client_seed(self.seed, 0, server_round, salt=SAMPLE_TRAIN))
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):  # fmt: skip
+        random.seed(client_seed(self.seed, 0, server_round, salt=SAMPLE_EVALUATE))
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
 
 
 class MetricsTap(StrategyWrapper):
@@ -121,41 +265,94 @@ def build_strategy(cfg: dict[str, Any], writer: ResultsWriter) -> Any:
     return strategy
 
 
+def needs_partition_order(cfg: dict[str, Any]) -> bool:
+    """Whether clients are sampled (then nodes must be listed in partition order)."""
+    clients = cfg["clients"]
+    return clients["fraction"] < 1 or 0 < clients["fraction_evaluate"] < 1
+
+
 def run_experiment(
     grid: Grid,
     cfg: dict[str, Any],
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` to completion on ``grid``; returns the summary (also written to ``run_dir``)."""
+    """Run ``cfg`` to completion on ``grid``; returns the summary (also written to ``run_dir``).
+
+    The final global model is saved as ``model.npz``; a run that cannot go on raises
+    :class:`RunFailed` after writing its one-line cause to ``error.txt``.
+    """
     writer = ResultsWriter(run_dir, cfg)
+    try:
+        return _run(grid, cfg, writer, on_round)
+    except (RunFailed, ConfigError) as exc:
+        writer.fail(exc)
+        raise
+
+
+def _run(
+    grid: Grid,
+    cfg: dict[str, Any],
+    writer: ResultsWriter,
+    on_round: Callable[[int, dict[str, float]], None] | None,
+) -> dict[str, Any]:
     seed_everything(cfg["seed"])
-    random.seed(cfg["seed"])  # Flower's client sampling uses the random module
     workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
-    strategy = MetricsTap(build_strategy(cfg, writer))
-    round_started = [time.perf_counter()]
+    strategy = MetricsTap(SeededSampling(build_strategy(cfg, writer), cfg["seed"]))
+    final_arrays: list[ArrayRecord] = []
+
+    save_rounds = set(cfg["output"]["save_rounds"])
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round in save_rounds:
+            torch.save(arrays.to_torch_state_dict(), writer.run_dir / f"model.r{server_round}.pt")
         central = workload.server_evaluate(server_round, arrays) or {}
         if server_round > 0:
             writer.log(server_round, "train", strategy.train.get(server_round, {}))
             writer.log(server_round, "eval", strategy.evaluate.get(server_round, {}))
             writer.log(server_round, "dp", strategy.dp.get(server_round, {}))
-            now = time.perf_counter()
-            writer.log(server_round, "time", {"round_s": now - round_started[0]})
-            round_started[0] = now
         writer.log(server_round, "central", central)
+        writer.round_done(server_round)
+        final_arrays[:] = [arrays]
         if on_round is not None:
             on_round(server_round, writer.final)
         return MetricRecord(central) if central else None
 
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
+    ordered = OrderedGrid(grid, writer.count_failures, by_partition=needs_partition_order(cfg))
     strategy.start(
-        grid=OrderedGrid(grid, writer.count_failures),
+        grid=ordered,
         initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
+        timeout=cfg["clients"]["timeout_s"],  # a lost reply is a failure, not a hang
         train_config=config,
         evaluate_config=config,
         evaluate_fn=evaluate_fn,
     )
+    if final_arrays:
+        writer.save_model(final_arrays[0])
     return writer.finish()
+
+
+def evaluate_saved(run_dir: Path) -> dict[str, float]:
+    """The workload's server-side evaluation of a finished run's saved model (``model.npz``)."""
+    from flwr.app import Array
+
+    from flowerbed.clients.core.config import load_config_file
+    from flowerbed.server.results import MODEL_FILE, load_model
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / MODEL_FILE).is_file():
+        raise ConfigError(
+            f"{run_dir} has no config.yaml and {MODEL_FILE} (not a finished run directory)"
+        )
+    cfg = load_config_file(run_dir / "config.yaml")
+    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    arrays = ArrayRecord({name: Array(value) for name, value in load_model(run_dir).items()})
+    metrics = workload.server_evaluate(cfg["rounds"], arrays)
+    if not metrics:
+        raise ConfigError(
+            f"workload '{cfg['workload']['name']}' has no server-side evaluation "
+            f"(load the arrays with flowerbed.apps.load_model('{run_dir}'))"
+        )
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}

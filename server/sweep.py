@@ -20,6 +20,10 @@ A sweep YAML::
 Each finished cell is one JSON line appended (and fsynced) to ``cells.jsonl``; ``--resume`` skips
 the cells already there, so a sweep killed with SIGKILL loses at most the cell it was running. A
 cell that raises is recorded with its error and the sweep goes on.
+
+With ``ray`` (``flowerbed sweep NAME --ray [ADDRESS]``) every cell is a Ray task instead, on a
+local Ray instance or a cluster (``flowerbed.server.ray_sweep``); rows land in the same
+``cells.jsonl``, so ``--resume`` works across executors.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowerbed.clients.core.config import (
     configs_dir,
@@ -46,6 +50,9 @@ from flowerbed.clients.core.config import (
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.experiment import resolve
 from flowerbed.server.runner import run_experiment
+
+if TYPE_CHECKING:
+    from flowerbed.server.ray_sweep import RayOptions
 
 
 @dataclass
@@ -112,14 +119,23 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     return cells
 
 
-def cell_config(sweep: SweepConfig, cell: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config of one cell: base + sweep overrides + the cell's grid values."""
+def cell_config(
+    sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None
+) -> dict[str, Any]:
+    """The resolved config of one cell: base + sweep overrides + the cell's grid values.
+
+    ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
+    """
     extra = parse_overrides(sweep.overrides)
     for key, value in cell["params"].items():
         merge_into(extra, _nested(key, value))
-    extra["engine"] = sweep.engine
+    extra["engine"] = engine or sweep.engine
     extra.setdefault("output", {})["plots"] = False
-    return resolve(load_base(sweep.base), extra)
+    try:
+        return resolve(load_base(sweep.base), extra)
+    except ConfigError as exc:  # every cell is checked before the first one runs
+        values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
+        raise ConfigError(f"sweep cell {values}: {exc}") from None
 
 
 def cell_dir(out: Path, cell: dict[str, Any]) -> Path:
@@ -147,24 +163,50 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:
+    """The row of a cell that failed (its error on one line)."""
+    return {
+        "id": cell["id"],
+        "params": {k: label(v) for k, v in cell["params"].items()},
+        "status": "error",
+        "error": error,
+        "metrics": {},
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included).
+
+    Torch runs single-threaded, as the ClientApp runtime pins it: a cell's numbers do not depend
+    on the process it runs in or on what ran there before (sequential and Ray cells agree).
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    try:
+        summary = run_experiment(grid, cfg, run_dir)
+    except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
+        last = traceback.format_exception_only(exc)[-1].strip()
+        return error_row(cell, last, time.perf_counter() - start)
+    return {
+        "id": cell["id"],
+        "params": {k: label(v) for k, v in cell["params"].items()},
+        "status": "ok",
+        "metrics": summary["metrics"],
+        "failures": summary["failures"],
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+
+
 def run_cells(
     grid: Any, todo: list[tuple[dict[str, Any], dict[str, Any]]], out: Path,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) on one Grid, appending a row per finished cell."""
     for cell, cfg in todo:
-        start = time.perf_counter()
-        row: dict[str, Any] = {
-            "id": cell["id"],
-            "params": {k: label(v) for k, v in cell["params"].items()},
-        }
-        try:
-            summary = run_experiment(grid, cfg, cell_dir(out, cell))
-            row.update(status="ok", metrics=summary["metrics"], failures=summary["failures"])
-        except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
-            last = traceback.format_exception_only(exc)[-1].strip()
-            row.update(status="error", error=last, metrics={})
-        row["wall_s"] = round(time.perf_counter() - start, 3)
+        row = run_cell(grid, cell, cfg, cell_dir(out, cell))
         append_row(out, row)
         if on_cell is not None:
             on_cell(row)
@@ -172,28 +214,37 @@ def run_cells(
 
 def run_sweep(
     sweep: SweepConfig, out: Path, make_grid: Callable[[int], Any], resume: bool = False,
-    on_cell: Callable[[dict[str, Any]], None] | None = None,
+    on_cell: Callable[[dict[str, Any]], None] | None = None, ray: RayOptions | None = None,
 ) -> Path:  # fmt: skip
     """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots.
 
     ``make_grid(num_nodes)`` gives the in-process Grid of the inline engine (the apps layer binds
-    the ClientApp to it).
+    the ClientApp to it). With ``ray``, each cell is a Ray task running that Grid (the factory
+    travels to the workers by reference), whatever the sweep's engine.
     """
     out = out.resolve()
     if out.exists() and (out / "cells.jsonl").is_file() and not resume:
         raise ConfigError(f"{out} already holds a sweep (use --resume, or another --out)")
     cells = cells_of(sweep)
     done = finished_ids(out) if resume else set()
-    todo = [(cell, cell_config(sweep, cell)) for cell in cells if cell["id"] not in done]
+    engine = "inline" if ray is not None else None
+    todo = [(cell, cell_config(sweep, cell, engine)) for cell in cells if cell["id"] not in done]
     nums = {cfg["clients"]["num"] for _, cfg in todo}
-    if len(nums) > 1:
-        raise ConfigError("all cells of a sweep share one federation: clients.num cannot vary")
+    if len(nums) > 1 and ray is None:
+        raise ConfigError(
+            "all cells of a sweep share one federation: clients.num cannot vary (with --ray "
+            "each cell has its own)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(
         json.dumps({"name": sweep.name, "cells": cells}, default=str, indent=1)
     )
     if todo:
-        if sweep.engine == "inline":
+        if ray is not None:
+            from flowerbed.server.ray_sweep import run_cells_on_ray
+
+            run_cells_on_ray(make_grid, todo, out, ray, on_cell)
+        elif sweep.engine == "inline":
             run_cells(make_grid(nums.pop()), todo, out, on_cell)
         else:
             from flowerbed.server.engines.simulation import run_simulation_sweep
@@ -209,6 +260,9 @@ def write_outputs(sweep: SweepConfig, out: Path) -> None:
 
     rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines() if r.strip()]
     latest = {r["id"]: r for r in rows}  # a cell re-run after a crash keeps its last row
+    order = {cell["id"]: i for i, cell in enumerate(cells_of(sweep))}
+    # grid order, not finishing order: parallel cells (--ray) give the same table as sequential ones
+    latest = dict(sorted(latest.items(), key=lambda item: order.get(item[0], len(order))))
     flat = []
     for row in latest.values():
         entry = {

@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import choices
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.fedavg import sampling_kwargs
@@ -88,6 +89,10 @@ def weighted_metrics(replies: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+Aggregation = choices("Aggregation", ("concept", "fedavg"))
+Expansion = choices("Expansion", ("grow", "ignore", "restart"))
+
+
 class FCMStrategy(FedAvg):
     """Flower Strategy (via FedAvg's sampling) with per-concept aggregation and a concept registry."""
 
@@ -95,12 +100,6 @@ class FCMStrategy(FedAvg):
         self, workload: Any, aggregation: str = "concept", expansion: str = "grow", **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        if aggregation not in ("concept", "fedavg"):
-            raise ConfigError(f"unknown fcm aggregation '{aggregation}' (allowed: concept, fedavg)")
-        if expansion not in ("grow", "ignore", "restart"):
-            raise ConfigError(
-                f"unknown fcm expansion '{expansion}' (allowed: grow, ignore, restart)"
-            )
         self.workload = workload
         self.aggregation = aggregation
         self.expansion = expansion
@@ -200,8 +199,8 @@ class FCMStrategy(FedAvg):
 class FCMEntry:
     @dataclass
     class Params:
-        aggregation: str = "concept"  # concept (F-CMs) | fedavg (every key by examples)
-        expansion: str = "grow"  # grow (F-CMs) | ignore (fixed set) | restart (re-initialise)
+        aggregation: Aggregation = Aggregation("concept")  # concept (F-CMs) | fedavg (by examples)
+        expansion: Expansion = Expansion("grow")  # grow (F-CMs) | ignore | restart (re-initialise)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FCMStrategy:

@@ -7,6 +7,7 @@ from typing import Any
 
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedAvg
 
+from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
 
 
@@ -35,7 +36,7 @@ class FedAvgEntry:
 class FedProxEntry:
     @dataclass
     class Params:
-        proximal_mu: float = 0.01
+        proximal_mu: float = param(0.01, ge=0)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedProx:
@@ -46,11 +47,11 @@ class FedProxEntry:
 class FedAdamEntry:
     @dataclass
     class Params:
-        eta: float = 0.01
-        eta_l: float = 0.0316
-        beta_1: float = 0.9
-        beta_2: float = 0.99
-        tau: float = 0.001
+        eta: float = param(0.01, gt=0)
+        eta_l: float = param(0.0316, gt=0)
+        beta_1: float = param(0.9, ge=0, lt=1)
+        beta_2: float = param(0.99, ge=0, lt=1)
+        tau: float = param(0.001, gt=0)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedAdam:
@@ -61,8 +62,8 @@ class FedAdamEntry:
 class FedAvgMEntry:
     @dataclass
     class Params:
-        server_learning_rate: float = 1.0
-        server_momentum: float = 0.9
+        server_learning_rate: float = param(1.0, gt=0)
+        server_momentum: float = param(0.9, ge=0, lt=1)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedAvgM:
@@ -80,7 +81,7 @@ class FedMedianEntry:
 class FedTrimmedAvgEntry:
     @dataclass
     class Params:
-        beta: float = 0.2
+        beta: float = param(0.2, ge=0, lt=0.5)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedTrimmedAvg:

@@ -26,7 +26,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flowerbed.clients.workloads.routing import HEAD_PREFIXES, server_kmeans_init, shrink_tables
+from flowerbed.clients.core.params import param
+from flowerbed.clients.workloads.routing import (
+    HEAD_PREFIXES,
+    KMeansConfig,
+    kmeans_tables,
+    server_kmeans_init,
+)
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.fedavg import sampling_kwargs
 
@@ -140,7 +146,7 @@ class FedMLPEntry:
 def aggregate_lloyd(
     centroids: np.ndarray,
     replies: list[dict[str, np.ndarray]],
-    shrinkage: float,
+    cfg: KMeansConfig,
 ) -> dict[str, np.ndarray]:
     """One federated Lloyd step + router tables from summed sufficient statistics.
 
@@ -151,7 +157,8 @@ def aggregate_lloyd(
     new = np.array(centroids, dtype=np.float64, copy=True)
     hit = counts > 0
     new[hit] = total["sums"][hit] / counts[hit, None]
-    acc, cost = shrink_tables(total["acc-sum"], total["evals"], total["cost-sum"], shrinkage)
+    stats = (total["acc-sum"], total["evals"], total["cost-sum"])
+    acc, cost = kmeans_tables(stats, np.asarray(centroids, dtype=np.float64), cfg)
     return {
         "centroids": new,
         "router-centroids": np.asarray(centroids, dtype=np.float64),
@@ -164,9 +171,9 @@ def aggregate_lloyd(
 class FedRouterKMeans(FedAvg):
     """Round 1 ``phase=init`` (local centroids -> global k-means++ start), then ``phase=lloyd``."""
 
-    def __init__(self, clusters: int, shrinkage: float, init_iters: int, seed: int, **kwargs):
+    def __init__(self, tables: KMeansConfig, init_iters: int, seed: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.clusters, self.shrinkage = clusters, shrinkage
+        self.tables = tables
         self.init_iters, self.seed = init_iters, seed
         self._current: dict[str, np.ndarray] | None = None
 
@@ -192,13 +199,13 @@ class FedRouterKMeans(FedAvg):
             start = server_kmeans_init(
                 [s["local-centroids"] for s in states],
                 [s["local-sizes"] for s in states],
-                self.clusters,
+                self.tables.clusters,
                 self.init_iters,
                 self.seed,
             )
             merged = dict(self._current, centroids=start)
         else:
-            merged = aggregate_lloyd(self._current["centroids"], states, self.shrinkage)
+            merged = aggregate_lloyd(self._current["centroids"], states, self.tables)
         return _record(merged), _scalar_metrics(valid)
 
     def aggregate_evaluate(
@@ -214,14 +221,16 @@ class FedRouterKMeans(FedAvg):
 class FedKMeansEntry:
     @dataclass
     class Params:
-        init_iters: int = 20
+        init_iters: int = param(20, ge=1)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FedRouterKMeans:
         workload = cfg["workload"]["params"]
+        tables = KMeansConfig(
+            **{k: workload[k] for k in KMeansConfig.__dataclass_fields__ if k in workload}
+        )
         return FedRouterKMeans(
-            clusters=int(workload.get("clusters", 20)),
-            shrinkage=float(workload.get("shrinkage", 5.0)),
+            tables=tables,
             init_iters=cfg["strategy"]["params"]["init_iters"],
             seed=cfg["seed"],
             **sampling_kwargs(cfg),

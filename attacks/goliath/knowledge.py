@@ -61,6 +61,7 @@ class InversionConfig:
     lam_dens: float = 1e-1
     t_grid: int = 24
     label_recovery: bool = True  # restrict categories to the support the gradient reveals
+    adam_as_signs: bool = True  # FedAvg-Adam, mixed: the update as a sign-compressed gradient
     seed: int = 0
 
 
@@ -84,6 +85,24 @@ def observed_target(
     if know.protocol.kind == "fedsgd":
         return {k: v / know.protocol.lr for k, v in delta.items()}
     return delta
+
+
+def sign_surrogate(know: Knowledge, target: dict[str, torch.Tensor], batch: int) -> tuple[Knowledge, dict[str, torch.Tensor]]:  # fmt: skip
+    """FedAvg with Adam read as one FedSGD gradient of the batch, sign-compressed.
+
+    Adam's first step is ``lr * m_hat / (sqrt(v_hat) + eps) = lr * g / (|g| + eps)``, i.e.
+    ``lr * sign(g)`` with exact zeros where the gradient is zero; later steps on the same rows
+    keep that sign pattern and mix magnitudes only through per-coordinate ratios. Differentiating
+    through the unrolled Adam steps gives almost no signal (the sign is flat), while the engine's
+    scale-free per-group cosine against the update reads the sign pattern directly, and the
+    zero pattern of the one-hot input columns is the category support. Used in the mixed regime
+    only: Gaussian inputs have no exact zeros, and there the signs alone land below the unrolled
+    loop (measured, docs/goliath.md)."""
+    protocol = replace(
+        know.protocol, kind="fedsgd", batch_size=max(know.protocol.batch_size, batch)
+    )
+    surrogate = Knowledge(know.model, know.params, protocol, know.prep)
+    return surrogate, {k: v / know.protocol.lr for k, v in target.items()}
 
 
 def local_steps(protocol: Protocol, batch: int) -> int:

@@ -23,6 +23,7 @@ from flowerbed.attacks.goliath.knowledge import (
     Reconstruction,
     decode,
     local_steps,
+    sign_surrogate,
 )
 from flowerbed.attacks.goliath.objective import (
     Variables,
@@ -188,6 +189,11 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     start = time.perf_counter()
     closed = None
     use_closed = cfg.analytic_init and cfg.latents != "oracle"
+    adam = know.protocol.kind == "fedavg" and know.protocol.optimizer == "adam"
+    if use_closed and adam and cfg.adam_as_signs and know.spec.regime == "mixed":
+        surrogate, signs = sign_surrogate(know, target, batch)
+        rec = invert(surrogate, signs, batch, cfg, oracle)
+        return _finish(know, rec, start)
     if use_closed and know.protocol.kind == "fedavg":
         local = closed_form_local_sgd(know, target, batch)
         if local is not None and local[1] < LOCAL_SGD_ACCEPT:

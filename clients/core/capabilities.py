@@ -4,11 +4,18 @@ A workload lists ``offers`` (capabilities) and ``reads`` (the shared config keys
 ``dataset``, ``clients.partitioner``, ``clients.alpha``); attacks and defenses list ``needs``. A
 combination that cannot work is refused before anything runs, with one line naming the attack or
 defense, the workload and what is missing (``flowerbed.clients.core.config.resolve``).
+
+``needs`` is one set of capabilities (all required) or a tuple of such sets, the *alternatives*
+(any one fits): ``dlg`` runs on the tabular-diffusion denoiser or on any model that exposes its
+loss. A workload may withhold an offer under some params (``Workload.withheld``: the digits CNN
+has no fully connected first layer), with a reason the error shows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+from typing import Any
 
 
 class Capability(StrEnum):
@@ -20,3 +27,44 @@ class Capability(StrEnum):
     TABULAR_DIFFUSION = "tabular-diffusion"
     #: clients return the final model's Fisher diagonal; the model can be released and stolen
     MODEL_RELEASE = "model-release"
+    #: ``Workload.model_loss()``: the torch model, its loss on a batch, the input/label schema, the
+    #: public preprocessing and the local-training protocol (gradient inversion of any model)
+    MODEL_LOSS = "model-loss"
+    #: the model reads the flattened input with a biased fully connected layer and the update keeps
+    #: that layer's gradient ratios (FedSGD or SGD local steps): the analytic input recovery applies
+    LINEAR_FIRST_LAYER = "linear-first-layer"
+
+
+Needs = frozenset[Capability] | tuple[frozenset[Capability], ...]
+
+
+def alternatives(needs: Needs | Iterable[str]) -> tuple[frozenset[str], ...]:
+    """The capability sets a component can run on (any one of them fits)."""
+    if isinstance(needs, tuple) and all(isinstance(n, frozenset) for n in needs) and needs:
+        return tuple(frozenset(n) for n in needs)
+    return (frozenset(needs),)
+
+
+def fits(needs: Needs | Iterable[str], offers: Iterable[str]) -> bool:
+    """True when some alternative of ``needs`` is entirely offered."""
+    offered = set(offers)
+    return any(alt <= offered for alt in alternatives(needs))
+
+
+def describe(needs: Needs | Iterable[str]) -> str:
+    """``tabular-diffusion or model-loss`` (each alternative joined with ``+``)."""
+    alts = [" + ".join(sorted(alt)) for alt in alternatives(needs) if alt]
+    return " or ".join(alts) or "nothing"
+
+
+def offered(workload_cls: type, params: dict[str, Any] | None = None) -> tuple[set[str], dict[str, str]]:  # fmt: skip
+    """What a workload offers under ``params`` and, for each offer it withholds there, why."""
+    offers = set(getattr(workload_cls, "offers", ()))
+    withheld_fn = getattr(workload_cls, "withheld", None)
+    withheld = dict(withheld_fn(params or {})) if withheld_fn is not None and params else {}
+    return offers - set(withheld), {str(k): v for k, v in withheld.items()}
+
+
+def supported_workloads(needs: Needs | Iterable[str], workloads: Iterable[tuple[str, type]]) -> list[str]:  # fmt: skip
+    """Names of the workloads (``registry.items()``) whose class-level offers fit ``needs``."""
+    return [name for name, cls in workloads if fits(needs, getattr(cls, "offers", ()))]

@@ -10,14 +10,15 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
+import enum
 import json
-import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -25,23 +26,52 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from flowerbed.clients.core.capabilities import (
+    alternatives,
+    describe,
+    fits,
+    offered,
+    supported_workloads,
+)
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import check_rules, param, plain
 from flowerbed.clients.core.registry import Registry
 
-ENGINES = ("simulation", "inline", "deployment")
-PARTITIONERS = ("iid", "dirichlet")
+
+class Engine(enum.StrEnum):
+    simulation = "simulation"
+    inline = "inline"
+    deployment = "deployment"
+
+
+class Partitioner(enum.StrEnum):
+    iid = "iid"
+    dirichlet = "dirichlet"
+
+
+@dataclass
+class ResourcesConfig:
+    """What each client gets: Flower's client resources on the simulation engine (Ray actors);
+    ``gpus > 0`` also puts workloads' tensors on CUDA (``Workload.device``) on every engine."""
+
+    cpus: int = param(1, ge=1)
+    gpus: float = param(0.0, ge=0)
 
 
 @dataclass
 class ClientsConfig:
-    num: int = 10
-    fraction: float = 1.0
-    fraction_evaluate: float = 1.0
-    min_clients: int = 2
-    partitioner: str = "iid"
-    alpha: float = 0.5
-    failure_rate: float = 0.0
-    cpus: int = 1
+    num: int = param(10, ge=1)
+    fraction: float = param(1.0, gt=0, le=1)
+    #: share of clients evaluating each round; unset: the same as ``fraction``
+    fraction_evaluate: float | None = param(None, ge=0, le=1)
+    min_clients: int = param(2, ge=1)
+    partitioner: Partitioner = Partitioner.iid
+    alpha: float = param(0.5, gt=0, lt=float("inf"))
+    partition_by: str | None = None  # a table column: clients = groups of its values
+    failure_rate: float = param(0.0, ge=0, lt=1)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    #: how long the server waits for a round's replies; missing ones count as failures
+    timeout_s: float = param(600.0, gt=0, lt=float("inf"))
 
 
 @dataclass
@@ -51,8 +81,8 @@ class DatasetConfig:
     label: str | None = None
     numeric: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
-    test_fraction: float = 0.2
-    max_rows: int | None = None
+    test_fraction: float = param(0.2, gt=0, lt=1)
+    max_rows: int | None = param(None, ge=1)
 
 
 @dataclass
@@ -67,6 +97,8 @@ class OutputConfig:
 
     dir: str = "runs"
     plots: bool = True
+    #: rounds after which the global model is written to model.r<round>.pt (torch state dict)
+    save_rounds: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +109,8 @@ class DeploymentConfig:
     superlink: str | None = None
     root_certificates: str | None = None
     insecure: bool = False
+    #: how long a ServerApp waits for SuperNodes to connect before failing (seconds)
+    node_timeout_s: float = param(120.0, gt=0, lt=float("inf"))
 
 
 @dataclass
@@ -84,8 +118,8 @@ class ExperimentConfig:
     experiment: str = "quickstart"
     description: str = ""
     seed: int = 0
-    rounds: int = 3
-    engine: str = "simulation"
+    rounds: int = param(3, ge=1)
+    engine: Engine = Engine.simulation
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     workload: ComponentConfig = field(default_factory=lambda: ComponentConfig("tabular-mlp"))
@@ -116,6 +150,9 @@ def _one_line(exc: OmegaConfBaseException, where: str) -> str:
         return f"unknown key '{key}'{allowed}"
     if isinstance(exc, ValidationError):
         first = str(exc).splitlines()[0]
+        choice = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", first)
+        if choice:
+            return f"unknown value '{choice[1]}' for '{key}' (allowed: {choice[2]})"
         return f"wrong type for '{key}': {first}"
     return f"invalid config at '{key}': {str(exc).splitlines()[0]}"
 
@@ -124,9 +161,11 @@ def validate_structured(schema: type, values: dict[str, Any], where: str) -> Any
     """Merge ``values`` into the dataclass ``schema``; returns the dataclass instance."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
-        return OmegaConf.to_object(merged)
+        obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, where)) from None
+    check_rules(obj, where)
+    return obj
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -139,10 +178,37 @@ def load_preset(name: str) -> dict[str, Any]:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``; every way a file can fail is one ``ConfigError`` line."""
+    import yaml
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path} is not valid YAML: {problem}{where}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} could not be read: {exc}") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of config keys (e.g. 'rounds: 5'), "
+            f"not a {type(loaded).__name__.removesuffix('Config').lower()}"
+        )
+    if not loaded:
+        raise ConfigError(
+            f"{path} is empty: write the keys to change, e.g. copy "
+            f"{configs_dir() / 'experiments' / 'quickstart.yaml'}"
+        )
+    try:
+        return OmegaConf.to_container(loaded, resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
 
 
 def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
@@ -180,42 +246,71 @@ class Components:
 
 #: Shared config keys a workload may or may not honour; set for a workload that ignores them is an
 #: error (``Workload.reads``).
-OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha")
+OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha", "clients.partition_by")
 
 
 def resolve(
     base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
 ) -> dict[str, Any]:
     """Validate a raw config (preset + overrides) and fill every component's params."""
+    if any(_is_set(raw, "clients.cpus") for raw in (base, overrides or {})):
+        raise ConfigError(
+            "clients.cpus moved to clients.resources.cpus (clients.resources: cpus, gpus)"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
+        experiment = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, "")) from None
-    cfg: dict[str, Any] = OmegaConf.to_container(merged, resolve=True)  # type: ignore[assignment]
-    _check_values(cfg)
+    check_rules(experiment, "")
+    cfg: dict[str, Any] = plain(dataclasses.asdict(experiment))
+    if cfg["clients"]["fraction_evaluate"] is None:
+        cfg["clients"]["fraction_evaluate"] = cfg["clients"]["fraction"]
     components.datasets.get(cfg["dataset"]["name"])
     workload_cls = _fill_params(cfg, "workload", components.workloads)
     _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
     _fill_params(cfg, "strategy", components.strategies)
-    offers = set(getattr(workload_cls, "offers", ()))
+    offers = offered(workload_cls, cfg["workload"]["params"])
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
     for i, defense in enumerate(cfg["defenses"]):
         cls = components.defenses.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
-        defense["params"] = dataclasses.asdict(params)
+        defense["params"] = plain(dataclasses.asdict(params))
         _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
     return cfg
 
 
+_UNSET = object()
+
+
+def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+    """The key is present with a value other than the schema default.
+
+    A resolved config carries every key (at its default when nobody set it), so it resolves again
+    unchanged (the ServerApp re-resolves what the CLI sent).
+    """
     node: Any = raw
+    default: Any = OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
         node = node[part]
-    return True
+        default = default.get(part) if isinstance(default, dict) else None
+    if isinstance(node, dict) and isinstance(default, dict):
+        return any(k not in default or value != default[k] for k, value in node.items())
+    return node is not None and node != default
 
 
 def _check_reads(
@@ -233,17 +328,25 @@ def _check_reads(
 
 
 def _check_needs(
-    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: set[str], workloads: Registry
-) -> None:
-    """An attack or defense runs only on a workload that offers what it needs."""
-    missing = sorted(set(getattr(cls, "needs", ())) - offers)
-    if missing:
-        fits = [n for n, c in workloads.items() if set(getattr(cls, "needs", ())) <= set(c.offers)]
-        raise ConfigError(
-            f"{kind} '{name}' needs {', '.join(missing)}, which workload "
-            f"'{cfg['workload']['name']}' does not offer (workloads that do: "
-            f"{', '.join(fits) or 'none'})"
-        )
+    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]],
+    workloads: Registry,
+) -> None:  # fmt: skip
+    """An attack or defense runs only on a workload that offers what one of its alternatives needs
+    (``offers`` = what the workload offers under its params, and why it withholds the rest)."""
+    needs = getattr(cls, "needs", ())
+    available, withheld = offers
+    if fits(needs, available):
+        return
+    workload = cfg["workload"]["name"]
+    reasons = [why for cap, why in sorted(withheld.items()) if fits(needs, available | {cap})]
+    where = f" here ({'; '.join(reasons)})" if reasons else ""
+    fitting = supported_workloads(needs, workloads.items())
+    alts = alternatives(needs)
+    what = describe(alts[0] - available) if len(alts) == 1 else describe(needs)
+    raise ConfigError(
+        f"{kind} '{name}' needs {what}, which workload '{workload}' does not offer"
+        f"{where} (workloads that do: {', '.join(fitting) or 'none'})"
+    )
 
 
 def _fill_params(cfg: dict[str, Any], section: str, registry: Registry) -> type:
@@ -252,31 +355,8 @@ def _fill_params(cfg: dict[str, Any], section: str, registry: Registry) -> type:
         raise ConfigError(f"{section}.name is required (allowed: {', '.join(registry.names())})")
     cls = registry.get(name)
     params = validate_structured(cls.Params, cfg[section]["params"], f"{section}.params")
-    cfg[section]["params"] = dataclasses.asdict(params)
+    cfg[section]["params"] = plain(dataclasses.asdict(params))
     return cls
-
-
-def _check_values(cfg: dict[str, Any]) -> None:
-    clients = cfg["clients"]
-    if cfg["engine"] not in ENGINES:
-        raise ConfigError(f"unknown engine '{cfg['engine']}' (allowed: {', '.join(ENGINES)})")
-    if clients["partitioner"] not in PARTITIONERS:
-        raise ConfigError(
-            f"unknown clients.partitioner '{clients['partitioner']}' "
-            f"(allowed: {', '.join(PARTITIONERS)})"
-        )
-    checks = [
-        (cfg["rounds"] >= 1, "rounds must be >= 1"),
-        (clients["num"] >= 1, "clients.num must be >= 1"),
-        (0 < clients["fraction"] <= 1, "clients.fraction must be in (0, 1]"),
-        (0 <= clients["fraction_evaluate"] <= 1, "clients.fraction_evaluate must be in [0, 1]"),
-        (0 <= clients["failure_rate"] < 1, "clients.failure_rate must be in [0, 1)"),
-        (clients["alpha"] > 0 and math.isfinite(clients["alpha"]), "clients.alpha must be > 0"),
-        (0 < cfg["dataset"]["test_fraction"] < 1, "dataset.test_fraction must be in (0, 1)"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
 
 
 def load_base(name_or_path: str) -> dict[str, Any]:
@@ -285,6 +365,11 @@ def load_base(name_or_path: str) -> dict[str, Any]:
         base = load_config_file(name_or_path)
         base.setdefault("experiment", Path(name_or_path).stem)
         return base
+    if "/" in name_or_path or Path(name_or_path).is_file():
+        raise ConfigError(
+            f"'{name_or_path}' is neither a preset nor a .yaml/.yml file "
+            f"(presets: {', '.join(preset_names())})"
+        )
     return load_preset(name_or_path)
 
 

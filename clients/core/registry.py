@@ -1,7 +1,9 @@
 """Named registries for every pluggable kind (workloads, datasets, strategies, attacks, defenses).
 
 Registering a method is one decorated class in one module; the registry imports the modules of its
-package on first lookup, so no central list has to be edited when a method is added.
+package on first lookup, so no central list has to be edited when a method is added. A lookup by
+name first tries the module named like the entry (``tabular-mlp`` -> ``tabular_mlp``), so a process
+that needs one method (a ClientApp) imports only that method's module.
 """
 
 from __future__ import annotations
@@ -64,8 +66,19 @@ class Registry:
         self._discover()
         return sorted(self._entries.items())
 
+    def _import_named(self, name: str) -> None:
+        """Import the module named like ``name`` if one exists (cheap path of :meth:`get`)."""
+        module = name.replace("-", "_")
+        for package_name in self._packages:
+            package = importlib.import_module(package_name)
+            if any(m.name == module for m in pkgutil.iter_modules(package.__path__)):
+                importlib.import_module(f"{package_name}.{module}")
+
     def get(self, name: str) -> type:
-        self._discover()
+        if name not in self._entries and not self._discovered:
+            self._import_named(name)
+        if name not in self._entries:
+            self._discover()
         if name not in self._entries:
             raise ConfigError(
                 f"unknown {self.kind} '{name}' (allowed: {', '.join(self.names()) or 'none'})"

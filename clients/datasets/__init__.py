@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.files import content_key
 from flowerbed.clients.core.registry import Registry
 
 DATASETS = Registry("dataset", (__name__,))
@@ -150,10 +152,38 @@ def _split(data: tuple[pd.DataFrame, TableSchema], cfg: dict[str, Any]) -> Table
     from sklearn.model_selection import train_test_split
 
     frame, schema = data
-    train, test = train_test_split(
-        frame, test_size=cfg.get("test_fraction", 0.2), random_state=0, stratify=frame[schema.label]
-    )
+    source = Path(cfg["path"]).name if cfg.get("path") else cfg.get("name", "dataset")
+    check_classes(frame[schema.label], schema.label, source)
+    try:
+        train, test = train_test_split(
+            frame, test_size=cfg.get("test_fraction", 0.2), random_state=0,
+            stratify=frame[schema.label],
+        )  # fmt: skip
+    except ValueError as exc:  # too few rows for the test fraction and the classes
+        raise ConfigError(
+            f"{source}: {len(frame)} rows cannot be split into train and test stratified by "
+            f"'{schema.label}' ({str(exc).splitlines()[0]}); add rows or change "
+            "dataset.test_fraction"
+        ) from None
     return Table(train.reset_index(drop=True), test.reset_index(drop=True), schema)
+
+
+def check_classes(labels: pd.Series, label: str, source: str) -> None:
+    """A classification table needs two classes or more, each with two rows or more."""
+    counts = labels.astype(str).value_counts()
+    if len(counts) < 2:
+        only = f" (only '{counts.index[0]}')" if len(counts) else ""
+        raise ConfigError(
+            f"{source}: label '{label}' has {len(counts)} class{only}; a classifier needs at "
+            "least two (is dataset.label the right column?)"
+        )
+    small = counts[counts < 2]
+    if len(small):
+        raise ConfigError(
+            f"{source}: class '{small.index[0]}' of label '{label}' has {int(small.iloc[0])} row; "
+            "each class needs at least 2 rows for the stratified train/test split (add rows "
+            "or remove that class)"
+        )
 
 
 def _sklearn_table(loader_name: str) -> tuple[pd.DataFrame, TableSchema]:
@@ -197,7 +227,7 @@ class CsvDataset:
         label, numeric, categorical = cfg.get("label"), cfg.get("numeric"), cfg.get("categorical")
         if not label:
             raise ConfigError("dataset 'csv' needs dataset.label (the name of the label column)")
-        frame = pd.read_csv(path, dtype=str, skipinitialspace=True)
+        frame = read_csv_table(path)
         columns = [*numeric, *categorical, label]
         missing = [c for c in columns if c not in frame.columns]
         if missing:
@@ -220,15 +250,52 @@ class CsvDataset:
         return _split((frame, infer_schema(frame, label, list(numeric), list(categorical))), cfg)
 
 
+def read_csv_table(path: Path) -> pd.DataFrame:
+    """A CSV with a header row and at least one data row, as strings; one-line errors."""
+    try:
+        with warnings.catch_warnings():  # a longer first row: pandas warns and drops fields
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(path, dtype=str, skipinitialspace=True, index_col=False)
+    except pd.errors.ParserWarning:
+        raise ConfigError(
+            f"{path.name}: a row has more fields than the header "
+            "(every row needs as many fields as the header)"
+        ) from None
+    except pd.errors.EmptyDataError:
+        raise ConfigError(
+            f"{path.name} is empty (a CSV needs a header row and data rows)"
+        ) from None
+    except pd.errors.ParserError as exc:
+        detail = str(exc).strip().splitlines()[-1]
+        raise ConfigError(
+            f"{path.name}: {detail.removeprefix('Error tokenizing data. C error: ')} "
+            "(every row needs as many fields as the header)"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path.name} is not UTF-8 text ({exc.reason})") from None
+    if frame.empty:
+        raise ConfigError(f"{path.name} has a header but no data rows")
+    return frame
+
+
+def dataset_key(dataset_cfg: dict[str, Any]) -> str:
+    """Cache key of a dataset config: its JSON plus the content digest of the file it reads."""
+    return content_key({"dataset": dataset_cfg})
+
+
 def load_table(dataset_cfg: dict[str, Any]) -> Table:
-    """Load the configured table (cached per process)."""
-    key = json.dumps(dataset_cfg, sort_keys=True)
+    """Load the configured table (cached per process; a rewritten file is read again)."""
+    return _load_cached(dataset_key(dataset_cfg))
+
+
+def table_from_key(key: str) -> Table:
+    """The table of a :func:`dataset_key` (for caches of what is derived from a table)."""
     return _load_cached(key)
 
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(key: str) -> Table:
-    cfg = json.loads(key)
+    cfg = json.loads(key)["cfg"]["dataset"]
     table = DATASETS.get(cfg["name"]).load(cfg)
     if cfg.get("max_rows"):
         n = int(cfg["max_rows"])

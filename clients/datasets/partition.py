@@ -1,45 +1,57 @@
-"""Deterministic client partitions with flwr-datasets partitioners.
+"""Deterministic client partitions: IID shards and per-class Dirichlet splits.
 
 A partition is a function of (seed, partitioner, num_partitions, partition_id) only: every engine,
-process and node rebuilds exactly the same rows.
+process and node rebuilds exactly the same rows. The rows are those flwr-datasets'
+``IidPartitioner`` and ``DirichletPartitioner(min_partition_size=0, self_balancing=False)`` give
+on the seeded row order (checked by tests/clients/test_datasets.py), computed here with numpy
+alone, so a ClientApp process does not import Hugging Face ``datasets``, pyarrow or matplotlib.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
-from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 
 from flowerbed.clients.core.errors import ConfigError
 
-ROW_ID = "__row__"
+
+def _iid_shards(n: int, num_partitions: int) -> list[np.ndarray]:
+    """Contiguous shards, the first ``n % num_partitions`` one row longer."""
+    return np.array_split(np.arange(n), num_partitions)
 
 
-_CACHE: dict[tuple, Partitioner] = {}
+def _dirichlet_shards(
+    labels: np.ndarray, num_partitions: int, alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Per class (in sorted order), split its positions by one Dirichlet(alpha) draw."""
+    rng = np.random.default_rng(seed)
+    concentration = np.full(num_partitions, float(alpha))
+    shards: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    for label in np.unique(labels):
+        positions = np.nonzero(labels == label)[0]
+        fractions = np.cumsum(rng.dirichlet(concentration))
+        cuts = (fractions * len(positions)).astype(int)[:-1]
+        for shard, piece in zip(shards, np.split(positions, cuts), strict=True):
+            shard.append(piece)
+    return [np.concatenate(pieces) for pieces in shards]
 
 
-def _partitioner(
-    labels: np.ndarray, num_partitions: int, kind: str, alpha: float, seed: int
-) -> Partitioner:
-    key = (labels.tobytes(), num_partitions, kind, alpha, seed)
-    if key in _CACHE:
-        return _CACHE[key]
-    if len(_CACHE) >= 4:
-        _CACHE.pop(next(iter(_CACHE)))
+@functools.lru_cache(maxsize=4)
+def _assignment(
+    codes: bytes, num_partitions: int, kind: str, alpha: float, seed: int
+) -> tuple[np.ndarray, ...]:
+    """Sorted row ids of every partition (the whole split is one computation)."""
+    labels = np.frombuffer(codes, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))
-    frame = pd.DataFrame({ROW_ID: order, "label": labels[order]})
     if kind == "iid":
-        partitioner: Partitioner = IidPartitioner(num_partitions)
+        shards = _iid_shards(len(labels), num_partitions)
     elif kind == "dirichlet":
-        partitioner = DirichletPartitioner(
-            num_partitions, "label", alpha, min_partition_size=0, self_balancing=False, seed=seed
-        )
+        shards = _dirichlet_shards(labels[order], num_partitions, alpha, seed)
     else:
         raise ConfigError(f"unknown partitioner '{kind}' (allowed: iid, dirichlet)")
-    partitioner.dataset = Dataset.from_pandas(frame, preserve_index=False)
-    _CACHE[key] = partitioner
-    return partitioner
+    return tuple(np.sort(order[shard]) for shard in shards)
 
 
 def partition_indices(
@@ -54,5 +66,5 @@ def partition_indices(
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id {partition_id} outside [0, {num_partitions})")
     codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
-    part = _partitioner(codes, num_partitions, kind, float(alpha), int(seed))
-    return np.sort(np.asarray(part.load_partition(partition_id)[ROW_ID], dtype=np.int64))
+    shards = _assignment(codes.tobytes(), num_partitions, kind, float(alpha), int(seed))
+    return shards[partition_id].copy()

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
 
 
@@ -61,12 +61,7 @@ def quantize(
 class TopK(Defense):
     @dataclass
     class Params:
-        fraction: float = 0.1
-
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
-        if not 0 < self.params.fraction <= 1:
-            raise ConfigError("topk.fraction must be in (0, 1]")
+        fraction: float = param(0.1, gt=0, le=1)
 
     def mods(self) -> list[Any]:
         return [update_mod(self.transform)]
@@ -79,12 +74,7 @@ class TopK(Defense):
 class Quantize(Defense):
     @dataclass
     class Params:
-        bits: int = 4
-
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
-        if not 1 <= self.params.bits <= 16:
-            raise ConfigError("quantize.bits must be in [1, 16]")
+        bits: int = param(4, ge=1, le=16)
 
     def mods(self) -> list[Any]:
         return [update_mod(self.transform)]

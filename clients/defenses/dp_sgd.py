@@ -19,7 +19,7 @@ from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense
 
 STATE_KEY = "dp-sgd"
@@ -45,14 +45,12 @@ class DpSgd(Defense):
 
     @dataclass
     class Params:
-        noise_multiplier: float = 1.0
-        max_grad_norm: float = 1.0
-        delta: float = 1e-5
+        noise_multiplier: float = param(1.0, ge=0)
+        max_grad_norm: float = param(1.0, gt=0)
+        delta: float = param(1e-5, gt=0, lt=1)
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         super().__init__(cfg, params)
-        if self.params.noise_multiplier < 0 or self.params.max_grad_norm <= 0:
-            raise ConfigError("dp-sgd needs noise_multiplier >= 0 and max_grad_norm > 0")
         # one accountant per experiment (a sweep's cells share a client's Context)
         self.namespace = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
         self._engine: PrivacyEngine | None = None

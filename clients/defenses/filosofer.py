@@ -14,13 +14,12 @@ clients/workloads/filosofer.py; these entries only carry the knobs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.defenses import DEFENSES, Defense
 from flowerbed.clients.workloads.filosofer import Release, release
 
@@ -38,26 +37,24 @@ class ModelRelease(Defense):
         return release(victim, self.scheme, owner_x, owner_y, fisher, seed=seed)
 
 
+Mask = choices("Mask", ("fisher", "random", "magnitude"))
+
+
 @DEFENSES.register(
     "filosofer", "Fisher-guided flip of the top-rho exposed weights + TEE-held LoRA recovery"
 )
 class Filosofer(ModelRelease):
     @dataclass
     class Params:
-        rho: float = 0.02
-        mask: str = "fisher"  # fisher | random | magnitude
-        rank: int = 4
+        rho: float = param(0.02, gt=0, lt=1)
+        mask: Mask = Mask("fisher")  # fisher | random | magnitude
+        rank: int = param(4, ge=1)
         cross_layer: bool = False
-        entropy_steps: int = 0
-        distill_epochs: int = 80
-        fisher_chunks: int = 4  # 1 = one-shot top-rho; >1 = greedy, Fisher re-estimated
-
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
-        if self.params.mask not in ("fisher", "random", "magnitude"):
-            raise ConfigError("filosofer.mask must be fisher, random or magnitude")
-        if not 0 < self.params.rho < 1:
-            raise ConfigError("filosofer.rho must be in (0, 1)")
+        entropy_steps: int = param(0, ge=0)
+        distill_epochs: int = param(80, ge=0)
+        fisher_chunks: int = param(
+            4, ge=1
+        )  # 1 = one-shot top-rho; >1 = greedy, Fisher re-estimated
 
     def release(self, victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
         p = self.params

@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import (
 )
 from opacus.accountants import RDPAccountant
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Defense
 
@@ -39,10 +40,10 @@ class Clipping(StrEnum):
 class LocalDp(Defense):
     @dataclass
     class Params:
-        clipping_norm: float = 1.0
-        sensitivity: float = 1.0
-        epsilon: float = 1.0
-        delta: float = 1e-5
+        clipping_norm: float = param(1.0, gt=0)
+        sensitivity: float = param(1.0, gt=0)
+        epsilon: float = param(1.0, gt=0)
+        delta: float = param(1e-5, ge=0, lt=1)
 
     def mods(self) -> list[Any]:
         p = self.params
@@ -57,11 +58,11 @@ class CentralDp(Defense):
 
     @dataclass
     class Params:
-        noise_multiplier: float = 0.5
-        clipping_norm: float = 1.0
+        noise_multiplier: float = param(0.5, ge=0)
+        clipping_norm: float = param(1.0, gt=0)
         clipping: Clipping = Clipping.server
         adaptive: bool = False
-        delta: float = 1e-5
+        delta: float = param(1e-5, gt=0, lt=1)
 
     def mods(self) -> list[Any]:
         if self.params.clipping != Clipping.client:

@@ -17,6 +17,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Defense
 
@@ -29,7 +30,7 @@ class SecAgg(Defense):
 
     @dataclass
     class Params:
-        min_clients: int = 2
+        min_clients: int = param(2, ge=1)
 
     @classmethod
     def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip

@@ -98,7 +98,9 @@ def move_chance(t: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of continuous t (scaled by 1000 as for a 1000-step chain)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=t.dtype) / half)
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=t.dtype, device=t.device) / half
+    )
     args = 1000.0 * t[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
 
@@ -264,6 +266,17 @@ def loss_grad(
     create_graph: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Gradient of ``diffusion_loss`` w.r.t. the trainable parameters (zeros for frozen ones)."""
+    return loss_and_grad(model, params, rows, latents, create_graph)[1]
+
+
+def loss_and_grad(
+    model: Denoiser,
+    params: dict[str, torch.Tensor],
+    rows: Rows,
+    latents: Latents,
+    create_graph: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``diffusion_loss`` and its gradient from one forward pass (see :func:`loss_grad`)."""
     names = [n for n in params if n != "k_raw" or model.spec.learnable_k]
     live = {
         n: (p if p.requires_grad else p.detach().requires_grad_(True)) for n, p in params.items()
@@ -273,4 +286,4 @@ def loss_grad(
     out = dict(zip(names, grads, strict=True))
     if "k_raw" not in out:
         out["k_raw"] = torch.zeros_like(params["k_raw"])
-    return out
+    return loss, out

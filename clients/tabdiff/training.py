@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flowerbed.clients.tabdiff.model import Denoiser, Latents, Rows, loss_grad
+from flowerbed.clients.tabdiff.model import Denoiser, Latents, Rows, loss_and_grad, loss_grad
 
 PROTOCOLS = ("fedsgd", "fedavg")
 OPTIMIZERS = ("sgd", "adam")
@@ -89,12 +89,14 @@ def local_update(
     b1, b2, eps = 0.9, 0.999, 1e-8
     use_adam = protocol.kind == "fedavg" and protocol.optimizer == "adam"
     for step, (rows, lat) in enumerate(zip(batches, latents, strict=True), start=1):
-        if on_loss is not None:
-            with torch.no_grad():
-                on_loss(float(diffusion_loss(model, state, rows, lat)))
-        if gradient is None:
-            grads = loss_grad(model, state, rows, lat, create_graph=create_graph)
+        if gradient is None:  # the loss comes with the gradient: no extra forward pass
+            loss, grads = loss_and_grad(model, state, rows, lat, create_graph=create_graph)
+            if on_loss is not None:
+                on_loss(float(loss.detach()))
         else:
+            if on_loss is not None:
+                with torch.no_grad():
+                    on_loss(float(diffusion_loss(model, state, rows, lat)))
             grads = gradient(model, state, rows, lat)
         new = {}
         for k, p in state.items():

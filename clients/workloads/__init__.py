@@ -6,17 +6,55 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.model_loss import LocalTraining, ModelLoss
 
 WORKLOADS = Registry("workload", (__name__,))
 
-__all__ = ["WORKLOADS", "Workload", "train_cross_entropy"]
+__all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "assigned_device",
+           "fit_classifier", "round_subset", "score_classifier",
+           "train_cross_entropy"]  # fmt: skip
+
+
+def assigned_device(cfg: dict[str, Any]) -> str:
+    """The torch device of a client's assigned resources: ``cuda`` when
+    ``clients.resources.gpus`` > 0, else ``cpu``.
+
+    Ray (a sweep cell with ``--gpus-per-cell``, a simulation ClientApp actor) makes the GPUs it
+    assigned the only visible ones, so ``cuda`` is the assigned GPU.
+    """
+    gpus = float(cfg.get("clients", {}).get("resources", {}).get("gpus", 0.0))
+    if gpus <= 0:
+        return "cpu"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise ConfigError(
+            f"clients.resources.gpus={gpus:g} assigns a GPU, but torch sees no CUDA device in this "
+            f"process (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={visible}); use gpus=0"
+        )
+    return "cuda"
+
+
+@dataclass
+class Examples:
+    """Inputs and class labels of a classifier (model space)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 def train_cross_entropy(
@@ -41,11 +79,92 @@ def train_cross_entropy(
     return float(loss.detach())
 
 
+def fit_classifier(
+    workload: Workload, model: nn.Module, data: Examples, training: LocalTraining, seed: int,
+    state: RecordDict, proximal_mu: float = 0.0,
+) -> dict[str, float]:  # fmt: skip
+    """One round of a classifier's local training (``training``'s protocol), in place.
+
+    Cross-entropy over shuffled minibatches with ``training``'s optimizer, through the workload's
+    training defenses (Opacus DP-SGD); FedProx's proximal term when ``proximal_mu`` > 0. Returns
+    the metrics (``num-examples``, ``loss``, ``update_norm`` = ``||w_local - w_global||``, the
+    client's drift, which FedProx shrinks; ``epsilon`` under DP-SGD).
+    """
+    torch.manual_seed(seed)  # DP noise and Poisson sampling draw from the global generator
+    fedsgd = training.protocol == "fedsgd"
+    loader = DataLoader(
+        TensorDataset(data.x, data.y), batch_size=len(data.y) if fedsgd else training.batch_size,
+        shuffle=True, generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    global_params = [p.detach().clone() for p in model.parameters()]
+    optimizer = training.optimizer_for(model.parameters())
+    trained, optimizer, loader = workload.private_training(model, optimizer, loader, state)
+    loss_fn = nn.CrossEntropyLoss()
+    total_loss, steps = 0.0, 0
+    trained.train()
+    for _ in range(1 if fedsgd else training.local_epochs):
+        for x, y in loader:
+            if len(y) == 0:  # Poisson sampling (DP-SGD) may draw an empty batch
+                continue
+            x, y = x.to(workload.device), y.to(workload.device)
+            optimizer.zero_grad()
+            loss = loss_fn(trained(x), y)
+            if proximal_mu > 0:
+                prox = sum(
+                    ((p - g) ** 2).sum()
+                    for p, g in zip(model.parameters(), global_params, strict=True)
+                )
+                loss = loss + proximal_mu / 2 * prox
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach())
+            steps += 1
+    with torch.no_grad():
+        drift = sum(
+            float(((p - g) ** 2).sum())
+            for p, g in zip(model.parameters(), global_params, strict=True)
+        )
+    metrics = {
+        "num-examples": len(data.y),
+        "loss": total_loss / max(steps, 1),
+        "update_norm": drift**0.5,
+    }
+    workload.training_done(state, metrics)
+    return metrics
+
+
+def round_subset(
+    train: Examples, training: LocalTraining, examples: int, seed: int, partition_id: int,
+    server_round: int,
+) -> Examples:  # fmt: skip
+    """The examples a classifier client trains on in a round (``LocalTraining.round_examples``);
+    a function of (seed, client, round), so the scorer rebuilds it and nothing else needs to."""
+    gen_seed = client_seed(seed, partition_id, server_round, salt=11)
+    idx = training.round_examples(len(train.y), examples, gen_seed)
+    if len(idx) == len(train.y):
+        return train
+    return Examples(train.x[idx], train.y[idx])
+
+
+def score_classifier(model: nn.Module, data: Examples) -> dict[str, float]:
+    """Cross-entropy and accuracy of a classifier on ``data``."""
+    model.eval()
+    device = next(model.parameters()).device
+    x, y = data.x.to(device), data.y.to(device)
+    with torch.no_grad():
+        logits = model(x)
+        loss = float(nn.functional.cross_entropy(logits, y)) if len(y) else 0.0
+        accuracy = float((logits.argmax(1) == y).float().mean()) if len(y) else 0.0
+    return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
+
+
 class Workload:
     """Contract between the engines and a client-side method.
 
     ``cfg`` is the resolved experiment config (a plain dict); ``params`` its typed
-    ``workload.params``. Methods receive and return Flower records so nothing is lost in transit.
+    ``workload.params``; ``device`` the torch device of the assigned resources
+    (``assigned_device``): a workload computes there and returns CPU records. Methods receive and
+    return Flower records so nothing is lost in transit.
     """
 
     Params: ClassVar[type] = NoParams
@@ -61,6 +180,7 @@ class Workload:
 
         self.cfg = cfg
         self.params = self.Params(**cfg["workload"]["params"])
+        self.device = assigned_device(cfg)
         self.defenses = build_defenses(cfg)
 
     # -- defenses that act inside training (DP-SGD) -------------------------------------------
@@ -98,3 +218,79 @@ class Workload:
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         """Optional centralised evaluation on held-out data (None to skip)."""
         return None
+
+    # -- what attacks may know --------------------------------------------------------------
+    @classmethod
+    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
+        """Offers this workload withholds under ``params``, each with the reason (default none)."""
+        return {}
+
+    def model_loss(self) -> ModelLoss:
+        """The model-loss contract (``Capability.MODEL_LOSS``): public knowledge only."""
+        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-loss")
+
+
+class ClassifierWorkload(Workload):
+    """A classifier over a pool of training examples: partitions (each split into local train
+    and test), the examples of a round (``round_data``), local training with ``self.training``'s
+    protocol through the defenses, local evaluation. Subclasses give the model and the pool."""
+
+    training: LocalTraining
+
+    def _model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def train_pool(self) -> Examples:
+        """Every training example of the federation (partitioned by label)."""
+        raise NotImplementedError
+
+    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Examples]:
+        from flowerbed.clients.datasets.partition import partition_indices
+
+        pool, clients = self.train_pool(), self.cfg["clients"]
+        idx = partition_indices(
+            pool.y.numpy(), partition_id, num_partitions, clients["partitioner"],
+            clients["alpha"], self.cfg["seed"],
+        )  # fmt: skip
+        idx = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0)).permutation(idx)
+        n_test = int(round(len(idx) * self.params.test_fraction_local))
+        test, train = idx[:n_test], idx[n_test:]
+        return {
+            "train": Examples(pool.x[train], pool.y[train]),
+            "test": Examples(pool.x[test], pool.y[test]),
+        }
+
+    def round_data(self, data: dict[str, Examples], partition_id: int, server_round: int) -> Examples:  # fmt: skip
+        """What a client trains on in a round (all it holds unless FedSGD / round_examples)."""
+        return round_subset(data["train"], self.training, self.params.round_examples,
+                            self.cfg["seed"], partition_id, server_round)  # fmt: skip
+
+    def init_arrays(self) -> ArrayRecord:
+        torch.manual_seed(self.cfg["seed"])
+        return ArrayRecord(self._model().state_dict())
+
+    @staticmethod
+    def _cpu_arrays(model: nn.Module) -> ArrayRecord:
+        """The model's weights as CPU arrays (what travels, whatever the device)."""
+        return ArrayRecord(OrderedDict((k, v.cpu()) for k, v in model.state_dict().items()))
+
+    def fit(
+        self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any],
+        state: RecordDict,
+    ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
+        model = self.server_model(arrays)
+        pid, rnd = config["partition-id"], config["server-round"]
+        train = self.round_data(data, pid, rnd)
+        seed = client_seed(self.cfg["seed"], pid, rnd)
+        metrics = fit_classifier(self, model, train, self.training, seed, state,
+                                 float(config.get("proximal-mu", 0.0)))  # fmt: skip
+        return self._cpu_arrays(model), metrics
+
+    def evaluate(self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+        return score_classifier(self.server_model(arrays), data["test"])
+
+    def server_model(self, arrays: ArrayRecord) -> nn.Module:
+        """The model with ``arrays`` loaded, on ``self.device``."""
+        model = self._model()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        return model.to(self.device)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -589,13 +590,13 @@ class ACCpp(Workload):
 
     @dataclass
     class Params:
-        local_steps: int = 100
-        lr: float = 1e-2
-        batch_size: int = 64
-        train_prompts: int = 1000
-        trace_prompts: int = 16
-        attn_weight_thresh: float = 0.1
-        ig_steps: int = 256
+        local_steps: int = param(100, ge=0)
+        lr: float = param(1e-2, gt=0)
+        batch_size: int = param(64, ge=1)
+        train_prompts: int = param(1000, ge=1)
+        trace_prompts: int = param(16, ge=1)
+        attn_weight_thresh: float = param(0.1, ge=0)
+        ig_steps: int = param(256, ge=1)
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.cfg["seed"])

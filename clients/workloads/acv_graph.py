@@ -32,6 +32,7 @@ from flwr.app import ArrayRecord, RecordDict
 from sklearn.linear_model import lasso_path
 from threadpoolctl import threadpool_limits
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -296,6 +297,10 @@ def recovery_study(
 
 
 # -- 5. registration -----------------------------------------------------------------------------
+GraphKind = choices("GraphKind", ("chain", "hub", "scale-free"))
+Criterion = choices("Criterion", CRITERIA)
+
+
 @WORKLOADS.register(
     "acv-graph",
     "Nodewise-lasso graph recovery; clients send per-lambda ACV criteria and support bitmaps",
@@ -305,18 +310,16 @@ class ACVGraph(Workload):
 
     @dataclass
     class Params:
-        p: int = 20
-        samples_per_client: int = 60
-        graph: str = "chain"
+        p: int = param(20, ge=2)
+        samples_per_client: int = param(60, ge=2)
+        graph: GraphKind = GraphKind("chain")
         strength: float = 0.45
-        num_lambdas: int = 30
-        n_splits: int = 20
-        criterion: str = "acv"
+        num_lambdas: int = param(30, ge=1)
+        n_splits: int = param(20, ge=2)
+        criterion: Criterion = Criterion("acv")
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        if self.params.criterion not in CRITERIA:
-            raise ValueError(f"criterion must be one of {CRITERIA}")
         self.lambdas = default_lambdas(self.params.num_lambdas)
         self.theta = make_precision(
             make_graph(self.params.graph, self.params.p, cfg["seed"]), self.params.strength,

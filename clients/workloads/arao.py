@@ -33,6 +33,7 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -493,6 +494,9 @@ class ClientData:
     test: Corpus
 
 
+Repair = choices("Repair", ("targeted", "untargeted", "none"))
+
+
 @WORKLOADS.register("arao", "ARAO rhetorical attack, attribution and axis-targeted repair")
 class ARAO(Workload):
     """Rounds ``1..train_rounds``: FedAvg training. Round ``train_rounds + 1``: every client
@@ -505,30 +509,28 @@ class ARAO(Workload):
 
     @dataclass
     class Params:
-        n_features: int = 2**14
-        hidden: int = 0
-        epochs: int = 60
-        lr: float = 0.1
-        l2: float = 1e-4
-        n_train: int = 600
-        n_test: int = 300
-        n_attack: int = 40
-        label_noise: float = 0.05
+        n_features: int = param(2**14, ge=1)
+        hidden: int = param(0, ge=0)
+        epochs: int = param(60, ge=1)
+        lr: float = param(0.1, gt=0)
+        l2: float = param(1e-4, ge=0)
+        n_train: int = param(600, ge=1)
+        n_test: int = param(300, ge=1)
+        n_attack: int = param(40, ge=1)
+        label_noise: float = param(0.05, ge=0, lt=1)
         vulnerable_axis: int = EUPHEMISM
-        train_rounds: int = 1
-        repair: str = "targeted"  # targeted | untargeted | none
-        repair_budget: int = 100
-        repair_top: int = 1
-        cem_iters: int = 4
-        cem_samples: int = 12
-        cem_elite: int = 3
-        threshold: float = 0.5
+        train_rounds: int = param(1, ge=1)
+        repair: Repair = Repair("targeted")  # targeted | untargeted | none
+        repair_budget: int = param(100, ge=0)
+        repair_top: int = param(1, ge=1)
+        cem_iters: int = param(4, ge=1)
+        cem_samples: int = param(12, ge=1)
+        cem_elite: int = param(3, ge=1)
+        threshold: float = param(0.5, gt=0, lt=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
-        if p.repair not in ("targeted", "untargeted", "none"):
-            raise ValueError(f"repair must be targeted, untargeted or none (got {p.repair!r})")
         self.acfg = ARAOConfig(
             p.n_features, p.hidden, p.epochs, p.lr, p.l2, p.cem_iters, p.cem_samples,
             p.cem_elite, p.threshold, p.repair_budget, p.repair_top,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -382,14 +383,14 @@ class ClientCloud:
 class Chamfer(Workload):
     @dataclass
     class Params:
-        p: float = 1.5
-        dim: int = 16
-        points: int = 2000
-        reference_points: int = 2000
-        eps: float = 0.05
-        delta: float = 0.1
-        subsample: int = 200
-        noise: float = 0.02
+        p: float = param(1.5, gt=0)
+        dim: int = param(16, ge=1)
+        points: int = param(2000, ge=1)
+        reference_points: int = param(2000, ge=1)
+        eps: float = param(0.05, gt=0)
+        delta: float = param(0.1, gt=0, lt=1)
+        subsample: int = param(200, ge=1)
+        noise: float = param(0.02, ge=0)
         check_exact: bool = True  # also compute exact CH (O(n^2 d)) to report the error
 
     def _references(self) -> np.ndarray:

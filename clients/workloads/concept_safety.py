@@ -35,6 +35,7 @@ from scipy.stats import spearmanr
 from torch import nn
 from torch.nn import functional as F
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -469,6 +470,9 @@ class ClientData:
     batch: Batch
 
 
+Trainable = choices("Trainable", ("all", "blocks", "mlp"))
+
+
 @WORKLOADS.register(
     "concept-safety", "Concept-level safety fine-tuning of a tiny GPT (refusal vs knowledge)"
 )
@@ -481,20 +485,20 @@ class ConceptSafety(Workload):
 
     @dataclass
     class Params:
-        tasks: int = 4
-        concepts: int = 12
-        answer_len: int = 3
-        dim: int = 64
-        pretrain_steps: int = 200
-        pretrain_lr: float = 5e-3
-        concepts_per_client: int = 6
-        stride: int = 3
-        budget: int = 24  # unsafe samples per client
-        zipf_s: float = 1.0
-        safe_per_unsafe: float = 1.0
-        local_steps: int = 20
-        lr: float = 0.02
-        trainable: str = "blocks"
+        tasks: int = param(4, ge=1)
+        concepts: int = param(12, ge=1)
+        answer_len: int = param(3, ge=1)
+        dim: int = param(64, ge=1)
+        pretrain_steps: int = param(200, ge=0)
+        pretrain_lr: float = param(5e-3, gt=0)
+        concepts_per_client: int = param(6, ge=1)
+        stride: int = param(3, ge=1)
+        budget: int = param(24, ge=1)  # unsafe samples per client
+        zipf_s: float = param(1.0, ge=0)
+        safe_per_unsafe: float = param(1.0, ge=0)
+        local_steps: int = param(20, ge=0)
+        lr: float = param(0.02, gt=0)
+        trainable: Trainable = Trainable("blocks")
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

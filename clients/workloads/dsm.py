@@ -31,6 +31,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -80,6 +81,10 @@ def client_conditions(n_cond: int, partition_id: int, num_partitions: int) -> np
     return np.arange(partition_id, n_cond, num_partitions)
 
 
+SPLITS = ("conditions", "iid")
+Split = choices("Split", SPLITS)  # the workload's ``split`` option
+
+
 def client_rows(
     cond: np.ndarray, memorised: np.ndarray, partition_id: int, num_partitions: int,
     split: str = "conditions", seed: int = 0,
@@ -91,8 +96,8 @@ def client_rows(
     if split == "conditions":
         return np.flatnonzero(np.isin(cond, client_conditions(len(memorised), partition_id,
                                                               num_partitions)))  # fmt: skip
-    if split != "iid":
-        raise ValueError(f"split must be 'conditions' or 'iid' (got {split!r})")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} (got {split!r})")
     order = np.random.default_rng(seed).permutation(len(cond))
     return np.sort(order[partition_id::num_partitions])
 
@@ -318,17 +323,17 @@ class DSM(Workload):
 
     @dataclass
     class Params:
-        hidden: int = 256
-        subclusters: int = 4
-        n_mem: int = 20
-        dup: int = 4
-        local_steps: int = 300
-        lr: float = 2e-3
-        batch_size: int = 256
-        per_condition: int = 4
-        sample_steps: int = 50
-        guidance: float = 5.0
-        split: str = "conditions"  # or "iid" (see client_rows)
+        hidden: int = param(256, ge=1)
+        subclusters: int = param(4, ge=1)
+        n_mem: int = param(20, ge=0)
+        dup: int = param(4, ge=1)
+        local_steps: int = param(300, ge=0)
+        lr: float = param(2e-3, gt=0)
+        batch_size: int = param(256, ge=1)
+        per_condition: int = param(4, ge=1)
+        sample_steps: int = param(50, ge=1)
+        guidance: float = param(5.0, ge=0)
+        split: Split = Split("conditions")  # conditions | iid (see client_rows)
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params

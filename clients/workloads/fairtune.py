@@ -37,6 +37,7 @@ from sklearn.isotonic import IsotonicRegression
 from threadpoolctl import threadpool_limits
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -435,6 +436,9 @@ def _public(seed: int, families: int, count: int) -> tuple[dict[str, torch.Tenso
         return pretrain_base(seed), make_domains(seed, families, count)
 
 
+MechanismKind = choices("MechanismKind", ("fairtune", "report-priced"))
+
+
 @WORKLOADS.register(
     "fairtune",
     "FairTune market: sellers list fine-tuned checkpoints + quality reports; server verifies and pays",
@@ -449,15 +453,15 @@ class FairTune(Workload):
 
     @dataclass
     class Params:
-        families: int = 2
-        buyers_per_family: int = 2
-        seller_steps: int = 200
-        target: float = 0.9
-        max_steps: int = 300
-        mechanism: str = "fairtune"
-        kappa: float = 200.0
-        flat: float = 0.1
-        share: float = 0.5
+        families: int = param(2, ge=1)
+        buyers_per_family: int = param(2, ge=1)
+        seller_steps: int = param(200, ge=0)
+        target: float = param(0.9, gt=0, le=1)
+        max_steps: int = param(300, ge=1)
+        mechanism: MechanismKind = MechanismKind("fairtune")
+        kappa: float = param(200.0, gt=0)
+        flat: float = param(0.1, ge=0)
+        share: float = param(0.5, ge=0, le=1)
         strategic: bool = True
 
     def __init__(self, cfg: dict[str, Any]) -> None:

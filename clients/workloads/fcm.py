@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,9 +23,18 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
-from flowerbed.clients.workloads.fcm_data import ConceptData, Scenario, make_dataset, make_scenario
+from flowerbed.clients.workloads.fcm_data import (
+    SCENARIOS,
+    ConceptData,
+    Scenario,
+    get_task,
+    make_dataset,
+    make_scenario,
+    schedule_scenario,
+)
 
 REGISTRY_KEY = "fcm-registry"
 LOCAL_STATE_KEY = "fcm-local-model"
@@ -270,42 +279,57 @@ def to_arrays(params: Params, keys: list[str] | None = None) -> ArrayRecord:
 
 
 # -- registration -------------------------------------------------------------------------------
+ScenarioKind = choices("ScenarioKind", SCENARIOS)
+ConceptModel = choices("ConceptModel", ("cem", "cbm"))
+InitialConcepts = choices("InitialConcepts", ("round1", "all"))
+
+
 @WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
 class FCM(Workload):
     @dataclass
     class Params:
-        data: str = "trig"  # xor | trig | dot | digits
-        scenario: str = "evolving"  # full | partial | evolving | central
-        hold_fraction: float = 0.5  # share of concepts each client has labels for
-        central_clients: int = 5  # 'central': pool the data of this many clients, all labels
-        model: str = "cem"  # cem | cbm
-        hidden: int = 32
-        emb: int = 8
-        task_hidden: int = 16
-        n_train: int = 300  # examples per client
-        n_test: int = 1000  # shared held-out test set
-        lr: float = 0.01
-        batch_size: int = 32
-        local_epochs: int = 1
-        concept_weight: float = 1.0
-        rand_int: float = 0.25
+        #: a registered task (xor | trig | dot | digits | ...); checked when the workload is built
+        data: str = "trig"
+        task: dict[str, Any] = field(default_factory=dict)  # a formula task (overrides data)
+        scenario: ScenarioKind = ScenarioKind("evolving")  # full|partial|evolving|central|schedule
+        # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
+        schedule: dict[str, Any] = field(default_factory=dict)
+        hold_fraction: float = param(0.5, ge=0, le=1)  # share of concepts each client labels
+        central_clients: int = param(5, ge=1)  # 'central': pool this many clients, all labels
+        model: ConceptModel = ConceptModel("cem")  # cem | cbm
+        hidden: int = param(32, ge=1)
+        emb: int = param(8, ge=1)
+        task_hidden: int = param(16, ge=1)
+        n_train: int = param(300, ge=1)  # examples per client
+        n_test: int = param(1000, ge=1)  # shared held-out test set
+        lr: float = param(0.01, gt=0)
+        batch_size: int = param(32, ge=1)
+        local_epochs: int = param(1, ge=0)
+        concept_weight: float = param(1.0, ge=0)
+        rand_int: float = param(0.25, ge=0, le=1)
         # baselines
         train_lacked: bool = False  # True: FedAvg-style, lacked modules trained and sent
-        initial_concepts: str = "round1"  # round1 | all (oracle architecture)
+        initial_concepts: InitialConcepts = InitialConcepts(
+            "round1"
+        )  # round1 | all (oracle architecture)
         local_only: bool = False  # each client keeps its own model, never aggregated
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
-        probe = make_dataset(p.data, 2, 0)
+        self.task = get_task(p.data, p.task)
+        probe = make_dataset(self.task, 2, 0)
         self.spec = ModelSpec(
             probe.x.shape[1], p.hidden, p.emb, p.task_hidden, probe.n_classes, p.model
         )
         num = p.central_clients if p.scenario == "central" else cfg["clients"]["num"]
-        self.scenario: Scenario = make_scenario(
-            p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
-        )
-        self.test = make_dataset(p.data, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
+        if p.scenario == "schedule":  # any other scenario ignores the schedule
+            self.scenario: Scenario = schedule_scenario(p.schedule, probe.concept_names, num)
+        else:
+            self.scenario = make_scenario(
+                p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
+            )
+        self.test = make_dataset(self.task, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
 
     def initial_concepts(self) -> tuple[str, ...]:
         if self.params.initial_concepts == "all":
@@ -315,9 +339,9 @@ class FCM(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ConceptData:
         p, seed = self.params, self.cfg["seed"]
         if p.scenario != "central":
-            return make_dataset(p.data, p.n_train, client_seed(seed, partition_id, 0), "train")
+            return make_dataset(self.task, p.n_train, client_seed(seed, partition_id, 0), "train")
         parts = [
-            make_dataset(p.data, p.n_train, client_seed(seed, i, 0), "train")
+            make_dataset(self.task, p.n_train, client_seed(seed, i, 0), "train")
             for i in range(p.central_clients)
         ]
         x, c, y = (np.concatenate([getattr(d, f) for d in parts]) for f in ("x", "c", "y"))

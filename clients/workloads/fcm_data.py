@@ -1,23 +1,31 @@
-"""Offline data for Federated Concept-based Models: toy concept datasets and label-availability scenarios.
+"""Offline data for Federated Concept-based Models: a registry of concept tasks and
+label-availability scenarios.
 
-XOR, Trig and Dot follow the Concept Embedding Models definitions (Espinosa Zarlenga et al., 2022);
-Dot draws its two vectors independently (one library's generator re-seeds and makes them equal,
-which leaves y constant). Digits-addition pairs scikit-learn's bundled 8x8 digits. A ``Scenario``
-says which concepts each client holds labels for and from which round, so concepts can appear
+Built-in tasks: XOR, Trig and Dot follow the Concept Embedding Models definitions (Espinosa
+Zarlenga et al., 2022); Dot draws its two vectors independently (one library's generator re-seeds
+and makes them equal, which leaves y constant). Digits-addition pairs scikit-learn's bundled 8x8
+digits. Any other task is a mapping (``workload.params.task``, YAML): concepts as formulas over
+Gaussian inputs and earlier concepts (a DAG), the task as a formula over the concepts;
+``random_dag_task`` generates one. A ``Scenario`` says which concepts each client holds labels for
+and from which round (built-in patterns, or an explicit ``schedule``), so concepts can appear
 mid-run and every client can lack some.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sklearn.datasets import load_digits
 
-DATASETS = ("xor", "trig", "dot", "digits")
-SCENARIOS = ("full", "partial", "evolving", "central")
+from flowerbed.clients.core.errors import ConfigError
+
+SCENARIOS = ("full", "partial", "evolving", "central", "schedule")
 
 
 @dataclass
@@ -80,25 +88,241 @@ def _digits(n: int, rng: np.random.Generator, pool_seed: int, split: str):  # no
     return x, c, y
 
 
-CONCEPTS = {
-    "xor": ("x1_high", "x2_high"),
-    "trig": ("a_pos", "b_pos", "z_pos"),
-    "dot": ("v1_pos", "v3_neg"),
-    "digits": tuple(f"{op}_bit{b}" for op in "ab" for b in range(4)),
-}
-N_CLASSES = {"xor": 2, "trig": 2, "dot": 2, "digits": 19}
+# -- concept tasks: a registry of built-in tasks and tasks defined by formulas (YAML) -------------
 
 
-def make_dataset(name: str, n: int, seed: int, split: str = "train") -> ConceptData:
-    """``n`` samples of dataset ``name`` drawn from ``seed``; digits keep train/test images apart."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown concept dataset '{name}' (allowed: {', '.join(DATASETS)})")
-    rng = np.random.default_rng(seed)
-    if name == "digits":
-        x, c, y = _digits(n, rng, pool_seed=0, split=split)
-    else:
-        x, c, y = {"xor": _xor, "trig": _trig, "dot": _dot}[name](n, rng)
-    return ConceptData(x.astype(np.float32), c, y, CONCEPTS[name], N_CLASSES[name])
+@dataclass(frozen=True)
+class ConceptTask:
+    """A concept task: ``sample(n, rng, split) -> (x, c, y)`` with named binary concepts."""
+
+    name: str
+    concept_names: tuple[str, ...]
+    n_classes: int
+    sample: Callable[[int, np.random.Generator, str], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+TASKS: dict[str, ConceptTask] = {}
+
+
+def register_task(task: ConceptTask) -> ConceptTask:
+    """Add a built-in task (``workload.params.data=<name>``)."""
+    if task.name in TASKS:
+        raise RuntimeError(f"concept task '{task.name}' registered twice")
+    TASKS[task.name] = task
+    return task
+
+
+register_task(ConceptTask("xor", ("x1_high", "x2_high"), 2, lambda n, rng, split: _xor(n, rng)))
+register_task(ConceptTask("trig", ("a_pos", "b_pos", "z_pos"), 2, lambda n, rng, s: _trig(n, rng)))
+register_task(ConceptTask("dot", ("v1_pos", "v3_neg"), 2, lambda n, rng, split: _dot(n, rng)))
+register_task(
+    ConceptTask(
+        "digits",
+        tuple(f"{op}_bit{b}" for op in "ab" for b in range(4)),
+        19,
+        lambda n, rng, split: _digits(n, rng, pool_seed=0, split=split),
+    )
+)
+
+#: functions a formula may call (numpy, elementwise)
+FORMULA_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
+    "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "exp": np.exp, "log": np.log,
+    "sqrt": np.sqrt, "abs": np.abs, "where": np.where, "maximum": np.maximum,
+    "minimum": np.minimum,
+}  # fmt: skip
+_BINARY = {
+    ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.divide,
+    ast.Pow: np.power, ast.Mod: np.mod, ast.BitAnd: np.logical_and, ast.BitOr: np.logical_or,
+    ast.BitXor: np.logical_xor,
+}  # fmt: skip
+_COMPARE = {
+    ast.Gt: np.greater, ast.GtE: np.greater_equal, ast.Lt: np.less, ast.LtE: np.less_equal,
+    ast.Eq: np.equal, ast.NotEq: np.not_equal,
+}  # fmt: skip
+
+
+def evaluate_formula(formula: str, names: dict[str, np.ndarray], where: str) -> np.ndarray:
+    """Evaluate an arithmetic / comparison / boolean expression over named arrays.
+
+    Allowed: numbers, the names given, + - * / ** %, comparisons, ``and or not & | ^ ~`` (logical
+    on arrays) and the functions in ``FORMULA_FUNCTIONS``; anything else is a ConfigError."""
+    try:
+        tree = ast.parse(str(formula), mode="eval")
+    except SyntaxError as exc:
+        raise ConfigError(f"{where}: cannot parse formula '{formula}' ({exc.msg})") from None
+
+    def ev(node: ast.AST) -> Any:  # noqa: PLR0911 - one case per node type
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                raise ConfigError(
+                    f"{where}: unknown name '{node.id}' in '{formula}' "
+                    f"(allowed: {', '.join(names)})"
+                )
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = ev(node.left), ev(node.right)
+            if type(node.op) not in (ast.BitAnd, ast.BitOr, ast.BitXor):  # arithmetic: 0/1
+                left, right = (np.asarray(v) * 1 for v in (left, right))
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp):
+            value = ev(node.operand)
+            if isinstance(node.op, ast.Not | ast.Invert):
+                return np.logical_not(value)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BoolOp):
+            combine = np.logical_and if isinstance(node.op, ast.And) else np.logical_or
+            out = ev(node.values[0])
+            for value in node.values[1:]:
+                out = combine(out, ev(value))
+            return out
+        if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+            left, out = ev(node.left), True
+            for op, right_node in zip(node.ops, node.comparators, strict=True):
+                right = ev(right_node)
+                out = np.logical_and(out, _COMPARE[type(op)](left, right))
+                left = right
+            return out
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in FORMULA_FUNCTIONS
+            and not node.keywords
+        ):
+            return FORMULA_FUNCTIONS[node.func.id](*(ev(a) for a in node.args))
+        raise ConfigError(
+            f"{where}: '{ast.unparse(node)}' is not allowed in a formula (allowed: numbers, "
+            f"names, + - * / ** %, comparisons, and/or/not, & | ^ ~, "
+            f"{', '.join(FORMULA_FUNCTIONS)})"
+        )
+
+    return np.asarray(ev(tree))
+
+
+def formula_task(spec: dict[str, Any]) -> ConceptTask:
+    """A task from a mapping (``workload.params.task``)::
+
+        name: dag6                  # optional
+        inputs: 8                   # x ~ N(0, I) of this dimension, named x0 .. x7
+        concepts:                   # in order; each over the inputs and earlier concepts
+          c0: "x0 + 0.5 * x3 > 0"
+          c1: "c0 & (x2 > 0.3)"
+        task: "c0 ^ c1"             # over the concepts (and inputs); bool, or int with classes
+        classes: 2                  # optional for a boolean task
+
+    Concepts are functions of the inputs (parents named in a formula make a DAG); the task is a
+    formula over the concepts."""
+    allowed = {"name", "inputs", "concepts", "task", "classes"}
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"workload.params.task: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})"
+        )
+    for key in ("inputs", "concepts", "task"):
+        if key not in spec:
+            raise ConfigError(f"workload.params.task needs '{key}' (see docs/fcm.md)")
+    inputs = int(spec["inputs"])
+    concepts = dict(spec["concepts"])
+    if inputs < 1 or not concepts:
+        raise ConfigError("workload.params.task needs inputs >= 1 and at least one concept")
+    bad = [c for c in concepts if not str(c).isidentifier() or str(c).startswith("x")]
+    if bad:
+        raise ConfigError(
+            f"workload.params.task: concept name '{bad[0]}' must be an identifier not starting "
+            "with 'x' (x0, x1, ... name the inputs)"
+        )
+    names = tuple(str(c) for c in concepts)
+    classes = spec.get("classes")
+
+    def sample(n: int, rng: np.random.Generator, split: str) -> tuple:
+        x = rng.normal(size=(n, inputs))
+        scope: dict[str, np.ndarray] = {f"x{i}": x[:, i] for i in range(inputs)}
+        cols = []
+        for name in names:
+            value = np.broadcast_to(
+                evaluate_formula(concepts[name], scope, f"task.concepts.{name}"), (n,)
+            )
+            scope[name] = value.astype(bool)
+            cols.append(scope[name])
+        y = np.broadcast_to(evaluate_formula(spec["task"], scope, "task.task"), (n,))
+        y = y.astype(np.int64)
+        n_classes = int(classes) if classes is not None else 2
+        if y.min() < 0 or y.max() >= n_classes:
+            raise ConfigError(
+                f"workload.params.task.task gives classes {y.min()}..{y.max()}, outside "
+                f"0..{n_classes - 1} (set task.classes)"
+            )
+        return x.astype(np.float32), np.stack(cols, axis=1).astype(np.float32), y
+
+    n_classes = int(classes) if classes is not None else 2
+    task = ConceptTask(str(spec.get("name", "formula")), names, n_classes, sample)
+    sample(4, np.random.default_rng(0), "train")  # validate every formula now (one-line errors)
+    return task
+
+
+def random_dag_task(
+    seed: int, concepts: int = 6, inputs: int = 8, name: str | None = None
+) -> dict[str, Any]:
+    """A generated task spec (for ``workload.params.task``): concepts in a random DAG, each a
+    threshold of a random linear form of 2-3 inputs, combined with 0-2 earlier concepts by
+    and/or/xor; the task a random and/or/xor formula over 3-4 concepts. Redrawn until every
+    concept and the task are balanced (positive rate within [0.2, 0.8] on 4000 samples)."""
+    rng = np.random.default_rng([seed, 4242])
+    for _ in range(200):
+        spec: dict[str, Any] = {"name": name or f"dag{concepts}-{seed}", "inputs": inputs}
+        formulas: dict[str, str] = {}
+        for j in range(concepts):
+            cols = rng.choice(inputs, size=int(rng.integers(2, 4)), replace=False)
+            terms = " + ".join(f"{rng.normal():.2f} * x{c}" for c in cols)
+            form = f"({terms} > {0.3 * rng.normal():.2f})"
+            parents = (
+                rng.choice(j, size=min(j, int(rng.integers(0, 3))), replace=False) if j else []
+            )
+            for p in parents:
+                form = f"({form} {rng.choice(['&', '|', '^'])} c{p})"
+            formulas[f"c{j}"] = form
+        spec["concepts"] = formulas
+        used = rng.choice(concepts, size=min(concepts, int(rng.integers(3, 5))), replace=False)
+        task = f"c{used[0]}"
+        for c in used[1:]:
+            task = f"({task} {rng.choice(['&', '|', '^'])} c{c})"
+        spec["task"] = task
+        x, c, y = formula_task(spec).sample(4000, np.random.default_rng(seed), "train")
+        rates = np.r_[c.mean(0), y.mean()]
+        if ((rates > 0.2) & (rates < 0.8)).all():
+            return spec
+    raise RuntimeError("no balanced random DAG task found")
+
+
+#: names of the built-in tasks
+DATASETS = tuple(TASKS)
+
+
+def get_task(data: str, spec: dict[str, Any] | None = None) -> ConceptTask:
+    """The task of ``workload.params``: a formula task when ``spec`` is non-empty, else the
+    built-in task named ``data``."""
+    if spec:
+        return formula_task(spec)
+    if data not in TASKS:
+        raise ConfigError(f"unknown concept task '{data}' (allowed: {', '.join(TASKS)})")
+    return TASKS[data]
+
+
+def make_dataset(task: str | ConceptTask, n: int, seed: int, split: str = "train") -> ConceptData:
+    """``n`` samples of a task (a ConceptTask or a built-in name) drawn from ``seed``; digits keep
+    train/test images apart."""
+    if isinstance(task, str):
+        if task not in TASKS:
+            raise ValueError(f"unknown concept dataset '{task}' (allowed: {', '.join(TASKS)})")
+        task = TASKS[task]
+    x, c, y = task.sample(n, np.random.default_rng(seed), split)
+    return ConceptData(
+        np.asarray(x, dtype=np.float32), np.asarray(c, dtype=np.float32), y,
+        task.concept_names, task.n_classes,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -117,6 +341,41 @@ class Scenario:
         return tuple(n for n in self.concept_names if self.intro_round[n] <= 1)
 
 
+def schedule_scenario(
+    schedule: dict[str, Any], concept_names: tuple[str, ...], num_clients: int
+) -> Scenario:
+    """Explicit holdings and arrival rounds: ``{concept: {clients: [ids], round: r}}`` for every
+    concept (``clients: []`` leaves it unlabelled; ``round`` defaults to 1)."""
+    unknown = [c for c in schedule if c not in concept_names]
+    missing = [c for c in concept_names if c not in schedule]
+    if unknown or missing:
+        what = f"unknown concept '{unknown[0]}'" if unknown else f"no entry for '{missing[0]}'"
+        raise ConfigError(
+            f"workload.params.schedule: {what} (concepts: {', '.join(concept_names)}; every "
+            "concept needs {clients: [...], round: r})"
+        )
+    holds: list[list[str]] = [[] for _ in range(num_clients)]
+    intro = {}
+    for name in concept_names:
+        entry = schedule[name] or {}
+        extra = sorted(set(entry) - {"clients", "round"})
+        if extra:
+            raise ConfigError(
+                f"workload.params.schedule.{name}: unknown key '{extra[0]}' (allowed: clients, round)"
+            )
+        clients = [int(k) for k in entry.get("clients", [])]
+        if any(k < 0 or k >= num_clients for k in clients):
+            raise ConfigError(
+                f"workload.params.schedule.{name}.clients: ids must be in 0..{num_clients - 1}"
+            )
+        intro[name] = int(entry.get("round", 1))
+        if intro[name] < 1:
+            raise ConfigError(f"workload.params.schedule.{name}.round must be >= 1")
+        for k in clients:
+            holds[k].append(name)
+    return Scenario(concept_names, tuple(tuple(h) for h in holds), intro)
+
+
 def make_scenario(
     kind: str, concept_names: tuple[str, ...], num_clients: int, rounds: int, seed: int,
     hold_fraction: float = 0.5,
@@ -124,8 +383,9 @@ def make_scenario(
     """Label availability: ``full`` (all hold all), ``partial`` (each holds ceil(rho*K), jointly
     covering all), ``evolving`` (partial + half the concepts appear only after round 1),
     ``central`` (one pooled client with every label)."""
-    if kind not in SCENARIOS:
-        raise ValueError(f"unknown scenario '{kind}' (allowed: {', '.join(SCENARIOS)})")
+    if kind not in SCENARIOS or kind == "schedule":
+        allowed = ", ".join(s for s in SCENARIOS if s != "schedule")
+        raise ConfigError(f"unknown scenario '{kind}' (allowed: {allowed})")
     k = len(concept_names)
     rng = np.random.default_rng([seed, 11])
     intro = {n: 1 for n in concept_names}

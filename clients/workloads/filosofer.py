@@ -31,6 +31,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
@@ -543,11 +544,11 @@ class Filosofer(Workload):
 
     @dataclass
     class Params:
-        hidden: list[int] = field(default_factory=lambda: [128, 128])
-        train_size: int = 1200
-        lr: float = 1e-3
-        local_epochs: int = 5
-        batch_size: int = 64
+        hidden: list[int] = param(factory=lambda: [128, 128], ge=1)
+        train_size: int = param(1200, ge=1)
+        lr: float = param(1e-3, gt=0)
+        local_epochs: int = param(5, ge=1)
+        batch_size: int = param(64, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

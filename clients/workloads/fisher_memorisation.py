@@ -31,7 +31,7 @@ the previous round's global model with the pooled Fisher.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from scipy.ndimage import gaussian_filter, shift
 from sklearn.datasets import load_digits
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
 
@@ -514,6 +515,10 @@ class ClientShard:
     noise_rate: float
 
 
+FisherDataset = choices("FisherDataset", ("digits", "image-like"))
+FisherModel = choices("FisherModel", ("cnn", "mlp"))
+
+
 @WORKLOADS.register(
     "fisher-memorisation",
     "Fisher (K-FAC) projection separates generalisation from memorised label noise (FedAvg)",
@@ -531,24 +536,22 @@ class FisherMemorisation(Workload):
 
     @dataclass
     class Params:
-        dataset: str = "digits"  # or "image-like"
-        model: str = "cnn"  # conv input layer + dense layers, or "mlp" (dense input layer)
-        channels: int = 16  # conv input layer (model "cnn")
-        hidden: list[int] = field(default_factory=lambda: [256])
-        noise_rates: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
-        train_size: int = 1200
-        lr: float = 3e-3
-        local_epochs: int = 20
-        batch_size: int = 0  # 0 = full batch
-        project_layer: int = 2
-        keep_fractions: list[float] = field(default_factory=lambda: [0.05, 0.01])
+        dataset: FisherDataset = FisherDataset("digits")  # or "image-like"
+        model: FisherModel = FisherModel(
+            "cnn"
+        )  # conv input layer + dense layers, or "mlp" (dense input layer)
+        channels: int = param(16, ge=1)  # conv input layer (model "cnn")
+        hidden: list[int] = param(factory=lambda: [256], ge=1)
+        noise_rates: list[float] = param(factory=lambda: [0.2, 0.4, 0.6], ge=0, le=1)
+        train_size: int = param(1200, ge=1)
+        lr: float = param(3e-3, gt=0)
+        local_epochs: int = param(20, ge=1)
+        batch_size: int = param(0, ge=0)  # 0 = full batch
+        project_layer: int = param(2, ge=0)
+        keep_fractions: list[float] = param(factory=lambda: [0.05, 0.01], gt=0, le=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        if self.params.dataset not in ("digits", "image-like"):
-            raise ValueError("dataset must be 'digits' or 'image-like'")
-        if self.params.model not in ("cnn", "mlp"):
-            raise ValueError("model must be 'cnn' or 'mlp'")
         x, y = (
             digits_data() if self.params.dataset == "digits" else image_like_data(1800, cfg["seed"])
         )

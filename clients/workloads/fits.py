@@ -30,6 +30,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -367,6 +368,9 @@ def run_arm(
 # -- registration ----------------------------------------------------------------------------
 
 
+Arm = choices("Arm", ARMS)
+
+
 @WORKLOADS.register(
     "fits", "FiTS spiking neurons (frequency selectivity + temporal shaping) vs LIF"
 )
@@ -376,24 +380,21 @@ class FiTS(Workload):
 
     @dataclass
     class Params:
-        arms: list[str] = field(default_factory=lambda: list(ARMS))
-        samples_per_client: int = 300
-        test_samples: int = 300
-        hidden: int = 64
-        steps: int = 100
-        local_epochs: int = 1
-        lr: float = 1e-2
-        lr_freq: float = 3e-2
-        batch_size: int = 50
-        pitch_min: float = 0.8
-        pitch_max: float = 1.25
-        cycles: float = 0.5
+        arms: list[Arm] = field(default_factory=lambda: [Arm(v) for v in list(ARMS)])
+        samples_per_client: int = param(300, ge=1)
+        test_samples: int = param(300, ge=1)
+        hidden: int = param(64, ge=1)
+        steps: int = param(100, ge=1)
+        local_epochs: int = param(1, ge=1)
+        lr: float = param(1e-2, gt=0)
+        lr_freq: float = param(3e-2, ge=0)
+        batch_size: int = param(50, ge=1)
+        pitch_min: float = param(0.8, gt=0)
+        pitch_max: float = param(1.25, gt=0)
+        cycles: float = param(0.5, gt=0)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        bad = [a for a in self.params.arms if a not in ARMS]
-        if bad:
-            raise ValueError(f"unknown arm {bad[0]!r} (allowed: {', '.join(ARMS)})")
 
     def _model(self, kind: str) -> SNN:
         p = self.params

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -366,8 +367,8 @@ class FlowLeak(Workload):
 
     @dataclass
     class Params:
-        mas_per_client: int = 4
-        budget: int = 40
+        mas_per_client: int = param(4, ge=1)
+        budget: int = param(40, ge=1)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}

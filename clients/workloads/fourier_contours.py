@@ -37,6 +37,7 @@ from matplotlib.path import Path
 from scipy import ndimage
 from torch import nn
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -676,15 +677,15 @@ def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict
 class FourierContours(Workload):
     @dataclass
     class Params:
-        size: int = 32
-        slices: int = 4
-        harmonics: int = 3
-        stacks_per_client: int = 32
-        test_stacks: int = 24
-        local_steps: int = 40
-        batch_size: int = 4
-        lr: float = 3e-3
-        labelled_fraction: float = 1.0
+        size: int = param(32, ge=4)
+        slices: int = param(4, ge=1)
+        harmonics: int = param(3, ge=1)
+        stacks_per_client: int = param(32, ge=1)
+        test_stacks: int = param(24, ge=1)
+        local_steps: int = param(40, ge=0)
+        batch_size: int = param(4, ge=1)
+        lr: float = param(3e-3, gt=0)
+        labelled_fraction: float = param(1.0, ge=0, le=1)
         cross_slice: bool = True
         reference: bool = True  # attention-moment reference (False: ablation)
 

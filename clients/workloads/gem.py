@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -183,18 +184,20 @@ def gem_loss(
 class LMConfig:
     """The language model and its local training (also the first fields of the workload params)."""
 
-    d_model: int = 64
-    layers: int = 3
-    heads: int = 4
-    ctx: int = 64
-    batch_size: int = 32
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    gem_lambda: float = 0.03  # 0 = the standard-training arm
+    d_model: int = param(64, ge=1)
+    layers: int = param(3, ge=1)
+    heads: int = param(4, ge=1)
+    ctx: int = param(64, ge=1)
+    batch_size: int = param(32, ge=1)
+    lr: float = param(3e-3, gt=0)
+    weight_decay: float = param(0.01, ge=0)
+    gem_lambda: float = param(0.03, ge=0)  # 0 = the standard-training arm
     detach_p: bool = True
     target_layer: int = -1  # -1: final state after LN_f; l in 1..layers-1: LN_f(residual l)
-    warmup_steps: int = 0
-    emb_std: float = 1.0  # torch's nn.Embedding default; 0.02 (GPT-2) gives no GEM benefit here
+    warmup_steps: int = param(0, ge=0)
+    emb_std: float = param(
+        1.0, gt=0
+    )  # torch's nn.Embedding default; 0.02 (GPT-2) gives no GEM benefit here
 
 
 def build_model(cfg: LMConfig, seed: int) -> TinyLM:
@@ -325,10 +328,10 @@ class LMData:
 class GEM(Workload):
     @dataclass
     class Params(LMConfig):
-        local_steps: int = 50
-        num_modules: int = 60
-        val_fraction: float = 0.1
-        eval_windows: int = 64
+        local_steps: int = param(50, ge=0)
+        num_modules: int = param(60, ge=1)
+        val_fraction: float = param(0.1, gt=0, lt=1)
+        eval_windows: int = param(64, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

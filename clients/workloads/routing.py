@@ -18,8 +18,10 @@ Reads top to bottom:
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -69,6 +72,7 @@ class Benchmark:
     coverage: np.ndarray  # [N, M] bool
     model_names: list[str]
     mixtures: np.ndarray  # [N, T] topic mixture per client
+    fallback_draws: list[int] = field(default_factory=list)  # table: redrawn per client
 
     @property
     def num_models(self) -> int:
@@ -79,20 +83,24 @@ class Benchmark:
 class BenchmarkParams:
     """Knobs of the data: synthetic generator, or a real table when ``table_path`` is set."""
 
-    dim: int = 32
-    topics: int = 10
-    models: int = 11
-    specialists: int = 2
-    n_train: int = 200
-    n_test: int = 200
-    n_global_test: int = 2000
-    coverage: float = 0.3
-    coverage_bias: float = 0.5
+    dim: int = param(32, ge=1)
+    topics: int = param(10, ge=1)
+    models: int = param(11, ge=1)
+    specialists: int = param(2, ge=0)
+    n_train: int = param(200, ge=1)
+    n_test: int = param(200, ge=1)
+    n_global_test: int = param(2000, ge=1)
+    coverage: float = param(0.3, gt=0, le=1)
+    coverage_bias: float = param(0.5, ge=0, le=1)
     exclude_models: list[int] = field(default_factory=list)
     table_path: str | None = None
+    model_columns: list[str] = field(default_factory=list)  # table: correctness (empty: infer)
+    prices: dict[str, Any] = field(default_factory=dict)  # table: model -> cost per query
+    prompt_column: str = "prompt"
+    topic_column: str = "eval_name"
     encoder: str = "tfidf"
-    cost_unit: float = 1000.0
-    lambdas: int = 41
+    cost_unit: float = param(1000.0, gt=0)
+    lambdas: int = param(41, ge=2)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -183,6 +191,13 @@ def sample_coverage(
     num_models = len(prices)
     allowed = np.setdiff1d(np.arange(num_models), np.asarray(exclude, dtype=int))
     size = int(min(max(1, round(coverage * num_models)), len(allowed)))
+    if size < 2 <= len(allowed):
+        warnings.warn(
+            f"coverage {coverage} x {num_models} models gives each client {size} model: a "
+            f"client-local router has nothing to choose from (raise workload.params.coverage "
+            f"to >= {1.5 / num_models:.2f})",
+            stacklevel=2,
+        )
     weights = prices[allowed] ** (-bias)
     cov = np.zeros((num_clients, num_models), dtype=bool)
     for k in range(num_clients):
@@ -263,33 +278,111 @@ def embed_texts(texts: list[str], encoder: str = "tfidf", dim: int = 32, seed: i
     return _unit(np.asarray(emb, dtype=np.float64)).astype(np.float32)
 
 
+def read_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """A table from CSV, parquet or pickle (by suffix), or a DataFrame as is."""
+    if isinstance(source, pd.DataFrame):
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"evaluation table not found: {path}")
+    reader = {".pkl": pd.read_pickle, ".parquet": pd.read_parquet}.get(path.suffix, pd.read_csv)
+    return reader(path)
+
+
+def table_models(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) -> list[str]:
+    """The correctness columns: ``models`` if given, else every ``<m>`` with a ``<m>|total_cost``
+    column or a ``prices`` entry (table order)."""
+    if models:
+        missing = [m for m in models if m not in frame.columns]
+        if missing:
+            raise ConfigError(
+                f"evaluation table has no column '{missing[0]}' for "
+                f"workload.params.model_columns "
+                f"(columns: {', '.join(map(str, frame.columns))})"
+            )
+        return list(models)
+    found = [c for c in frame.columns if f"{c}|total_cost" in frame.columns or c in prices]
+    unknown = [m for m in prices if m not in frame.columns]
+    if unknown:
+        raise ConfigError(
+            f"workload.params.prices names '{unknown[0]}', which is not a column of the table "
+            f"(columns: {', '.join(map(str, frame.columns))})"
+        )
+    if not found:
+        raise ConfigError(
+            "evaluation table has no model columns: give '<model>' + '<model>|total_cost' "
+            "columns, workload.params.prices ({model: cost}) or workload.params.model_columns"
+        )
+    return found
+
+
+def table_costs(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) -> np.ndarray:
+    """Per-query cost [n, M]: the ``<m>|total_cost`` column, else ``prices[m]``: a constant per
+    query, or ``{per_token: P, tokens: COLUMN}`` (P x the token count; optional ``fixed``)."""
+    out = np.empty((len(frame), len(models)))
+    for j, m in enumerate(models):
+        if f"{m}|total_cost" in frame.columns:
+            out[:, j] = frame[f"{m}|total_cost"].to_numpy(np.float64)
+            continue
+        if m not in prices:
+            raise ConfigError(
+                f"no cost for model '{m}': add a '{m}|total_cost' column or "
+                f"workload.params.prices.{m} (a number, or {{per_token: P, tokens: COLUMN}})"
+            )
+        spec = prices[m]
+        if isinstance(spec, int | float) and not isinstance(spec, bool):
+            out[:, j] = float(spec)
+            continue
+        if not isinstance(spec, dict) or set(spec) - {"per_token", "tokens", "fixed"}:
+            raise ConfigError(
+                f"workload.params.prices.{m} must be a number or a mapping with keys "
+                f"per_token, tokens (and optional fixed), got {spec!r}"
+            )
+        column = spec.get("tokens")
+        if column not in frame.columns:
+            raise ConfigError(
+                f"workload.params.prices.{m}.tokens: no column '{column}' "
+                f"(columns: {', '.join(map(str, frame.columns))})"
+            )
+        tokens = frame[column].to_numpy(np.float64)
+        out[:, j] = float(spec.get("per_token", 0.0)) * tokens + float(spec.get("fixed", 0.0))
+    return out
+
+
 def load_eval_table(
     source: str | Path | pd.DataFrame,
     encoder: str = "tfidf",
     dim: int = 32,
     cost_unit: float = 1000.0,
     seed: int = 0,
+    *,
+    model_columns: list[str] | None = None,
+    prices: dict[str, Any] | None = None,
+    prompt_column: str = "prompt",
+    topic_column: str = "eval_name",
 ) -> tuple[RouterData, list[str]]:
-    """A RouterBench-style wide table: ``prompt``, per model ``<model>`` (correctness in [0, 1])
-    and ``<model>|total_cost``; optional ``eval_name`` becomes the topic. Missing cells are
-    unobserved. Returns all rows as one RouterData (outcomes double as "true" values)."""
-    if isinstance(source, pd.DataFrame):
-        frame = source
-    else:
-        path = Path(source)
-        reader = {".pkl": pd.read_pickle, ".parquet": pd.read_parquet}.get(path.suffix, pd.read_csv)
-        frame = reader(path)
-    if "prompt" not in frame.columns:
-        raise ConfigError("evaluation table needs a 'prompt' column")
-    models = [c for c in frame.columns if "|" not in c and f"{c}|total_cost" in frame.columns]
-    if not models:
-        raise ConfigError("evaluation table has no '<model>' + '<model>|total_cost' column pairs")
-    y = frame[models].to_numpy(np.float64)
-    cost = frame[[f"{m}|total_cost" for m in models]].to_numpy(np.float64) * cost_unit
+    """A wide evaluation table: a prompt column, per model a correctness column in [0, 1] and a
+    cost (``<model>|total_cost`` or ``prices``); ``topic_column`` (if present) becomes the topic,
+    else K-means clusters of the embeddings. Missing cells are unobserved. Returns all rows as one
+    RouterData (outcomes double as "true" values)."""
+    frame = read_table(source)
+    prices = dict(prices or {})
+    if prompt_column not in frame.columns:
+        raise ConfigError(
+            f"evaluation table needs a '{prompt_column}' column (workload.params.prompt_column; "
+            f"columns: {', '.join(map(str, frame.columns))})"
+        )
+    names = table_models(frame, list(model_columns or []), prices)
+    y = frame[names].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
+    bad = ~np.isnan(y) & ((y < 0) | (y > 1))
+    if bad.any():
+        col = names[int(np.argwhere(bad)[0][1])]
+        raise ConfigError(f"model column '{col}' must hold correctness in [0, 1] (or be empty)")
+    cost = table_costs(frame, names, prices) * cost_unit
     mask = ~(np.isnan(y) | np.isnan(cost))
-    emb = embed_texts(frame["prompt"].astype(str).tolist(), encoder, dim, seed)
-    if "eval_name" in frame.columns:
-        topic = pd.factorize(frame["eval_name"])[0]
+    emb = embed_texts(frame[prompt_column].astype(str).tolist(), encoder, dim, seed)
+    if topic_column in frame.columns:
+        topic = pd.factorize(frame[topic_column])[0]
     else:
         from sklearn.cluster import KMeans
 
@@ -304,74 +397,159 @@ def load_eval_table(
         cost_true=cost,
         topic=np.asarray(topic, dtype=np.int64),
     )
-    return data, models
+    return data, names
 
 
 def _subset(data: RouterData, idx: np.ndarray) -> RouterData:
     return RouterData(*(getattr(data, f)[idx] for f in RouterData.__dataclass_fields__))
 
 
-def make_table_benchmark(params: BenchmarkParams, num_clients: int, alpha: float, seed: int):
-    """Split a real table into a global test set and Dirichlet(topic) clients with coverage.
+def group_values(values: pd.Series, num_clients: int) -> list[list[Any]]:
+    """Split a column's distinct values into ``num_clients`` groups with balanced row counts
+    (largest value first, onto the group with the fewest rows so far; ties by group index)."""
+    counts = values.value_counts(sort=False)
+    counts = counts.sort_values(kind="stable", ascending=False)
+    if len(counts) < num_clients:
+        raise ConfigError(
+            f"clients.partition_by column '{values.name}' has {len(counts)} distinct values, "
+            f"fewer than clients.num={num_clients}"
+        )
+    groups: list[list[Any]] = [[] for _ in range(num_clients)]
+    rows = np.zeros(num_clients)
+    for value, n in counts.items():
+        k = int(np.argmin(rows))
+        groups[k].append(value)
+        rows[k] += n
+    return groups
 
-    Rows with a missing evaluation are kept for training only (tests need every model)."""
+
+def make_table_benchmark(
+    params: BenchmarkParams,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    partition_by: str | None = None,
+) -> Benchmark:
+    """Split a real table into a global test set and clients with model coverage.
+
+    Clients are Dirichlet(alpha) topic mixtures, or (``partition_by``) groups of a column's
+    values. Test rows need every model evaluated; rows with a missing evaluation train only.
+    A Dirichlet draw from a topic that ran out is redrawn from the client's mixture over the
+    topics that still have rows (counted in ``fallback_draws`` and warned about)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 8009]))
+    frame = read_table(params.table_path)
+    if partition_by is not None and partition_by not in frame.columns:
+        raise ConfigError(
+            f"clients.partition_by: no column '{partition_by}' in the evaluation table "
+            f"(columns: {', '.join(map(str, frame.columns))})"
+        )
     data, models = load_eval_table(
-        params.table_path, params.encoder, params.dim, params.cost_unit, seed
-    )
+        frame, params.encoder, params.dim, params.cost_unit, seed,
+        model_columns=params.model_columns, prices=params.prices, prompt_column=params.prompt_column,
+        topic_column=params.topic_column,
+    )  # fmt: skip
     complete = data.mask.all(axis=1)
     order = rng.permutation(len(data))
     n_global = min(params.n_global_test, int(complete.sum()) // 2)
     global_idx = order[complete[order]][:n_global]
     topics = int(data.topic.max()) + 1
-    mixtures = _client_topics(rng, num_clients, topics, alpha)
     mean_cost = np.array([data.cost[data.mask[:, m], m].mean() for m in range(len(models))])
     cov = sample_coverage(
         rng, num_clients, mean_cost, params.coverage, params.coverage_bias, params.exclude_models
     )
     used = np.zeros(len(data), dtype=bool)
     used[global_idx] = True
+    fallbacks = [0] * num_clients
+    if partition_by is not None:
+        groups = group_values(frame[partition_by], num_clients)
+        tests, train_idx = [], []
+        short = []
+        for k, group in enumerate(groups):
+            own = order[np.isin(frame[partition_by].to_numpy()[order], group) & ~used[order]]
+            own_complete = own[complete[own]]
+            n_test = min(params.n_test, len(own_complete) // 2)
+            test_idx = own_complete[:n_test]
+            rest = own[~np.isin(own, test_idx)][: params.n_train]
+            if n_test < params.n_test or len(rest) < params.n_train:
+                short.append(f"{k}: {len(rest)} train / {n_test} test")
+            tests.append(_subset(data, test_idx))
+            train_idx.append(rest)
+        if short:
+            warnings.warn(
+                f"clients.partition_by={partition_by}: clients with fewer rows than "
+                f"n_train={params.n_train} / n_test={params.n_test} use what they have "
+                f"({'; '.join(short)})",
+                stacklevel=2,
+            )
+        mixtures = np.stack(
+            [np.bincount(data.topic[i], minlength=topics) / max(len(i), 1) for i in train_idx]
+        )
+    else:
+        mixtures = _client_topics(rng, num_clients, topics, alpha)
 
-    def draw(k: int, n: int, need_complete: bool) -> np.ndarray:
-        picked = []
-        for t in rng.choice(topics, size=n, p=mixtures[k]):
-            ok = ~used & (data.topic == t) & (complete if need_complete else True)
-            if not ok.any():
-                ok = ~used & (complete if need_complete else True)
-            if not ok.any():
-                break
-            i = rng.choice(np.flatnonzero(ok))
-            used[i] = True
-            picked.append(i)
-        return np.asarray(picked, dtype=np.int64)
+        def draw(k: int, n: int, need_complete: bool) -> np.ndarray:
+            eligible = complete if need_complete else np.ones(len(data), dtype=bool)
+            left = np.bincount(data.topic[~used & eligible], minlength=topics)
+            picked = []
+            for t in rng.choice(topics, size=n, p=mixtures[k]):
+                if left[t] == 0:  # topic ran out: redraw within the client's own mixture
+                    weights = mixtures[k] * (left > 0)
+                    if weights.sum() <= 0:
+                        break
+                    t = rng.choice(topics, p=weights / weights.sum())
+                    fallbacks[k] += 1
+                i = rng.choice(np.flatnonzero(~used & eligible & (data.topic == t)))
+                used[i] = True
+                left[t] -= 1
+                picked.append(i)
+            return np.asarray(picked, dtype=np.int64)
 
-    tests = [_subset(data, draw(k, params.n_test, True)) for k in range(num_clients)]
+        tests = [_subset(data, draw(k, params.n_test, True)) for k in range(num_clients)]
+        train_idx = [draw(k, params.n_train, False) for k in range(num_clients)]
+        if sum(fallbacks):
+            total = num_clients * (params.n_test + params.n_train)
+            warnings.warn(
+                f"evaluation table: {sum(fallbacks)} of {total} Dirichlet draws came from a topic "
+                f"that ran out and were redrawn from the client's other topics (per client: "
+                f"{fallbacks}); lower n_train / n_test or raise clients.alpha",
+                stacklevel=2,
+            )
     trains = []
-    for k in range(num_clients):
-        part = _subset(data, draw(k, params.n_train, False))
+    for k, idx in enumerate(train_idx):
+        part = _subset(data, idx)
         observed = part.mask & cov[k][None, :]  # the table's own gaps stay unobserved
         part = _observe(part, cov[k])
         part.mask = observed
         trains.append(part)
-    return Benchmark(trains, tests, _subset(data, global_idx), cov, models, mixtures)
+    return Benchmark(trains, tests, _subset(data, global_idx), cov, models, mixtures, fallbacks)
 
 
 @functools.lru_cache(maxsize=8)
 def _benchmark_cached(key: str) -> Benchmark:
     spec = json.loads(key)
     params = BenchmarkParams(**spec["params"])
-    make = make_table_benchmark if params.table_path else make_synthetic_benchmark
-    return make(params, spec["num_clients"], spec["alpha"], spec["seed"])
+    if params.table_path:
+        return make_table_benchmark(
+            params, spec["num_clients"], spec["alpha"], spec["seed"], spec["partition_by"]
+        )
+    if spec["partition_by"] is not None:
+        raise ConfigError(
+            "clients.partition_by splits a real table: set workload.params.table_path "
+            "(the synthetic benchmark uses clients.alpha)"
+        )
+    return make_synthetic_benchmark(params, spec["num_clients"], spec["alpha"], spec["seed"])
 
 
 def benchmark_for(cfg: dict[str, Any]) -> Benchmark:
-    """The (cached) benchmark of an experiment config: seed, clients.num, clients.alpha."""
+    """The (cached) benchmark of an experiment config: seed, clients.num, clients.alpha,
+    clients.partition_by."""
     names = BenchmarkParams.__dataclass_fields__
     params = {k: v for k, v in cfg["workload"]["params"].items() if k in names}
     key = {
         "params": params,
         "num_clients": cfg["clients"]["num"],
         "alpha": cfg["clients"]["alpha"],
+        "partition_by": cfg["clients"].get("partition_by"),
         "seed": cfg["seed"],
     }
     return _benchmark_cached(json.dumps(key, sort_keys=True))
@@ -527,27 +705,80 @@ def cluster_stats(
 
 
 def shrink_tables(
-    acc_sum: np.ndarray, evals: np.ndarray, cost_sum: np.ndarray, strength: float
+    acc_sum: np.ndarray,
+    evals: np.ndarray,
+    cost_sum: np.ndarray,
+    strength: float,
+    centroids: np.ndarray | None = None,
+    bandwidth: float = 0.0,
+    neighbour_strength: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Quality/cost tables [K, M]: cell mean shrunk towards the model's pooled mean with
-    ``strength`` pseudo-evaluations, so empty cells fall back to the model's global mean.
-    A model nobody evaluated gets the mean over models."""
+    """Quality/cost tables [K, M] from summed statistics.
+
+    Each cell's mean is shrunk towards a prior with pseudo-evaluations. Without neighbours the
+    prior is the model's pooled mean (``strength``). With ``bandwidth`` > 0 it is the Gaussian-
+    kernel average over neighbouring clusters (weights exp(-|c_j - c_j'|^2 / bandwidth), itself
+    shrunk to the model's mean with ``strength``) and the cell gets ``neighbour_strength``
+    pseudo-evaluations of it: clusters that split one topic share their evidence. A model nobody
+    evaluated gets the mean over models."""
     per_model = evals.sum(0)
     seen = per_model > 0
     acc_m = np.where(seen, acc_sum.sum(0) / np.maximum(per_model, 1), 0.0)
     cost_m = np.where(seen, cost_sum.sum(0) / np.maximum(per_model, 1), 0.0)
     if seen.any():
         acc_m[~seen], cost_m[~seen] = acc_m[seen].mean(), cost_m[seen].mean()
-    acc = (acc_sum + strength * acc_m) / (evals + strength)
-    cost = (cost_sum + strength * cost_m) / (evals + strength)
+    if centroids is None or bandwidth <= 0:
+        acc = (acc_sum + strength * acc_m) / (evals + strength)
+        cost = (cost_sum + strength * cost_m) / (evals + strength)
+        return acc, cost
+    c = np.asarray(centroids, dtype=np.float64)
+    kernel = np.exp(-((c[:, None, :] - c[None, :, :]) ** 2).sum(-1) / bandwidth)
+    prior_acc, prior_cost = shrink_tables(
+        kernel @ acc_sum, kernel @ evals, kernel @ cost_sum, strength
+    )
+    acc = (acc_sum + neighbour_strength * prior_acc) / (evals + neighbour_strength)
+    cost = (cost_sum + neighbour_strength * prior_cost) / (evals + neighbour_strength)
     return acc, cost
 
 
+def soft_assign(emb: np.ndarray, centroids: np.ndarray, temperature: float) -> np.ndarray:
+    """Cluster weights [n, K]: softmax(-squared distance / temperature); 0 = nearest centroid."""
+    x = np.asarray(emb, dtype=np.float64)
+    if temperature <= 0:
+        return np.eye(len(centroids))[assign(x, centroids)]
+    d2 = (x**2).sum(1)[:, None] - 2 * x @ centroids.T + (centroids**2).sum(1)[None, :]
+    w = np.exp(-(d2 - d2.min(1, keepdims=True)) / temperature)
+    return w / w.sum(1, keepdims=True)
+
+
 def kmeans_predict(
-    centroids: np.ndarray, acc: np.ndarray, cost: np.ndarray, emb: np.ndarray
+    centroids: np.ndarray,
+    acc: np.ndarray,
+    cost: np.ndarray,
+    emb: np.ndarray,
+    temperature: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    labels = assign(np.asarray(emb, dtype=np.float64), centroids)
-    return acc[labels], cost[labels]
+    """Predicted quality and cost per (query, model): the tables of the query's cluster, or
+    their soft-assignment mixture (``temperature`` > 0)."""
+    w = soft_assign(emb, centroids, temperature)
+    return w @ acc, w @ cost
+
+
+def personal_tables(
+    data: RouterData,
+    centroids: np.ndarray,
+    acc: np.ndarray,
+    cost: np.ndarray,
+    strength: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A client's personalised tables: its own (cluster, model) statistics shrunk towards the
+    global tables with ``strength`` pseudo-evaluations, so a cell moves towards the client's data
+    in proportion to its own evidence and models it never evaluated keep the global values."""
+    acc_sum, evals, cost_sum = cluster_stats(data, centroids)
+    return (
+        (acc_sum + strength * acc) / (evals + strength),
+        (cost_sum + strength * cost) / (evals + strength),
+    )
 
 
 def local_kmeans_init(data: RouterData, k: int, iters: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -579,12 +810,24 @@ def pool(parts: list[RouterData]) -> RouterData:
 
 @dataclass
 class MLPConfig:
-    hidden: int = 128
-    lr: float = 1e-3
-    batch_size: int = 64
-    local_epochs: int = 1
-    cost_weight: float = 0.5
-    weight_decay: float = 0.01
+    hidden: int = param(128, ge=1)
+    lr: float = param(1e-3, gt=0)
+    batch_size: int = param(64, ge=1)
+    local_epochs: int = param(1, ge=1)
+    cost_weight: float = param(0.5, ge=0)
+    weight_decay: float = param(0.01, ge=0)
+    personal_epochs: int = param(5, ge=0)  # personalised router: epochs of head fine-tuning
+
+
+@dataclass
+class KMeansConfig:
+    clusters: int = param(20, ge=1)
+    init_iters: int = param(10, ge=1)
+    shrinkage: float = param(5.0, ge=0)  # pseudo-evaluations of the model's pooled mean
+    bandwidth: float = param(0.1, ge=0)  # neighbour smoothing of the tables (0: off)
+    neighbour_strength: float = param(20.0, ge=0)  # pseudo-evaluations of the neighbour prior
+    temperature: float = param(0.05, ge=0)  # soft assignment when routing (0: nearest centroid)
+    personal_strength: float = param(10.0, ge=0)  # personalised router: pseudo-evals of global
 
 
 def fit_mlp_router(data: RouterData, cfg: MLPConfig, epochs: int, seed: int) -> RouterMLP:
@@ -595,14 +838,48 @@ def fit_mlp_router(data: RouterData, cfg: MLPConfig, epochs: int, seed: int) -> 
     return model
 
 
-def fit_kmeans_router(
-    data: RouterData, k: int, iters: int, strength: float, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def personalise_mlp(model: RouterMLP, data: RouterData, cfg: MLPConfig, seed: int) -> RouterMLP:
+    """A client's personalised router: the global trunk kept, a copy of the heads fine-tuned on
+    the client's own evaluations (masked loss: rows of models it never evaluated stay global)."""
+    personal = copy.deepcopy(model)
+    for weight in personal.trunk.parameters():
+        weight.requires_grad_(False)
+    train_mlp(
+        personal, data, cfg.personal_epochs, cfg.lr, cfg.batch_size, cfg.cost_weight, 0.0, seed
+    )
+    return personal
+
+
+@dataclass
+class KMeansRouter:
+    """Centroids and (cluster, model) quality/cost tables; routes by (soft) assignment."""
+
+    centroids: np.ndarray
+    acc: np.ndarray
+    cost: np.ndarray
+    temperature: float = 0.0
+
+    def predict(self, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return kmeans_predict(self.centroids, self.acc, self.cost, emb, self.temperature)
+
+    def personalised(self, data: RouterData, strength: float) -> KMeansRouter:
+        acc, cost = personal_tables(data, self.centroids, self.acc, self.cost, strength)
+        return KMeansRouter(self.centroids, acc, cost, self.temperature)
+
+
+def kmeans_tables(
+    stats: tuple[np.ndarray, np.ndarray, np.ndarray], centroids: np.ndarray, cfg: KMeansConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """The router's tables from summed (correctness, evaluations, cost) statistics."""
+    return shrink_tables(*stats, cfg.shrinkage, centroids, cfg.bandwidth, cfg.neighbour_strength)
+
+
+def fit_kmeans_router(data: RouterData, cfg: KMeansConfig, iters: int, seed: int) -> KMeansRouter:
     """K-means router on ``data`` alone: k-means++ + Lloyd, then shrunk (cluster, model) tables."""
     x = np.asarray(data.emb, dtype=np.float64)
-    c = lloyd(x, kmeanspp(x, min(k, len(x)), np.random.default_rng(seed)), iters)
-    acc, cost = shrink_tables(*cluster_stats(data, c), strength)
-    return c, acc, cost
+    c = lloyd(x, kmeanspp(x, min(cfg.clusters, len(x)), np.random.default_rng(seed)), iters)
+    acc, cost = kmeans_tables(cluster_stats(data, c), c, cfg)
+    return KMeansRouter(c, acc, cost, cfg.temperature)
 
 
 # ================================================================================================
@@ -666,6 +943,9 @@ class RoutingScore:
     subopt: float
     oracle_auc: float
     single_auc: float
+    apgr: float
+    weak_acc: float
+    strong_acc: float
     costs: np.ndarray
     accs: np.ndarray
 
@@ -680,7 +960,11 @@ def score_router(
     """AUC of the router's accuracy-cost hull on ``data``, normalised so that 0 is the best
     mix of single models and 1 the oracle (argmax of the true utility); suboptimality is
     E_x[max_m U*_m - U*_{r(x)}] averaged over the lambda grid, with U* = p_true - lambda cost_true
-    (costs in units of the median model cost)."""
+    (costs in units of the median model cost).
+
+    APGR (RouteLLM's average performance gap recovered, for many models): (AUC - accuracy of the
+    cheapest model) / (accuracy of the most accurate model - accuracy of the cheapest model);
+    0 = always the cheapest model, 1 = the best model's accuracy at every budget."""
     lambdas = lambda_grid(data.cost_true, size)
     choice = route(quality, cost, lambdas, allowed)
     costs, accs = curve(choice, data)
@@ -695,6 +979,7 @@ def score_router(
     scale = float(np.median(model_cost))
     utility = data.p_true[None] - lambdas[:, None, None] * data.cost_true[None]
     regret = utility.max(-1) - utility[np.arange(len(lambdas))[:, None], rows, choice]
+    weak, strong = float(model_acc[np.argmin(model_cost)]), float(model_acc.max())
     return RoutingScore(
         auc=auc,
         auc_norm=(auc - single) / max(best - single, 1e-12),
@@ -702,6 +987,9 @@ def score_router(
         subopt=float((regret / np.maximum(lambdas[:, None] * scale, 1.0)).mean()),
         oracle_auc=best,
         single_auc=single,
+        apgr=(auc - weak) / max(strong - weak, 1e-12),
+        weak_acc=weak,
+        strong_acc=strong,
         costs=costs,
         accs=accs,
     )
@@ -716,6 +1004,7 @@ def score_metrics(score: RoutingScore, num_examples: int) -> dict[str, float]:
         "subopt": score.subopt,
         "oracle_auc": score.oracle_auc,
         "single_auc": score.single_auc,
+        "apgr": score.apgr,
     }
 
 
@@ -725,7 +1014,8 @@ def score_metrics(score: RoutingScore, num_examples: int) -> dict[str, float]:
 
 
 class _RoutingWorkload(Workload):
-    reads = frozenset({"clients.alpha"})  # Dirichlet topic mixtures per client
+    # Dirichlet topic mixtures per client, or clients split by a table column
+    reads = frozenset({"clients.alpha", "clients.partition_by"})
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
@@ -742,11 +1032,23 @@ class _RoutingWorkload(Workload):
     def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def personal_predict(
+        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The client's personalised router (global router adapted to its own evaluations)."""
+        raise NotImplementedError
+
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
-        """The global router on the client's own test distribution (every model evaluated)."""
+        """The global and the client's personalised router on the client's own test
+        distribution (every model evaluated); personalised metrics are ``personal_*``."""
         test = data["test"]
         score = score_router(*self.predict(arrays, test.emb), test, size=self.params.lambdas)
-        return score_metrics(score, len(test))
+        metrics = score_metrics(score, len(test))
+        own = self.personal_predict(arrays, data, int(config["partition-id"]), test.emb)
+        personal = score_router(*own, test, size=self.params.lambdas)
+        for key in ("auc", "auc_norm", "apgr"):
+            metrics[f"personal_{key}"] = getattr(personal, key)
+        return metrics
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         test = self.bench.global_test
@@ -796,16 +1098,22 @@ class RoutingMLP(_RoutingWorkload):
     def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return mlp_predict(self._load(arrays), emb)
 
+    def personal_predict(
+        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        seed = client_seed(self.cfg["seed"], partition_id, 0, salt=2)
+        return mlp_predict(
+            personalise_mlp(self._load(arrays), data["train"], self.params, seed), emb
+        )
+
 
 @WORKLOADS.register(
     "routing-kmeans", "LLM router: federated Lloyd K-means + per-(cluster, model) tables"
 )
 class RoutingKMeans(_RoutingWorkload):
     @dataclass
-    class Params(BenchmarkParams):
-        clusters: int = 20
-        init_iters: int = 10
-        shrinkage: float = 5.0
+    class Params(BenchmarkParams, KMeansConfig):
+        pass
 
     def init_arrays(self) -> ArrayRecord:
         """Empty router: ``ready`` is 0 until the first statistics round."""
@@ -841,9 +1149,18 @@ class RoutingKMeans(_RoutingWorkload):
         metrics = {"num-examples": len(train)}
         return ArrayRecord({k: _array(v) for k, v in out.items()}), metrics
 
-    def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def router(self, arrays: ArrayRecord) -> KMeansRouter:
         a = {k: v.numpy() for k, v in arrays.items()}
-        return kmeans_predict(a["router-centroids"], a["acc"], a["cost"], emb)
+        return KMeansRouter(a["router-centroids"], a["acc"], a["cost"], self.params.temperature)
+
+    def predict(self, arrays: ArrayRecord, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.router(arrays).predict(emb)
+
+    def personal_predict(
+        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        own = self.router(arrays).personalised(data["train"], self.params.personal_strength)
+        return own.predict(emb)
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
         if float(arrays["ready"].numpy()[0]) == 0:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -546,21 +547,21 @@ class SensoryGating(Workload):
 
     @dataclass
     class Params:
-        label_ratio: float = 0.1
-        windows_per_client: int = 300
-        calib_fraction: float = 0.2
-        test_fraction: float = 0.2
-        teacher_rounds: int = 3
-        gate_rounds: int = 2
-        jepa_weight: float = 5.0
-        local_steps: int = 60
-        batch_size: int = 32
-        lr: float = 3e-3
-        ig_steps: int = 10
-        tau: float = 0.995
-        fills: int = 4
-        precision: float = 0.75
-        server_windows: int = 400
+        label_ratio: float = param(0.1, gt=0, le=1)
+        windows_per_client: int = param(300, ge=1)
+        calib_fraction: float = param(0.2, gt=0, lt=1)
+        test_fraction: float = param(0.2, gt=0, lt=1)
+        teacher_rounds: int = param(3, ge=0)
+        gate_rounds: int = param(2, ge=0)
+        jepa_weight: float = param(5.0, ge=0)
+        local_steps: int = param(60, ge=0)
+        batch_size: int = param(32, ge=1)
+        lr: float = param(3e-3, gt=0)
+        ig_steps: int = param(10, ge=1)
+        tau: float = param(0.995, gt=0, le=1)
+        fills: int = param(4, ge=1)
+        precision: float = param(0.75, gt=0)
+        server_windows: int = param(400, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

@@ -21,10 +21,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.datasets import Table, load_table
+from flowerbed.clients.datasets import Table, dataset_key, table_from_key
 from flowerbed.clients.datasets.partition import partition_indices
 from flowerbed.clients.tabdiff.model import (
+    REGIMES,
     Denoiser,
     DiffusionSpec,
     Latents,
@@ -38,6 +40,8 @@ from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.quality import quality_report
 from flowerbed.clients.tabdiff.sampler import sample_rows
 from flowerbed.clients.tabdiff.training import (
+    OPTIMIZERS,
+    PROTOCOLS,
     Protocol,
     batch_plan,
     local_update,
@@ -59,10 +63,17 @@ class Encoded:
     test_codes: np.ndarray
 
 
+def encoded(dataset_json: str) -> Encoded:
+    """The dataset in model space; the preprocessor is fitted once per schema on the train split.
+
+    Cached per dataset config (JSON) and the bytes of the file it reads.
+    """
+    return _encoded_table(dataset_key(json.loads(dataset_json)))
+
+
 @functools.lru_cache(maxsize=4)
-def encoded(dataset_key: str) -> Encoded:
-    """The dataset in model space; the preprocessor is fitted once per schema on the train split."""
-    table = load_table(json.loads(dataset_key))
+def _encoded_table(key: str) -> Encoded:
+    table = table_from_key(key)
     prep = TablePreprocessor.fit(table.schema, table.train)
     num, codes = prep.encode(table.train)
     test_num, test_codes = prep.encode(table.test)
@@ -101,10 +112,31 @@ def to_params(arrays: ArrayRecord) -> dict[str, torch.Tensor]:
 
 def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     names = [n for n, _ in model.named_parameters()]
-    return ArrayRecord(OrderedDict((n, params[n].detach().clone()) for n in names))
+    return ArrayRecord(OrderedDict((n, params[n].detach().cpu().clone()) for n in names))
+
+
+def to_device(device: str, *items: Any) -> list[Any]:
+    """Parameter dicts, Rows and Latents moved to ``device`` (no-ops on ``cpu``)."""
+    moved: list[Any] = []
+    for item in items:
+        if isinstance(item, dict):
+            moved.append({k: v.to(device) for k, v in item.items()})
+        elif isinstance(item, Rows):
+            moved.append(Rows(item.num.to(device), item.cat.to(device)))
+        elif isinstance(item, Latents):
+            mask = item.mask.to(device) if item.mask is not None else None
+            moved.append(Latents(item.t.to(device), item.eps.to(device), mask))
+        else:
+            raise TypeError(f"cannot move {type(item).__name__} to a device")
+    return moved
 
 
 # -- workload -----------------------------------------------------------------------------------
+Regime = choices("Regime", REGIMES)
+ProtocolKind = choices("ProtocolKind", PROTOCOLS)
+Optimizer = choices("Optimizer", OPTIMIZERS)
+
+
 @WORKLOADS.register(
     "tabdiff", "Tabular diffusion (Gaussian DDPM or TabDiff mixed) with synthetic-data quality"
 )
@@ -115,21 +147,21 @@ class TabDiff(Workload):
 
     @dataclass
     class Params:
-        regime: str = "mixed"
-        hidden: int = 256
-        layers: int = 3
+        regime: Regime = Regime("mixed")
+        hidden: int = param(256, ge=1)
+        layers: int = param(3, ge=1)
         learnable_k: bool = False
-        c_lambda: float = 1.0
-        d_lambda: float = 1.0
-        protocol: str = "fedavg"
-        batch_size: int = 256
-        lr: float = 2e-3
-        optimizer: str = "adam"
-        local_epochs: int = 1
-        max_steps: int = 0
-        eval_rows: int = 1024
-        quality_rows: int = 0
-        sample_steps: int = 50
+        c_lambda: float = param(1.0, ge=0)
+        d_lambda: float = param(1.0, ge=0)
+        protocol: ProtocolKind = ProtocolKind("fedavg")
+        batch_size: int = param(256, ge=1)
+        lr: float = param(2e-3, gt=0)
+        optimizer: Optimizer = Optimizer("adam")
+        local_epochs: int = param(1, ge=1)
+        max_steps: int = param(0, ge=0)
+        eval_rows: int = param(1024, ge=1)
+        quality_rows: int = param(0, ge=0)
+        sample_steps: int = param(50, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
@@ -179,6 +211,10 @@ class TabDiff(Workload):
             self.cfg, self.spec, self.protocol, params, pid, rnd, len(data["ids"])
         )
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
+        # plan and latents are drawn on the CPU (the same bits on any device), then moved
+        dev = self.device
+        params, *batches = to_device(dev, params, *batches)
+        latents = to_device(dev, *latents)
         losses: list[float] = []
         start = time.perf_counter()
         dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
@@ -187,7 +223,9 @@ class TabDiff(Workload):
             noise = torch.Generator().manual_seed(client_seed(self.cfg["seed"], pid, rnd, salt=3))
 
             def gradient(model, state, rows, lat):  # noqa: ANN001, ANN202
-                return dp.privatize(per_sample_gradients(model, state, rows, lat), noise)
+                per_row = per_sample_gradients(model, state, rows, lat)
+                noised = dp.privatize({k: g.cpu() for k, g in per_row.items()}, noise)
+                return {k: g.to(dev) for k, g in noised.items()}
 
         new = local_update(
             self.model, params, batches, latents, self.protocol, on_loss=losses.append,
@@ -222,6 +260,7 @@ class TabDiff(Workload):
             torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes
         )
         latents = sample_latents(self.spec, params, n, gen)
+        params, rows, latents = to_device(self.device, params, rows, latents)
         with torch.no_grad():
             terms = loss_terms(self.model, params, rows, latents)
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
@@ -232,7 +271,8 @@ class TabDiff(Workload):
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 
     def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:
-        """N synthetic rows (original units) from the global model."""
+        """N synthetic rows (original units) from the global model (on the CPU: the sampler
+        draws from a CPU generator)."""
         params = to_params(arrays)
         num, codes = sample_rows(self.model, params, n, self.params.sample_steps, seed)
         return encoded(self._key).prep.decode(num.double().numpy(), codes.numpy())

@@ -8,55 +8,124 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from flwr.app import ArrayRecord, RecordDict
-from sklearn.compose import ColumnTransformer
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.datasets import Table, load_table
-from flowerbed.clients.datasets.partition import partition_indices
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.core.params import choices, param
+from flowerbed.clients.datasets import Table, TableSchema, dataset_key, table_from_key
+from flowerbed.clients.model_loss import (
+    OPTIMIZERS,
+    PROTOCOLS,
+    InputSchema,
+    LocalTraining,
+    ModelLoss,
+    marginal_prior,
+)
+from flowerbed.clients.workloads import (
+    WORKLOADS,
+    ClassifierWorkload,
+    Examples,
+    score_classifier,
+)
+
+Protocol = choices("Protocol", PROTOCOLS)
+Optimizer = choices("Optimizer", OPTIMIZERS)
 
 
 @dataclass
-class TabularData:
-    x: torch.Tensor
-    y: torch.Tensor
+class EncodedTable:
+    """A table in model space, and the agreed encoder (fitted on the train split once)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    table: Table
+    encoder: TableEncoder
+
+    @property
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        """(start, size) of each categorical one-hot group (numeric columns come first)."""
+        schema, out = self.table.schema, []
+        start = len(schema.numeric)
+        for c in schema.categorical:
+            out.append((start, len(schema.categories[c])))
+            start += len(schema.categories[c])
+        return tuple(out)
+
+    def decode(self, x: torch.Tensor) -> pd.DataFrame:
+        """Model-space rows to original units: numerics unscaled, each one-hot group's argmax."""
+        schema = self.table.schema
+        z = x.detach().reshape(len(x), -1).double().numpy()
+        n = len(schema.numeric)
+        numeric = z[:, :n] * self.encoder.scale + self.encoder.mean if n else np.zeros((len(z), 0))
+        frame = pd.DataFrame(numeric, columns=list(schema.numeric))
+        for c, (start, size) in zip(schema.categorical, self.blocks, strict=True):
+            frame[c] = np.asarray(schema.categories[c], dtype=object)[z[:, start : start + size].argmax(1)]  # fmt: skip
+        return frame
+
+
+class TableEncoder:
+    """Standardised numerics then one-hot categoricals (vocabularies from the schema).
+
+    Fitted on the training split; the arithmetic follows scikit-learn's ``StandardScaler`` (mean,
+    then the corrected two-pass variance, zero scales left at 1) and ``OneHotEncoder`` with
+    ``handle_unknown="ignore"``, so the features equal those of a ``ColumnTransformer`` of the
+    two (checked by tests/clients/test_datasets.py) without importing scikit-learn.
+    """
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.schema = schema
+
+    def fit(self, frame: pd.DataFrame) -> TableEncoder:
+        x = frame[list(self.schema.numeric)].to_numpy(np.float64)
+        n = x.shape[0]
+        self.mean = x.sum(axis=0) / n
+        centred = x - self.mean
+        correction = centred.sum(axis=0)
+        variance = ((centred**2).sum(axis=0) - correction**2 / n) / n
+        scale = np.sqrt(variance)
+        scale[scale < 10 * np.finfo(scale.dtype).eps] = 1.0
+        self.scale = scale
+        return self
+
+    def transform(self, frame: pd.DataFrame) -> np.ndarray:
+        numeric = (frame[list(self.schema.numeric)].to_numpy(np.float64) - self.mean) / self.scale
+        blocks = [numeric]
+        for column in self.schema.categorical:
+            vocabulary = list(self.schema.categories[column])
+            codes = pd.Categorical(frame[column].astype(str), categories=vocabulary).codes
+            onehot = np.zeros((len(frame), len(vocabulary)))
+            known = codes >= 0
+            onehot[np.nonzero(known)[0], codes[known]] = 1.0
+            blocks.append(onehot)
+        return np.hstack(blocks)
+
+
+def _encoded(dataset_json: str) -> EncodedTable:
+    """The encoded table of a dataset config (JSON); recomputed when its file's bytes change."""
+    return _encoded_table(dataset_key(json.loads(dataset_json)))
 
 
 @functools.lru_cache(maxsize=4)
-def _encoded(dataset_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Table]:
-    table = load_table(json.loads(dataset_key))
+def _encoded_table(key: str) -> EncodedTable:
+    table = table_from_key(key)
     schema = table.schema
-    encoder = ColumnTransformer(
-        [
-            ("num", StandardScaler(), list(schema.numeric)),
-            (
-                "cat",
-                OneHotEncoder(
-                    categories=[list(schema.categories[c]) for c in schema.categorical],
-                    handle_unknown="ignore",
-                    sparse_output=False,
-                ),
-                list(schema.categorical),
-            ),
-        ]
-    )
-    x_train = encoder.fit_transform(table.train[list(schema.features)]).astype(np.float32)
-    x_test = encoder.transform(table.test[list(schema.features)]).astype(np.float32)
+    encoder = TableEncoder(schema).fit(table.train)
+    x_train = encoder.transform(table.train).astype(np.float32)
+    x_test = encoder.transform(table.test).astype(np.float32)
     classes = list(schema.classes)
     y_train = table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
     y_test = table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
     x_test, y_test = np.ascontiguousarray(x_test), y_test.copy()
-    return x_train, y_train, x_test, y_test, table
+    return EncodedTable(x_train, y_train, x_test, y_test, table, encoder)
 
 
 def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
@@ -69,123 +138,71 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 
 
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
-class TabularMLP(Workload):
-    offers = frozenset({Capability.PRIVATE_TRAINING})
+class TabularMLP(ClassifierWorkload):
+    offers = frozenset(
+        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER}
+    )
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
     @dataclass
     class Params:
-        hidden: list[int] = field(default_factory=lambda: [64, 32])
-        lr: float = 0.05
-        momentum: float = 0.9
-        batch_size: int = 64
-        local_epochs: int = 1
-        test_fraction_local: float = 0.2
+        hidden: list[int] = param(factory=lambda: [64, 32], ge=1)
+        lr: float = param(0.05, gt=0)
+        momentum: float = param(0.9, ge=0, lt=1)
+        batch_size: int = param(64, ge=1)
+        local_epochs: int = param(1, ge=1)
+        test_fraction_local: float = param(0.2, ge=0, lt=1)
+        protocol: Protocol = Protocol("fedavg")  # fedavg | fedsgd (one step on batch_size rows)
+        optimizer: Optimizer = Optimizer("sgd")  # sgd | adam (FedAvg local steps)
+        #: FedAvg: rows a client trains on per round (0 = all it holds)
+        round_examples: int = param(0, ge=0)
+
+    @classmethod
+    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
+        if params.get("protocol") == "fedavg" and params.get("optimizer") == "adam":
+            return {Capability.LINEAR_FIRST_LAYER: "Adam local steps keep only gradient signs"}
+        return {}
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         self._key = json.dumps(cfg["dataset"], sort_keys=True)
-        x_train, _, _, _, table = _encoded(self._key)
-        self.in_dim = x_train.shape[1]
-        self.num_classes = len(table.schema.classes)
+        data = _encoded(self._key)
+        self.in_dim = data.x_train.shape[1]
+        self.num_classes = len(data.table.schema.classes)
+        p = self.params
+        self.training = LocalTraining(p.protocol, p.lr, p.batch_size, p.local_epochs, p.optimizer,
+                                      p.momentum)  # fmt: skip
 
     def _model(self) -> nn.Sequential:
         return make_mlp(self.in_dim, list(self.params.hidden), self.num_classes)
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, TabularData]:
-        x, y, _, _, _ = _encoded(self._key)
-        clients = self.cfg["clients"]
-        idx = partition_indices(
-            y, partition_id, num_partitions, clients["partitioner"], clients["alpha"],
-            self.cfg["seed"],
-        )  # fmt: skip
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0))
-        idx = rng.permutation(idx)
-        n_test = int(round(len(idx) * self.params.test_fraction_local))
-        test, train = idx[:n_test], idx[n_test:]
-        return {
-            "train": TabularData(torch.from_numpy(x[train]), torch.from_numpy(y[train])),
-            "test": TabularData(torch.from_numpy(x[test]), torch.from_numpy(y[test])),
-        }
-
-    def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
-        return ArrayRecord(self._model().state_dict())
-
-    def fit(
-        self, arrays: ArrayRecord, data: dict[str, TabularData], config: dict[str, Any],
-        state: RecordDict,
-    ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        train = data["train"]
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
-        torch.manual_seed(seed)  # DP noise and Poisson sampling draw from the global generator
-        loader = DataLoader(
-            TensorDataset(train.x, train.y), batch_size=self.params.batch_size, shuffle=True,
-            generator=torch.Generator().manual_seed(seed),
-        )  # fmt: skip
-        mu = float(config.get("proximal-mu", 0.0))  # set by FedProx
-        global_params = [p.detach().clone() for p in model.parameters()]
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=self.params.lr, momentum=self.params.momentum
-        )
-        trained, optimizer, loader = self.private_training(model, optimizer, loader, state)
-        loss_fn = nn.CrossEntropyLoss()
-        total_loss, steps = 0.0, 0
-        trained.train()
-        for _ in range(self.params.local_epochs):
-            for x, y in loader:
-                if len(y) == 0:  # Poisson sampling (DP-SGD) may draw an empty batch
-                    continue
-                optimizer.zero_grad()
-                loss = loss_fn(trained(x), y)
-                if mu > 0:
-                    prox = sum(
-                        ((p - g) ** 2).sum()
-                        for p, g in zip(model.parameters(), global_params, strict=True)
-                    )
-                    loss = loss + mu / 2 * prox
-                loss.backward()
-                optimizer.step()
-                total_loss += float(loss.detach())
-                steps += 1
-        with torch.no_grad():
-            drift = sum(
-                float(((p - g) ** 2).sum())
-                for p, g in zip(model.parameters(), global_params, strict=True)
-            )
-        metrics = {
-            "num-examples": len(train.y),
-            "loss": total_loss / max(steps, 1),
-            "update_norm": drift**0.5,  # ||w_local - w_global||: client drift (FedProx shrinks it)
-        }
-        self.training_done(state, metrics)
-        return ArrayRecord(model.state_dict()), metrics
-
-    @staticmethod
-    def _score(model: nn.Module, data: TabularData) -> dict[str, float]:
-        model.eval()
-        with torch.no_grad():
-            logits = model(data.x)
-            loss = float(nn.functional.cross_entropy(logits, data.y)) if len(data.y) else 0.0
-            accuracy = float((logits.argmax(1) == data.y).float().mean()) if len(data.y) else 0.0
-        return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
-
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, TabularData], config: dict[str, Any]):
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        return self._score(model, data["test"])
+    def train_pool(self) -> Examples:
+        data = _encoded(self._key)
+        return Examples(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train.copy()))
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
-        _, y_train, x_test, y_test, _ = _encoded(self._key)
-        model = self._model()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        scores = self._score(model, TabularData(torch.from_numpy(x_test), torch.from_numpy(y_test)))
-        majority = np.bincount(y_train).argmax()
-        scores["majority_accuracy"] = float((y_test == majority).mean())
+        data = _encoded(self._key)
+        model = self.server_model(arrays)
+        test = Examples(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))
+        scores = score_classifier(model, test)
+        majority = np.bincount(data.y_train).argmax()
+        scores["majority_accuracy"] = float((data.y_test == majority).mean())
         scores.pop("num-examples")
         return scores
+
+    # -- public knowledge (model-loss contract) --------------------------------------------------
+    def model_loss(self) -> ModelLoss:
+        """The MLP, cross-entropy, the encoded schema (feature ranges of the agreed encoder, one-hot
+        groups), the encoder's inverse and per-feature marginals as the public prior."""
+        data = _encoded(self._key)
+        x = data.x_train
+        schema = InputSchema(
+            (self.in_dim,), self.num_classes, torch.from_numpy(x.min(0)),
+            torch.from_numpy(x.max(0)), "table", data.blocks,
+        )  # fmt: skip
+        last = 2 * len(self.params.hidden)
+        return ModelLoss(self._model(), schema, self.training, data.decode, ("0.weight", "0.bias"),
+                         f"{last}.bias", marginal_prior(x, data.blocks))  # fmt: skip
 
 
 def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:

@@ -25,6 +25,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -417,6 +418,10 @@ def kernel_report(
 # -- 7. registration ---------------------------------------------------------------------------------
 
 
+Method = choices("Method", METHODS)
+Precision = choices("Precision", DTYPES)
+
+
 @WORKLOADS.register(
     "triangular-inversion",
     "DeltaNet LM on associative recall; (I+A)^-1 by fwd/blocked/Neumann in fp32/bf16/fp16",
@@ -424,30 +429,30 @@ def kernel_report(
 class TriangularInversion(Workload):
     @dataclass
     class Params:
-        method: str = "blocked"
-        precision: str = "fp32"
-        refine: int = 0
-        chunk: int = 32
-        dim: int = 32
-        layers: int = 1
+        method: Method = Method("blocked")
+        precision: Precision = Precision("fp32")
+        refine: int = param(0, ge=0)
+        chunk: int = param(32, ge=1)
+        dim: int = param(32, ge=1)
+        layers: int = param(1, ge=1)
         gated: bool = False
-        num_keys: int = 16
-        num_values: int = 16
-        pairs: int = 8
-        seq_len: int = 32
-        train_size: int = 256
-        test_size: int = 64
-        batch_size: int = 32
-        local_steps: int = 30
-        lr: float = 1e-2
-        probe_method: str = "neumann"  # evaluation only: the same weights served with this inverse
-        probe_precision: str = "bf16"
+        num_keys: int = param(16, ge=1)
+        num_values: int = param(16, ge=1)
+        pairs: int = param(8, ge=1)
+        seq_len: int = param(32, ge=1)
+        train_size: int = param(256, ge=1)
+        test_size: int = param(64, ge=1)
+        batch_size: int = param(32, ge=1)
+        local_steps: int = param(30, ge=0)
+        lr: float = param(1e-2, gt=0)
+        probe_method: Method = Method(
+            "neumann"
+        )  # evaluation only: the same weights served with this inverse
+        probe_precision: Precision = Precision("bf16")
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
-        if p.method not in METHODS or p.precision not in DTYPES:
-            raise ValueError(f"method in {list(METHODS)}, precision in {list(DTYPES)}")
         self.vocab = p.num_keys + p.num_values + 1
         self.kernel = {"chunk": p.chunk, "method": p.method, "precision": p.precision}
         self.kernel["refine"] = p.refine

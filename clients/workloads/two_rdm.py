@@ -40,6 +40,7 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -524,6 +525,9 @@ class DLNShard:
     probe_y: np.ndarray
 
 
+HeatCapacity = choices("HeatCapacity", HEAT_CAPACITIES)
+
+
 @WORKLOADS.register(
     "two-rdm", "2RDM phase-transition observables of a deep linear network (FedAvg)"
 )
@@ -536,25 +540,23 @@ class TwoRDM(Workload):
 
     @dataclass
     class Params:
-        dim: int = 8
-        hidden: int = 16
-        singular_values: list[float] = field(default_factory=lambda: [4.0, 2.0, 1.0])
-        init_scale: float = 1e-5
-        lr: float = 0.005
-        batch_size: int = 64
-        label_noise: float = 0.1
-        samples_per_client: int = 512
-        local_steps: int = 50
-        probes: int = 32
-        sigma: float = 1e-3  # Gaussian 2RDM perturbation
-        gaussian_samples: int = 64
-        round_window: int = 4  # checkpoints (rounds) per server-side dynamical 2RDM
-        heat_capacity: str = "entropy_variance"
+        dim: int = param(8, ge=1)
+        hidden: int = param(16, ge=1)
+        singular_values: list[float] = param(factory=lambda: [4.0, 2.0, 1.0], gt=0)
+        init_scale: float = param(1e-5, gt=0)
+        lr: float = param(0.005, gt=0)
+        batch_size: int = param(64, ge=0)
+        label_noise: float = param(0.1, ge=0)
+        samples_per_client: int = param(512, ge=1)
+        local_steps: int = param(50, ge=1)
+        probes: int = param(32, ge=1)
+        sigma: float = param(1e-3, ge=0)  # Gaussian 2RDM perturbation
+        gaussian_samples: int = param(64, ge=1)
+        round_window: int = param(4, ge=1)  # checkpoints (rounds) per server-side dynamical 2RDM
+        heat_capacity: HeatCapacity = HeatCapacity("entropy_variance")
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        if self.params.heat_capacity not in HEAT_CAPACITIES:
-            raise ValueError(f"heat_capacity must be one of {sorted(HEAT_CAPACITIES)}")
         self.teacher = make_teacher(self.params.dim, list(self.params.singular_values), cfg["seed"])
         rng = np.random.default_rng(client_seed(cfg["seed"], 0, 0, salt=22))
         self.server_probe = teacher_data(self.teacher, self.params.probes, 0.0, rng)

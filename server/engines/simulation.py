@@ -1,7 +1,11 @@
 """The ``simulation`` engine: Flower's Simulation Engine on Ray, driven exactly as ``flwr run .`` does.
 
 Each run starts its own SuperLink (``--simulation``) on a free port with a private FLWR_HOME and
-RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything below it) by PID. Progress is read from the run's ``metrics.jsonl`` while ``flwr run --stream`` is going.
+RAY_TMPDIR, submits with ``flwr run``, and stops that SuperLink (and everything below it) when it
+ends. Both processes lead their own process group, and a :class:`~processes.Reaper` ends those
+groups (and every process tagged with the run's private home) if this process dies, SIGKILL
+included. Progress is read from the run's ``metrics.jsonl`` and Flower's log while
+``flwr run --stream`` is going.
 """
 
 from __future__ import annotations
@@ -9,43 +13,87 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.server.processes import (
-    app_dir,
+    Reaper,
+    app_manifest,
+    bin_path,
+    end_processes,
     flower_env,
     free_port,
-    stop_process_tree,
+    private_home,
+    stop_group,
+    tagged_processes,
     wait_for_port,
 )
 from flowerbed.server.results import atomic_write, read_history
+
+#: (text in Flower's log, what the run is doing from then on); {n} = number of virtual clients
+PHASES = [
+    ("Successfully started run", "submitted; starting the simulation…"),
+    ("Starting Flower Simulation", "starting Ray ({n} virtual clients)…"),
+    ("Initial global evaluation", "round 1/{rounds}: Ray is starting its client workers…"),
+]
 
 
 def run_simulation(
     cfg: dict[str, Any],
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
-    verbose: bool = False,
+    on_status: Callable[[str], None] | None = None,
+    superlink: LocalSuperLink | None = None,
 ) -> dict[str, Any]:
-    """Run a resolved config on Ray through ``flwr run``; returns the summary."""
+    """Run a resolved config on Ray through ``flwr run``; returns the summary.
+
+    ``superlink``: a :class:`LocalSuperLink` started earlier (by default one is started here).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
-    watch = (lambda seen: _report_progress(run_dir, seen, on_round)) if on_round else None
+    log_path = run_dir / "flower.log"
+    phases = _Phases(log_path, cfg, on_status)
+    seen_round = [-1]
+
+    def watch(seen: int) -> int:
+        phases.check()
+        if on_round is not None:
+            seen_round[0] = _report_progress(run_dir, seen_round[0], on_round)
+        return seen
+
     run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
-    code = flwr_run_local(cfg["clients"], run_config, run_dir / "flower.log", watch)
+    code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status, superlink)
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
-        tail = "".join((run_dir / "flower.log").read_text().splitlines(keepends=True)[-15:])
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         raise RuntimeError(f"simulation failed (flwr run exit {code}):\n{tail}")
-    if verbose:
-        print((run_dir / "flower.log").read_text())
     return json.loads(summary_path.read_text())
+
+
+class _Phases:
+    """Tells ``on_status`` what the simulation is doing, from the lines Flower logs."""
+
+    def __init__(self, log_path: Path, cfg: dict[str, Any], on_status) -> None:  # noqa: ANN001
+        self.log_path = log_path
+        self.on_status = on_status
+        self.values = {"n": cfg["clients"]["num"], "rounds": cfg["rounds"]}
+        self.next = 0
+        self.offset = 0
+
+    def check(self) -> None:
+        if self.on_status is None or self.next >= len(PHASES) or not self.log_path.is_file():
+            return
+        with self.log_path.open("rb") as fh:
+            fh.seek(self.offset)
+            text = fh.read().decode(errors="replace")
+        self.offset += len(text.encode())
+        while self.next < len(PHASES) and PHASES[self.next][0] in text:
+            text = text.split(PHASES[self.next][0], 1)[1]
+            self.on_status(PHASES[self.next][1].format(**self.values))
+            self.next += 1
 
 
 def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell=None) -> None:  # noqa: ANN001
@@ -73,38 +121,109 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
         )
 
 
-def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -> int:  # noqa: ANN001
-    """``flwr run`` on a SuperLink this function starts and stops by PID; returns the exit code.
-
-    Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
-    one) gives a start-up wait we control and a PID we own.
-    """
-    home = Path(tempfile.mkdtemp(prefix="fb-"))  # short: Ray's socket paths are length-limited
-    env = flower_env(home)
-    port = free_port()
-    flwr_home = home / "flwr"
-    flwr_home.mkdir(parents=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+def federation_config(clients: dict[str, Any]) -> str:
+    """``--federation-config`` for ``clients``: N SuperNodes, ``clients.resources`` per ClientApp."""
+    resources = clients["resources"]
+    return (
+        f"num-supernodes={clients['num']} client-resources-num-cpus={resources['cpus']} "
+        f"client-resources-num-gpus={float(resources['gpus'])}"
     )
-    bin_dir = Path(sys.executable).parent
-    link_cmd = [
-        str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-        "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
-    ]  # fmt: skip
-    federation = f"num-supernodes={clients['num']} client-resources-num-cpus={clients['cpus']}"
-    command = [
-        str(bin_dir / "flwr"), "run", str(app_dir()), "sim", "--stream",
-        "--run-config", run_config, "--federation-config", federation,
-    ]  # fmt: skip
-    seen = -1
-    link = None
+
+
+class LocalSuperLink:
+    """A private simulation SuperLink: its own home, port and process group.
+
+    Start it early (the CLI does, so the SuperLink boots while the config and data are checked),
+    hand it to :func:`flwr_run_local`, close it at the end. Every process it spawns leads its own
+    group and is watched by a :class:`~processes.Reaper`, which ends them all (and everything
+    tagged with the home) if this process dies without closing it, SIGKILL included.
+    """
+
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+        self.home = private_home()
+        self.reaper = Reaper(self.home)
+        self.env = {**flower_env(self.home), **(extra_env or {})}
+        self.port = free_port()
+        self.processes: list[subprocess.Popen] = []
+        flwr_home = self.home / "flwr"
+        flwr_home.mkdir(parents=True, exist_ok=True)
+        (flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{self.port}"\n'
+            "insecure = true\n"
+        )
+        command = [
+            bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+            "--host", "127.0.0.1", "--port", str(self.port), "--database",
+            str(self.home / "state.db"),
+        ]  # fmt: skip
+        with (self.home / "superlink.log").open("w") as log:
+            self.link = self.spawn(command, log)
+
+    def spawn(self, command: list[str], log: IO) -> subprocess.Popen:
+        """Start ``command`` in its own process group, watched by the reaper."""
+        proc = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.processes.append(proc)
+        self.reaper.watch(proc.pid)
+        return proc
+
+    def ready(self, timeout: float = 180.0) -> None:
+        """Wait until the SuperLink accepts connections."""
+        wait_for_port(self.port, self.link.pid, timeout=timeout)
+
+    def flwr_run(self, app: Path, run_config: str, clients: dict) -> list[str]:
+        """The ``flwr run`` command that submits ``app`` to this SuperLink."""
+        federation = federation_config(clients)
+        return [
+            bin_path("flwr"), "run", str(app), "sim", "--stream",
+            "--run-config", run_config, "--federation-config", federation,
+        ]  # fmt: skip
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """End ``proc``'s group: SIGTERM, SIGKILL after 3 s (its state is thrown away anyway)."""
+        stop_group(proc.pid, timeout=3.0)
+        proc.wait()
+
+    def close(self) -> None:
+        """Stop every process started here, and what Ray left outside their groups."""
+        for proc in reversed(self.processes):
+            self.stop(proc)
+        end_processes(tagged_processes(str(self.home)), timeout=3.0)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.reaper.done()
+
+    def __enter__(self) -> LocalSuperLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flwr_run_local(
+    clients: dict, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
+    on_status: Callable[[str], None] | None = None, link: LocalSuperLink | None = None,
+) -> int:  # fmt: skip
+    """``flwr run`` of flowerbed on a private SuperLink; returns the exit code.
+
+    ``link``: one started earlier (it stays open); by default one is started and closed here.
+    Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
+    one) gives a start-up wait we control and processes we own, stopped on any exit (exception,
+    Ctrl-C, SIGTERM turned into one by the CLI) and by the reaper if this process is killed.
+    """
+    own = link is None
+    link = link or LocalSuperLink()
+    proc = None
     try:
-        with (home / "superlink.log").open("w") as link_log:
-            link = subprocess.Popen(link_cmd, env=env, stdout=link_log, stderr=subprocess.STDOUT)
-        wait_for_port(port, link.pid, timeout=180)
+        if on_status is not None:
+            on_status("starting a SuperLink…")
+        link.ready()
+        if on_status is not None:
+            on_status("submitting the run (flwr run)…")
+        command = link.flwr_run(app_manifest(link.home), run_config, clients)
+        seen = -1
         with log_path.open("w") as log:
-            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            proc = link.spawn(command, log)
             while proc.poll() is None:
                 time.sleep(0.5)
                 if watch is not None:
@@ -112,10 +231,10 @@ def flwr_run_local(clients: dict, run_config: str, log_path: Path, watch=None) -
             if watch is not None:
                 watch(seen)
     finally:
-        if link is not None:
-            stop_process_tree(link.pid)
-            link.wait()
-        shutil.rmtree(home, ignore_errors=True)
+        if own:
+            link.close()
+        elif proc is not None:
+            link.stop(proc)
     return proc.returncode
 
 

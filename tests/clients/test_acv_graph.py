@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -75,16 +73,24 @@ def test_leave_many_out_acv_is_consistent_but_alo_is_not(studies) -> None:
     assert _mean(studies[1000], "f1_alo") <= 0.6  # LOO stays inconsistent with more data
 
 
-def test_alo_over_the_path_is_20x_faster_than_exact_loo() -> None:
-    others, y = _node0(200)
-    lambdas = default_lambdas()
-    start = time.perf_counter()
+def test_alo_needs_one_path_fit_where_exact_loo_needs_n(monkeypatch) -> None:
+    """Where ALO's speed comes from (the 20x+ wall-clock ratio is in benchmarks/acv_graph.py)."""
+    import flowerbed.clients.workloads.acv_graph as acv
+
+    calls = {"n": 0}
+    real = acv.lasso_path
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(acv, "lasso_path", counted)
+    others, y = _node0(60)
+    lambdas = default_lambdas()[::6]
     alo_lasso(others, y, lambdas)
-    t_alo = time.perf_counter() - start
-    start = time.perf_counter()
+    assert calls["n"] == 1
     exact_loo_lasso(others, y, lambdas)
-    t_exact = time.perf_counter() - start
-    assert t_exact >= 20 * t_alo
+    assert calls["n"] == 1 + len(y)
 
 
 def test_federated_lambda_beats_local_lambdas_through_run_inline(tmp_path) -> None:

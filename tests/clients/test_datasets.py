@@ -1,6 +1,7 @@
 """Datasets: typed schemas and deterministic, disjoint, covering partitions."""
 
 import numpy as np
+import pytest
 
 from flowerbed.clients.datasets import load_table
 from flowerbed.clients.datasets.partition import partition_indices
@@ -27,3 +28,79 @@ def test_partitions_deterministic_disjoint_covering():
         assert len(joined) == len(set(joined)) == 300
     other = partition_indices(labels, 0, 5, "iid", seed=4)
     assert not np.array_equal(other, partition_indices(labels, 0, 5, "iid", seed=3))
+
+
+@pytest.mark.parametrize("kind,alpha", [("iid", 0.5), ("dirichlet", 0.1), ("dirichlet", 2.0)])
+def test_partitions_equal_flwr_datasets_partitioners(kind, alpha):
+    """The numpy partitioner gives the rows flwr-datasets' partitioners give (seeded row order)."""
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
+    labels = np.random.default_rng(3).integers(0, 5, 2_003)
+    for num, seed in ((1, 0), (7, 1), (20, 42)):
+        order = np.random.default_rng(seed).permutation(len(labels))
+        if kind == "iid":
+            reference = IidPartitioner(num)
+        else:
+            reference = DirichletPartitioner(
+                num, "label", alpha, min_partition_size=0, self_balancing=False, seed=seed
+            )
+        reference.dataset = Dataset.from_dict({"row": order, "label": labels[order]})
+        for pid in range(num):
+            expected = np.sort(np.asarray(reference.load_partition(pid)["row"]))
+            got = partition_indices(labels, pid, num, kind, alpha, seed)
+            assert np.array_equal(got, expected), (kind, num, seed, pid)
+
+
+@pytest.mark.parametrize("name", ["adult", "german"])
+def test_table_encoder_equals_scikit_learn(name):
+    """Standardise + one-hot with numpy gives scikit-learn's ColumnTransformer features exactly."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    from flowerbed.clients.workloads.tabular_mlp import TableEncoder
+
+    table = load_table({"name": name, "test_fraction": 0.2, "max_rows": None})
+    schema = table.schema
+    vocabularies = [list(schema.categories[c]) for c in schema.categorical]
+    reference = ColumnTransformer([
+        ("num", StandardScaler(), list(schema.numeric)),
+        ("cat", OneHotEncoder(categories=vocabularies, handle_unknown="ignore",
+                              sparse_output=False), list(schema.categorical)),
+    ])  # fmt: skip
+    expected = reference.fit_transform(table.train[list(schema.features)])
+    encoder = TableEncoder(schema).fit(table.train)
+    assert np.array_equal(encoder.transform(table.train), expected)
+    unseen = table.test.head(5).copy()
+    unseen.loc[unseen.index[0], schema.categorical[0]] = "never-seen"  # ignored, as in sklearn
+    assert np.array_equal(encoder.transform(unseen), reference.transform(unseen))
+
+
+def test_clientapp_process_imports_only_its_workload():
+    """A ClientApp for quickstart loads one workload module and no sklearn / HF datasets."""
+    script = (
+        "import json, sys\n"
+        "from flowerbed.clients import runtime\n"
+        "cfg = json.load(open(sys.argv[1]))\n"
+        "runtime._entry(json.dumps(cfg, sort_keys=True)).partition(0, 2)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('flowerbed.clients.workloads.'))\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'sklearn', 'scipy', 'datasets', 'flwr_datasets', 'matplotlib', 'opacus'})\n"
+        "print(json.dumps([loaded, heavy]))\n"
+    )
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from flowerbed.server.experiment import load_experiment
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
+        json.dump(load_experiment("quickstart", ["clients.num=2"]), fh)
+        fh.flush()
+        done = subprocess.run(
+            [sys.executable, "-c", script, fh.name], capture_output=True, text=True, check=True
+        )
+    loaded, heavy = json.loads(done.stdout.splitlines()[-1])
+    assert loaded == ["flowerbed.clients.workloads.tabular_mlp"]
+    assert heavy == []

@@ -104,6 +104,14 @@ def test_splits_keep_or_spread_each_planted_images_copies():
             assert {sum(bool((cond[r] == c).any()) for r in rows)} == holders
 
 
+def test_an_unknown_split_is_refused_at_config_time():
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.server.experiment import load_experiment
+
+    with pytest.raises(ConfigError, match="allowed: conditions, iid"):
+        load_experiment("dsm", ["workload.params.split=rows"])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_federated_model_memorises_spread_duplicates_and_dsm_detects_them(seed, tmp_path):
     """Claim test. 2 clients holding random halves of the data (each planted image's 32 copies

@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads.routing import (
     BenchmarkParams,
+    KMeansConfig,
     MLPConfig,
     RouterMLP,
     benchmark_for,
     fit_kmeans_router,
-    kmeans_predict,
     load_eval_table,
     make_synthetic_benchmark,
     masked_router_loss,
     ndch,
     pool,
+    sample_coverage,
     score_router,
     train_mlp,
 )
-from flowerbed.server.experiment import load_experiment
+from flowerbed.server.experiment import load_experiment, resolve
+from tests.clients.routing_fixture import make_table
 
 torch.set_num_threads(1)
 TINY = ["engine=inline", "output.plots=false", "clients.num=4", "rounds=2"]
@@ -96,14 +102,15 @@ def test_federation_beats_client_local_kmeans_at_low_coverage() -> None:
     exactly) route better than each client's own router restricted to the models it evaluated."""
     params = BenchmarkParams(n_train=120, n_test=150, coverage=0.3)
     bench = make_synthetic_benchmark(params, 8, 0.1, seed=0)
-    central = fit_kmeans_router(pool(bench.train), 12, 10, 5.0, seed=0)
+    kcfg = KMeansConfig(clusters=12)
+    central = fit_kmeans_router(pool(bench.train), kcfg, 10, seed=0)
     local_auc, fed_auc = [], []
     for k in range(8):
         test = bench.test[k]
-        own = fit_kmeans_router(bench.train[k], 12, 10, 5.0, seed=0)
-        local = score_router(*kmeans_predict(*own, test.emb), test, allowed=bench.coverage[k])
+        own = fit_kmeans_router(bench.train[k], kcfg, 10, seed=0)
+        local = score_router(*own.predict(test.emb), test, allowed=bench.coverage[k])
         local_auc.append(local.auc)
-        fed_auc.append(score_router(*kmeans_predict(*central, test.emb), test).auc)
+        fed_auc.append(score_router(*central.predict(test.emb), test).auc)
     assert np.mean(fed_auc) > np.mean(local_auc) + 0.02
 
 
@@ -156,3 +163,131 @@ def test_mlp_config_matches_workload_params() -> None:
     cfg = load_experiment("routing-synthetic-mlp", TINY)
     for name in MLPConfig.__dataclass_fields__:
         assert name in cfg["workload"]["params"]
+
+
+# -- real tables by config ------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "data" / "routing_evals.csv"
+PRICES = {"small-7b": 0.5, "coder-13b": {"per_token": 1e-3, "tokens": "prompt_tokens"}}
+
+
+def test_shipped_fixture_is_the_generators_output() -> None:
+    assert make_table().to_csv(index=False) == FIXTURE.read_text()
+
+
+def test_table_costs_from_prices_or_cost_columns() -> None:
+    frame = pd.read_csv(FIXTURE).head(50)
+    data, models = load_eval_table(frame, dim=4, cost_unit=1.0, prices=PRICES)
+    # prices name two models; large-api brings its own cost column; mid-70b has neither
+    assert models == ["small-7b", "coder-13b", "large-api"]
+    np.testing.assert_allclose(data.cost[:, 0], 0.5)
+    np.testing.assert_allclose(data.cost[:, 1], 1e-3 * frame["prompt_tokens"], rtol=1e-6)
+    np.testing.assert_allclose(data.cost[:, 2], frame["large-api|total_cost"], rtol=1e-6)
+    named, _ = load_eval_table(frame, dim=4, prices=PRICES, model_columns=["small-7b"])
+    assert named.y.shape == (50, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prices": {"gpt-5": 1.0}}, "prices names 'gpt-5', which is not a column"),
+        ({"model_columns": ["mid-70b"]}, "no cost for model 'mid-70b'"),
+        ({"prices": {"mid-70b": {"per_token": 1.0}}}, "prices.mid-70b.tokens: no column"),
+        ({"prices": {"mid-70b": "cheap"}}, "must be a number or a mapping"),
+        ({"prompt_column": "question"}, "needs a 'question' column"),
+        ({"model_columns": ["subject"], "prices": {"subject": 1.0}}, "correctness in [0, 1]"),
+    ],
+)
+def test_table_errors_name_the_problem(kwargs: dict, message: str) -> None:
+    frame = pd.read_csv(FIXTURE).head(20)
+    frame["subject"] = 3.0  # not a correctness column
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_eval_table(frame, dim=4, **kwargs)
+
+
+def _table_cfg(tmp_path: Path, kind: str = "kmeans", extra: list[str] = ()) -> dict:
+    base = str(Path(__file__).parent / "data" / f"routing-table-{kind}.yaml")
+    overrides = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false"]
+    overrides.append(f"workload.params.table_path={FIXTURE}")
+    return load_experiment(base, overrides + list(extra))
+
+
+def test_partition_by_gives_each_client_a_group_of_values(tmp_path: Path) -> None:
+    cfg = _table_cfg(tmp_path)
+    bench = benchmark_for(cfg)
+    frame = pd.read_csv(FIXTURE)
+    subjects = pd.factorize(frame["subject"])[0]
+    seen = [set(np.flatnonzero(np.bincount(t.topic, minlength=6)).tolist()) for t in bench.train]
+    assert [len(s) for s in seen] == [2, 2, 2]  # 6 subjects in 3 groups, disjoint
+    assert set().union(*seen) == set(subjects.tolist())
+    for train, test in zip(bench.train, bench.test, strict=True):
+        assert set(test.topic.tolist()) <= set(train.topic.tolist())
+        assert len(train) == 400 and len(test) == 100
+    assert (bench.coverage.sum(1) == 2).all()  # coverage 0.5 of 4 models
+    with pytest.raises(ConfigError, match="6 distinct values, fewer than clients.num=7"):
+        benchmark_for(_table_cfg(tmp_path, extra=["clients.num=7"]))
+    with pytest.raises(ConfigError, match="no column 'grade'"):
+        benchmark_for(_table_cfg(tmp_path, extra=["clients.partition_by=grade"]))
+    with pytest.raises(ConfigError, match="needs workload.params.table_path|set workload.params"):
+        benchmark_for(load_experiment("routing-synthetic-kmeans", ["clients.partition_by=x"]))
+    with pytest.raises(ConfigError, match="does not use clients.partition_by"):
+        load_experiment("quickstart", ["clients.partition_by=subject"])
+    # a resolved config (partition_by: null) resolves again, as the ServerApp does
+    assert resolve(load_experiment("quickstart"))["clients"]["partition_by"] is None
+
+
+def test_dirichlet_draws_never_cross_topics_silently(tmp_path: Path) -> None:
+    """More queries asked of a topic than it has: the shortfall is redrawn from the client's
+    own mixture and reported with its count."""
+    overrides = ["clients.partition_by=null", "clients.alpha=0.05", "workload.params.n_train=500"]
+    overrides += ["workload.params.n_test=60"]
+    with pytest.warns(UserWarning, match=r"Dirichlet draws came from a topic that ran out"):
+        bench = benchmark_for(_table_cfg(tmp_path, extra=overrides))
+    assert sum(bench.fallback_draws) > 0
+    assert all(len(t) == 500 for t in bench.train)
+
+
+def test_coverage_of_fewer_than_two_models_warns() -> None:
+    rng = np.random.default_rng(0)
+    with pytest.warns(UserWarning, match="gives each client 1 model"):
+        cov = sample_coverage(rng, 4, np.array([1.0, 2.0]), 0.3, 0.5)
+    assert (cov.sum(1) == 1).all()
+
+
+# -- claim tests: learned routers beat the best mix of single models ------------------------------
+
+CLAIM = ["engine=inline", "output.plots=false", "clients.num=6", "clients.fraction_evaluate=0"]
+CLAIM += ["clients.alpha=1.0", "workload.params.n_test=50", "workload.params.n_global_test=600"]
+
+
+def _central(preset: str, tmp_path: Path, overrides: list[str]) -> dict[str, float]:
+    cfg = load_experiment(preset, [*CLAIM, f"output.dir={tmp_path}", *overrides])
+    return run_inline(cfg)["metrics"]
+
+
+def test_fed_kmeans_beats_the_single_model_hull_and_its_cluster_blind_ablation(tmp_path) -> None:
+    """Claim: the federated K-means router routes clearly better than the best mix of single
+    models (normalised AUC on the global test set, 3 seeds); with one cluster (cluster-blind) it
+    is that mix exactly."""
+    small = ["rounds=6", "workload.params.clusters=12", "workload.params.coverage=0.5"]
+    small.append("workload.params.n_train=100")
+    norms = [
+        _central("routing-synthetic-kmeans", tmp_path, [*small, f"seed={s}"]) for s in range(3)
+    ]
+    blind = _central("routing-synthetic-kmeans", tmp_path, [*small, "workload.params.clusters=1"])
+    assert min(m["central.auc_norm"] for m in norms) > 0.4
+    assert abs(blind["central.auc_norm"]) < 0.02
+    assert norms[0]["central.auc_norm"] > blind["central.auc_norm"] + 0.4
+    assert norms[0]["central.apgr"] > blind["central.apgr"] + 0.05  # same seed, same hull ends
+
+
+def test_fed_mlp_beats_the_single_model_hull(tmp_path) -> None:
+    """Claim: the federated MLP router beats the best mix of single models (normalised AUC on
+    the global test set, mean over 3 seeds; a constant router scores <= 0)."""
+    small = ["rounds=8", "workload.params.local_epochs=3", "workload.params.coverage=0.7"]
+    small += ["workload.params.n_train=250", "workload.params.models=6"]
+    norms = [
+        _central("routing-synthetic-mlp", tmp_path, [*small, f"seed={s}"])["central.auc_norm"]
+        for s in range(3)
+    ]
+    assert np.mean(norms) > 0.3 and min(norms) > 0.15

@@ -130,16 +130,18 @@ def test_federated_inline_run(tmp_path) -> None:
 
     cfg = load_experiment(
         "triangular-inversion",
-        ["engine=inline", "rounds=2", "clients.num=2", f"output.dir={tmp_path}", "output.plots=false",
-         "workload.params.local_steps=4", "workload.params.train_size=32",
-         "workload.params.test_size=16"],
+        ["engine=inline", "rounds=3", "clients.num=2", f"output.dir={tmp_path}", "output.plots=false",
+         "workload.params.local_steps=12", "workload.params.train_size=64",
+         "workload.params.test_size=32"],
     )  # fmt: skip
     summary = run_inline(cfg)
     assert summary["failures"] == 0
     metrics = summary["metrics"]
     assert metrics["eval.inv_err_median"] < 1e-2  # bf16 blocked on the clients' real A
     assert metrics["eval.growth_max"] > 0 and metrics["train.diverged"] == 0
-    assert 0 <= metrics["eval.recall_accuracy"] <= 1
+    # the FedAvg'd model learns recall (seeds 0/1/2: 0.107 / 0.119 / 0.143; chance 1/16; a server
+    # that skips aggregation leaves the initial model at 0.000-0.006)
+    assert metrics["eval.recall_accuracy"] >= 0.08
 
 
 def test_differentiable_path_matches_and_backpropagates() -> None:

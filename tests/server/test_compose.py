@@ -60,3 +60,40 @@ def test_compose_uses_142_single_port_tls_and_auth():
         executor = services[f"superexec-clientapp-{i}"]
         assert any(f"--runtime-api-address={name}:" in c for c in executor["command"])
     assert "shm_size" in services["superexec-serverapp"]
+
+
+def test_compose_is_locked_down_by_default():
+    services = _services()
+    assert services["superlink"]["ports"] == [
+        "${SUPERLINK_BIND:-127.0.0.1}:${SUPERLINK_PORT:-8000}:8000"
+    ]
+    long_running = [n for n in services if n not in ("certs", "register")]
+    for name in long_running:
+        assert "healthcheck" in services[name], name
+        assert "--health-server-address=127.0.0.1:8081" in services[name]["command"], name
+    certs = " ".join(services["certs"]["command"])
+    assert "--owner 49999:49999" in certs and "chown 49999:49999 /app/state" in certs
+    # private material stays in named volumes; only the public CA reaches the host
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert not source.startswith(".") or name == "certs" and volume.endswith(":/export")
+    nodes = sorted(n for n in services if n.startswith("supernode-"))
+    register = services["register"]["command"]
+    assert [c for c in register if c.endswith(".pub")] == [
+        f"/app/keys/supernode{i}.pub" for i in range(len(nodes))
+    ]
+    assert f"--nodes {len(nodes)}" in certs
+
+
+def test_dockerignore_keeps_environments_runs_and_keys_out():
+    lines = [
+        ln.strip()
+        for ln in (COMPOSE.parent / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    assert lines[0] == "*"  # everything out, then the package sources back in
+    allowed = [ln[1:].rstrip("/") for ln in lines if ln.startswith("!")]
+    for private in (".venv", "runs", ".flowerbed", "docker-certs", "docker-keys", ".git"):
+        assert not any(a == private or a.startswith(private + "/") for a in allowed), private
+    assert {"apps", "server", "clients", "configs", "pyproject.toml"} <= set(allowed)

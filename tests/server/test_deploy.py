@@ -1,16 +1,18 @@
-"""Loopback federation: TLS + SuperNode auth, quickstart on it, refusals, clean teardown."""
+"""Loopback federation: TLS + SuperNode auth, quickstart on it, refusals, identity-checked teardown."""
 
 import json
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from flowerbed.server import deploy
-from flowerbed.server.engines.deployment import run_deployment
+from flowerbed.server.engines.deployment import DeploymentError, run_deployment
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.processes import flower_env, stop_process_tree
+from flowerbed.server.processes import flower_env, process_identity, stop_process_tree
 
 
 def _flower_procs(directory) -> list[psutil.Process]:
@@ -52,13 +54,55 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     summary = run_deployment(cfg, run_dir)
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.md"):
         assert (run_dir / name).is_file(), name
-    assert json.loads((run_dir / "summary.json").read_text())["engine"] == "deployment"
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert written["engine"] == "deployment"
+    # the ServerApp wrote its own copy in its workspace, not at the submitter's path
+    remote = federation["dir"] + "/serverapp/deployed"
+    assert written["serverapp_run_dir"] == remote and written["run_dir"] == str(run_dir)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == len(
+        open(remote + "/metrics.jsonl").read().splitlines()
+    )
     inline = run_inline(
         load_experiment("quickstart", [*overrides, "engine=inline", f"output.dir={tmp_path}/i"])
     )
-    assert summary["metrics"]["central.accuracy"] == pytest.approx(
-        inline["metrics"]["central.accuracy"], abs=1e-6
-    )
+    timing = ("time.",)
+    assert {k: v for k, v in summary["metrics"].items() if not k.startswith(timing)} == {
+        k: v for k, v in inline["metrics"].items() if not k.startswith(timing)
+    }
+
+
+def test_serverapp_failure_is_one_line_and_nonzero(federation, tmp_path):
+    """A ServerApp that cannot start (3 SuperNodes pinned, 2 connected) fails the submitter."""
+    cfg = load_experiment(
+        "quickstart",
+        ["clients.num=3", "rounds=1", "engine=deployment", "deployment.node_timeout_s=3",
+         f"output.dir={tmp_path}"],
+        deployment={"superlink": federation["address"], "root_certificates":
+                    federation["dir"] + "/certs/ca.crt"},
+    )  # fmt: skip
+    with pytest.raises(DeploymentError) as info:
+        run_deployment(cfg, tmp_path / "failed")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "the ServerApp failed: ConfigError: waited 3 s for 3 SuperNodes; 2 connected" in message
+
+
+def test_plain_flwr_run_adopts_the_connected_nodes(federation, tmp_path):
+    """`flwr run .` with the preset's 10 clients on 2 SuperNodes finishes and says 'deployment'."""
+    from flowerbed.server.processes import app_dir, bin_path
+
+    env = flower_env(tmp_path)
+    env["FLWR_HOME"] = federation["dir"] + "/flwr"
+    done = subprocess.run(
+        [bin_path("flwr"), "run", str(app_dir()), deploy.CONNECTION, "--stream",
+         "--run-config", "overrides='rounds=1'"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary_line = next(ln for ln in done.stdout.splitlines() if "FLOWERBED-SUMMARY " in ln)
+    summary = json.loads(summary_line.split("FLOWERBED-SUMMARY ", 1)[1])
+    assert summary["engine"] == "deployment" and summary["clients"] == 2
+    assert summary["run_dir"].startswith(federation["dir"] + "/serverapp/")
 
 
 def test_unregistered_key_is_refused(federation, tmp_path):
@@ -73,17 +117,43 @@ def test_unregistered_key_is_refused(federation, tmp_path):
 
 def test_insecure_supernode_cannot_talk_to_tls_superlink(federation, tmp_path):
     state = dict(federation, node_ports=[deploy.free_port()])
-    cmd = deploy.supernode_command(state, 0, None, insecure=True)
+    # a plaintext client keeps retrying a TLS server until its wait runs out
+    cmd = deploy.supernode_command(state, 0, None, insecure=True, max_wait_s=5)
     outcome = _refused(cmd, tmp_path, "insecure")
     assert "exit 0" not in outcome, outcome
     assert "Failed to initialize the connection to the SuperLink" in outcome, outcome
 
 
-def test_down_leaves_no_process(tmp_path):
+def test_supernode_with_another_ca_is_refused(federation, tmp_path):
+    deploy.make_certificates(tmp_path / "other")
+    state = dict(federation, node_ports=[deploy.free_port()])
+    cmd = deploy.supernode_command(
+        state, 0, Path(federation["dir"]) / "keys" / "supernode0", insecure=False,
+        root_certificates=tmp_path / "other" / "ca.crt",
+    )  # fmt: skip
+    outcome = _refused(cmd, tmp_path, "wrong-ca")
+    assert "exit 0" not in outcome, outcome
+    assert "CERTIFICATE_VERIFY_FAILED" in outcome or "certificate verify failed" in outcome, outcome
+
+
+def test_down_ends_only_its_own_processes(tmp_path):
     state = deploy.up(1, tmp_path, insecure=True)
-    pids = list(state["pids"].values())
+    pids = [p["pid"] for p in state["processes"].values()]
     assert all(psutil.pid_exists(p) for p in pids)
-    deploy.down(tmp_path)
+    # a stale entry naming a process of someone else (same PID, other start time and command)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        saved = deploy.load_state(tmp_path)
+        fake = dict(process_identity(stranger.pid), cmdline=["flower-supernode", "--stale"])
+        saved["processes"]["supernode9"] = fake
+        (tmp_path / "state.json").write_text(json.dumps(saved))
+        outcome = deploy.down(tmp_path)
+        assert outcome["supernode9"] == "not running"
+        assert outcome["superlink"] == outcome["supernode0"] == "stopped"
+        assert stranger.poll() is None, "down ended a process it did not start"
+    finally:
+        stranger.kill()
+        stranger.wait()
     time.sleep(0.5)
     alive = [
         p
@@ -92,3 +162,133 @@ def test_down_leaves_no_process(tmp_path):
     ]
     assert not alive
     assert not _flower_procs(tmp_path)
+
+
+def _activated(log: Path, timeout: float = 180) -> bool:
+    """Until the SuperNode's log shows its node id (activated by the SuperLink)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.is_file() else ""
+        if "SuperNode ID" in text:
+            return True
+        if "Failed" in text:
+            return False
+        time.sleep(1)
+    return False
+
+
+def test_second_up_reuses_credentials_and_registered_keys(tmp_path):
+    deploy.up(1, tmp_path)
+    ca = (tmp_path / "certs" / "ca.crt").read_bytes()
+    deploy.down(tmp_path)
+    (tmp_path / "supernode0.log").unlink()
+    try:
+        second = deploy.up(1, tmp_path)  # state.db still holds supernode0's key
+        assert (tmp_path / "certs" / "ca.crt").read_bytes() == ca
+        assert _activated(tmp_path / "supernode0.log"), (tmp_path / "supernode0.log").read_text()
+        assert deploy.is_same_process(second["processes"]["supernode0"])
+    finally:
+        deploy.down(tmp_path)
+
+
+def test_register_cli_tolerates_known_keys(federation):
+    keys = [f"{federation['dir']}/keys/supernode{i}.pub" for i in range(2)]
+    done = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "deploy", "register", *keys,
+         "--superlink", federation["address"],
+         "--root-certificates", federation["dir"] + "/certs/ca.crt", "--retries", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("already registered") == 2
+
+
+def test_register_cli_one_line_error_when_nothing_listens(tmp_path):
+    deploy.make_node_key(tmp_path / "k")
+    done = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "deploy", "register", str(tmp_path / "k.pub"),
+         "--superlink", f"127.0.0.1:{deploy.free_port()}", "--retries", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "is the SuperLink up" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_superlink_killed_mid_run_fails_clearly_then_nodes_come_back(tmp_path):
+    """Kill -9 the SuperLink after round 1: the submitter ends with one clear line (no hang);
+    restarted on the same port and database, the same SuperNodes serve the next run."""
+    import os
+    import signal
+    import threading
+
+    state = deploy.up(2, tmp_path / "fed", insecure=True)
+    try:
+        overrides = ["clients.num=2", "engine=deployment", f"deployment.dir={state['dir']}",
+                     f"output.dir={tmp_path}", "output.plots=false"]  # fmt: skip
+        outcome: dict = {}
+
+        def submit() -> None:
+            try:
+                outcome["summary"] = run_deployment(
+                    load_experiment("quickstart", [*overrides, "rounds=3"]), tmp_path / "run1"
+                )
+            except DeploymentError as exc:
+                outcome["error"] = str(exc)
+
+        submitter = threading.Thread(target=submit)
+        submitter.start()
+        log = tmp_path / "run1" / "flower.log"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and '"round": 1' not in (
+            log.read_text() if log.is_file() else ""
+        ):
+            time.sleep(1)
+        os.kill(state["processes"]["superlink"]["pid"], signal.SIGKILL)
+        submitter.join(timeout=300)
+        if submitter.is_alive():  # stop our own flwr CLI before failing
+            for child in psutil.Process().children(recursive=True):
+                child.kill()
+            pytest.fail("the submitter hung after the SuperLink died")
+        assert "error" in outcome, outcome
+        assert "\n" not in outcome["error"]
+        assert "Connection to the SuperLink is unavailable" in outcome["error"], outcome["error"]
+
+        deploy.restart_superlink(tmp_path / "fed")
+        summary = run_deployment(
+            load_experiment("quickstart", [*overrides, "rounds=1"]), tmp_path / "run2"
+        )
+        assert summary["clients"] == 2 and summary["failures"] == 0
+    finally:
+        deploy.down(tmp_path / "fed")
+
+
+def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
+    import os
+
+    owner = (49999, 49999) if os.geteuid() == 0 else None
+    certs, keys = tmp_path / "certs", tmp_path / "keys"
+    first = deploy.ensure_credentials(certs, keys, 2, owner=owner)
+    assert first == ["ca.crt", "supernode0", "supernode1"]
+    ca = (certs / "ca.crt").read_bytes()
+    assert deploy.ensure_credentials(certs, keys, 3, owner=owner) == ["supernode2"]
+    assert (certs / "ca.crt").read_bytes() == ca
+    for path, mode in [(certs / "server.key", 0o600), (certs / "ca.crt", 0o644),
+                       (keys / "supernode0", 0o600)]:  # fmt: skip
+        assert path.stat().st_mode & 0o777 == mode, path
+        if owner is not None:
+            assert (path.stat().st_uid, path.stat().st_gid) == owner, path
+
+
+def test_run_against_an_unreachable_superlink_is_one_line_exit_2(tmp_path):
+    deploy.make_certificates(tmp_path / "certs")
+    done = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "clients.num=2",
+         "--engine", "deployment", "--superlink", f"127.0.0.1:{deploy.free_port()}",
+         "--root-certificates", str(tmp_path / "certs" / "ca.crt"), "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "could not connect to the SuperLink" in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()

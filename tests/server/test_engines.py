@@ -1,11 +1,17 @@
 """Engines: quickstart learns, failures are injected and survived, inline == simulation."""
 
 import json
+import os
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.serverapp import Grid
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.server.engines.inline import InlineGrid
 
 
 def test_quickstart_beats_majority_by_five_points(inline_cfg):
@@ -49,41 +55,97 @@ def _strip_timing(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith("time.")}
 
 
-def _carrying(home: str) -> list[psutil.Process]:
-    """Live processes whose environment points at ``home`` (the engine's private FLWR_HOME):
-    exactly the processes that engine started, whoever else runs Flower on the machine."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("FLWR_HOME") == home and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def test_inline_and_simulation_agree(inline_cfg, monkeypatch):
-    """The same experiment and seed give the same final metrics on both engines (Ray, flwr run),
-    and the simulation engine leaves none of the processes it started running."""
-    from flowerbed.server.engines import simulation
+def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
+    """Same seed, clients.fraction=0.3: inline and two simulation runs (fresh random node ids on
+    Ray each time) sample the same partitions, so their metrics are equal."""
+    from flowerbed.server.engines.simulation import run_simulation
     from flowerbed.server.results import default_run_dir
 
-    homes: list[str] = []
-    flower_env = simulation.flower_env
-
-    def recording_env(home):  # noqa: ANN001, ANN202
-        env = flower_env(home)
-        homes.append(env["FLWR_HOME"])
-        return env
-
-    monkeypatch.setattr(simulation, "flower_env", recording_env)
-    cfg = inline_cfg("quickstart", "rounds=2", "clients.num=4")
+    cfg = inline_cfg("quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3")
     inline = run_inline(json.loads(json.dumps(cfg)))
+    assert (Path(inline["run_dir"]) / "model.npz").is_file()
     cfg["engine"] = "simulation"
-    simulated = simulation.run_simulation(cfg, default_run_dir(cfg))
-    assert _strip_timing(simulated["metrics"]) == pytest.approx(
-        _strip_timing(inline["metrics"]), abs=1e-6
-    )
-    assert len(homes) == 1
-    leftovers = _carrying(homes[0])
-    assert not leftovers, f"the simulation engine left {[p.pid for p in leftovers]} running"
+    tag = uuid.uuid4().hex  # inherited by every process the engine starts
+    monkeypatch.setenv("FLOWERBED_TEST_TAG", tag)
+    runs = [run_simulation(cfg, default_run_dir(cfg))["metrics"] for _ in range(2)]
+    for simulated in runs:
+        assert _strip_timing(simulated) == pytest.approx(_strip_timing(inline["metrics"]), abs=1e-6)
+    leftovers = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            mine = proc.environ().get("FLOWERBED_TEST_TAG") == tag and proc.pid != os.getpid()
+            if mine and proc.status() != "zombie":
+                leftovers.append(proc.cmdline()[:2])
+        except (psutil.Error, OSError):
+            continue
+    assert not leftovers, f"the simulation engine left processes running: {leftovers}"
+
+
+class AskingGrid(Grid):
+    """The inline Grid without its partition table: the runner has to ask the nodes."""
+
+    def __init__(self, inner: InlineGrid) -> None:
+        self.inner = inner
+        self.queries = 0
+
+    def set_run(self, run):  # noqa: ANN001
+        self.inner.set_run(run)
+
+    @property
+    def run(self):
+        return self.inner.run
+
+    def create_message(self, *args, **kwargs):
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self):
+        return list(reversed(self.inner.get_node_ids()))
+
+    def push_messages(self, messages):
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.queries += sum(m.metadata.message_type == "query" for m in messages)
+        return self.inner.send_and_receive(messages, timeout=timeout)
+
+
+def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
+    from flowerbed.apps.client_app import app as client_app
+    from flowerbed.server.runner import run_experiment
+
+    cfg = inline_cfg("quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3")
+    native = run_inline(json.loads(json.dumps(cfg)))
+    grid = AskingGrid(InlineGrid(client_app, 10))
+    asked = run_experiment(grid, json.loads(json.dumps(cfg)), tmp_path / "asked")
+    assert grid.queries == 10  # one query per node, once
+    assert _strip_timing(asked["metrics"]) == _strip_timing(native["metrics"])
+
+
+class InMemoryGrid(AskingGrid):
+    """Stands in for Flower's simulation Grid: nodes registered in partition order."""
+
+    def __init__(self, inner: InlineGrid, stamps: list[str]) -> None:
+        super().__init__(inner)
+        self.stamps = stamps
+
+    def get_nodes(self):
+        ids = self.inner.get_node_ids()
+        return [
+            NodeInfo(node_id=n, registered_at=s) for n, s in zip(ids, self.stamps, strict=True)
+        ][::-1]
+
+
+def test_simulation_nodes_are_ordered_by_registration_and_ties_are_asked():
+    from flowerbed.apps.client_app import app as client_app
+    from flowerbed.server.runner import node_partitions
+
+    stamps = [f"2026-01-01T00:00:00.00000{i}+00:00" for i in range(6)]
+    stamps[3] = stamps[2]  # two nodes registered in the same microsecond
+    grid = InMemoryGrid(InlineGrid(client_app, 6), stamps)
+    mapping = node_partitions(grid, [1000 + i for i in range(6)])
+    assert mapping == {1000 + i: i for i in range(6)}
+    assert grid.queries == 2  # only the tied pair was asked

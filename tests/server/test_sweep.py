@@ -6,9 +6,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from flowerbed.apps.inline import inline_grid
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.sweep import finished_ids, load_sweep, run_sweep
 
 SWEEP = {
@@ -54,8 +56,18 @@ def test_kill_9_then_resume_runs_every_cell_once(tmp_path):
     assert "central.accuracy" in (out / "results.md").read_text()
 
 
-def test_crashing_cell_is_recorded_and_sweep_goes_on(tmp_path):
+def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
     spec = dict(SWEEP, grid={"workload.params.hidden": [[8], [-3]]})
+    spec_path = tmp_path / "bad.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=r"sweep cell workload.params.hidden=\[-3\]: .*>= 1"):
+        run_sweep(load_sweep(spec_path), tmp_path / "out", inline_grid)
+    assert not (tmp_path / "out").exists()
+
+
+def test_crashing_cell_is_recorded_and_sweep_goes_on(tmp_path):
+    # valid config, fails at run time: 4 rows cannot feed 2 clients and a test split
+    spec = dict(SWEEP, grid={"dataset.max_rows": [None, 4]})
     spec_path = tmp_path / "crash.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = run_sweep(load_sweep(spec_path), tmp_path / "out", inline_grid)

@@ -57,14 +57,20 @@ def test_partial_holders_differ_from_fedavg_and_weight_only_holders() -> None:
 
 
 def test_untrained_concept_module_is_bit_identical() -> None:
+    """Nobody holds z_pos, but client 0 still sends a (task-gradient-trained) copy of its module,
+    as the FedAvg baselines do: per-concept aggregation keeps z_pos bit-identical, the ablation
+    (FedAvg weights, every reply by examples) averages the copy in."""
     base, replies = _client_replies([("a_pos",), ("a_pos", "b_pos"), ("b_pos",)])
+    rng = np.random.default_rng(5)
+    for key in ("concept.z_pos.weight", "concept.z_pos.bias"):
+        replies[0][0][key] = (base[key] + rng.normal(0, 0.1, base[key].shape)).astype(np.float32)
     ours = aggregate_concept_arrays(base, replies)
+    fedavg = aggregate_concept_arrays(base, replies, per_concept=False)
     for key in ("concept.z_pos.weight", "concept.z_pos.bias"):
         assert ours[key] is base[key]
         assert ours[key].tobytes() == base[key].tobytes()
-    # the ablation (every key averaged over every reply, FedAvg) cannot even produce z_pos
-    fedavg = aggregate_concept_arrays(base, replies, per_concept=False)
-    assert not np.array_equal(fedavg["enc.0.weight"], base["enc.0.weight"])
+        np.testing.assert_array_equal(fedavg[key], replies[0][0][key])  # the only sender
+        assert not np.array_equal(fedavg[key], base[key])
 
 
 def test_client_order_does_not_change_result() -> None:

@@ -13,13 +13,14 @@ from flowerbed.clients.core.config import to_json
 from flowerbed.clients.runtime import CONFIG_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing import (
+    KMeansConfig,
     benchmark_for,
     cluster_stats,
+    kmeans_tables,
     kmeanspp,
     lloyd,
     lloyd_stats,
     pool,
-    shrink_tables,
 )
 from flowerbed.server.engines.inline import InlineGrid
 from flowerbed.server.experiment import load_experiment
@@ -65,7 +66,7 @@ def test_aggregated_lloyd_step_equals_centralised() -> None:
             zeros = np.zeros((6, 2))
             replies.append({"sums": sums, "counts": counts, "acc-sum": zeros})
             replies[-1] |= {"evals": zeros, "cost-sum": zeros}
-        fed = aggregate_lloyd(c, replies, 5.0)["centroids"]
+        fed = aggregate_lloyd(c, replies, KMeansConfig())["centroids"]
         np.testing.assert_allclose(fed, lloyd(pooled, c, 1), rtol=0, atol=1e-12)
         c = fed
 
@@ -83,7 +84,12 @@ def test_federated_lloyd_through_flower_equals_centralised_lloyd() -> None:
         final["router-centroids"], lloyd(pooled.emb, start, 3), rtol=0, atol=1e-10
     )
     # router tables == shrunk statistics of the pooled data under the same centroids
-    acc, cost = shrink_tables(*cluster_stats(pooled, final["router-centroids"]), 5.0)
+    tables = KMeansConfig(
+        **{k: cfg["workload"]["params"][k] for k in KMeansConfig.__dataclass_fields__}
+    )
+    acc, cost = kmeans_tables(
+        cluster_stats(pooled, final["router-centroids"]), final["router-centroids"], tables
+    )
     np.testing.assert_allclose(final["acc"], acc, atol=1e-10)
     np.testing.assert_allclose(final["cost"], cost, atol=1e-10)
     # the mechanism matters: Lloyd moved the centroids

@@ -1,0 +1,73 @@
+"""The client's local training replayed by the attacker: functional and differentiable in the
+candidate inputs and labels (Inverting Gradients' multi-step simulation), for any model-loss
+workload; plus the distances that compare a simulated update with the observed one."""
+
+from __future__ import annotations
+
+import torch
+
+from flowerbed.clients.model_loss import ModelLoss
+
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
+
+
+def simulate(
+    contract: ModelLoss, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+    create_graph: bool = True,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``(params - params after the local steps) / lr`` for inputs ``x`` and labels ``y`` (indices
+    or probabilities), following ``contract.training`` (FedSGD: the gradient itself).
+
+    Minibatches follow ``LocalTraining.plan`` (a fixed order); SGD with momentum and Adam match
+    ``torch.optim`` step for step (tested against the client's own training).
+    """
+    training = contract.training
+    names = list(params)
+    state = {k: params[k].detach().requires_grad_(True) for k in names}
+    fedsgd = training.protocol == "fedsgd"
+    adam = not fedsgd and training.optimizer == "adam"
+    momentum = 0.0 if fedsgd else training.momentum
+    buf: dict[str, torch.Tensor] = {}
+    m = {k: torch.zeros_like(params[k]) for k in names} if adam else {}
+    v = {k: torch.zeros_like(params[k]) for k in names} if adam else {}
+    b1, b2 = ADAM_BETAS
+    for step, idx in enumerate(training.plan(len(x)), start=1):
+        loss = contract.loss(state, x[idx], y[idx])
+        grads = torch.autograd.grad(loss, [state[k] for k in names], create_graph=create_graph,
+                                    allow_unused=True)  # fmt: skip
+        new = {}
+        for k, g in zip(names, grads, strict=True):
+            g = torch.zeros_like(state[k]) if g is None else g
+            if adam:
+                m[k] = b1 * m[k] + (1 - b1) * g
+                v[k] = b2 * v[k] + (1 - b2) * g * g
+                mh, vh = m[k] / (1 - b1**step), v[k] / (1 - b2**step)
+                direction = mh / ((vh + 1e-30).sqrt() + ADAM_EPS)  # 1e-30: finite sqrt' at 0
+            elif momentum:
+                buf[k] = g if step == 1 else momentum * buf[k] + g
+                direction = buf[k]
+            else:
+                direction = g
+            new[k] = state[k] - training.lr * direction
+        state = new if create_graph else {k: t.detach().requires_grad_(True) for k, t in new.items()}  # fmt: skip
+    return {k: (params[k] - state[k]) / training.lr for k in names}
+
+
+def distance(sim: dict[str, torch.Tensor], target: dict[str, torch.Tensor], objective: str) -> torch.Tensor:  # fmt: skip
+    """``l2``: squared distance (DLG); ``cosine``: 1 - cosine similarity over all parameters (IG)."""
+    names = [k for k in target if k in sim]
+    if objective == "l2":
+        return sum(((sim[k] - target[k]) ** 2).sum() for k in names)
+    dot = sum((sim[k] * target[k]).sum() for k in names)
+    ns = sum((sim[k] ** 2).sum() for k in names).sqrt()
+    nt = sum((target[k] ** 2).sum() for k in names).sqrt()
+    return 1 - dot / (ns * nt + 1e-12)
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of neighbouring pixels (images (B, C, H, W))."""
+    if x.dim() < 4:
+        return x.new_zeros(())
+    dh = (x[..., 1:, :] - x[..., :-1, :]).abs().mean()
+    dw = (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+    return dh + dw

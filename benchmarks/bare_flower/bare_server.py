@@ -1,0 +1,39 @@
+"""Bare ServerApp: FedAvg over every connected node, central evaluation, a line per round."""
+
+import time
+
+import torch
+from bare_client import mlp
+from bare_data import load
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    torch.manual_seed(0)
+    _, _, x_test, y_test = load(str(context.run_config["data-dir"]))
+    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    model = mlp(x_test.shape[1])
+    nodes = len(list(grid.get_node_ids()))
+    last = [time.perf_counter()]
+
+    def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
+        now = time.perf_counter()
+        if server_round > 0:
+            print(f"BARE-ROUND {server_round} {now - last[0]:.3f} {accuracy:.4f}", flush=True)
+        last[0] = now
+        return MetricRecord({"accuracy": accuracy})
+
+    strategy = FedAvg(min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=nodes)
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(context.run_config["num-server-rounds"]),
+        train_config=ConfigRecord({}), evaluate_fn=central,
+    )  # fmt: skip

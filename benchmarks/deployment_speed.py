@@ -1,0 +1,152 @@
+"""Deployment speed: flowerbed's quickstart vs a bare Flower app on the same loopback federation.
+
+Both arms train the same MLP (Adult, [64, 32], SGD lr 0.05 momentum 0.9, batch 64, one local
+epoch, FedAvg over every node, central evaluation) on one ``flowerbed deploy up`` federation (TLS
++ SuperNode auth, N SuperNodes, one ``flwr-clientapp`` process per message) and are submitted
+the same way (``flwr run --stream``). Runs are interleaved (flowerbed, bare, flowerbed, ...) so
+machine load hits both arms alike. Per-round time is what each ServerApp measures between two
+central evaluations; peak memory is the peak of the summed RSS of every process of the
+federation (SuperLink, SuperNodes, SuperExecs, ServerApp and ClientApp processes) and the
+submitting ``flwr`` CLI, sampled every 0.25 s.
+
+    python benchmarks/deployment_speed.py --nodes 2 8 --pairs 2 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from flowerbed.clients.datasets import data_dir
+from flowerbed.server import deploy
+from flowerbed.server.engines.deployment import run_deployment
+from flowerbed.server.experiment import load_experiment
+from flowerbed.server.processes import bin_path, flower_env
+
+BARE_APP = Path(__file__).resolve().parent / "bare_flower"
+
+
+class PeakRss:
+    """Peak of the summed RSS of some root processes and all their descendants."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots = roots
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            procs = set()
+            for pid in [*self.roots, me.pid]:
+                try:
+                    root = psutil.Process(pid)
+                    procs |= {root, *root.children(recursive=True)}
+                except psutil.NoSuchProcess:
+                    pass
+            procs.discard(me)  # the benchmark process itself is neither arm
+            total = 0
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def flowerbed_arm(state: dict, nodes: int, rounds: int, out: Path) -> list[float]:
+    cfg = load_experiment(
+        "quickstart",
+        [f"clients.num={nodes}", f"rounds={rounds}", "engine=deployment",
+         f"deployment.dir={state['dir']}", f"output.dir={out}", "output.plots=false"],
+    )  # fmt: skip
+    run_dir = out / f"flowerbed-{time.time_ns()}"
+    run_deployment(cfg, run_dir)
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [h["round_s"] for h in history if h["scope"] == "time"]
+
+
+def bare_arm(state: dict, rounds: int, out: Path) -> list[float]:
+    env = flower_env(out)
+    env["FLWR_HOME"] = state["dir"] + "/flwr"
+    done = subprocess.run(
+        [bin_path("flwr"), "run", str(BARE_APP), deploy.CONNECTION, "--stream", "--run-config",
+         f"num-server-rounds={rounds} data-dir='{data_dir()}'"],
+        env=env, capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    times = [float(m.group(1)) for m in re.finditer(r"BARE-ROUND \d+ ([0-9.]+)", done.stdout)]
+    if len(times) != rounds:
+        raise RuntimeError(f"bare run did not finish: {done.stdout[-2000:]}")
+    return times
+
+
+def measure(nodes: int, pairs: int, rounds: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"fb-speed-{nodes}-"))
+    state = deploy.up(nodes, work / "fed")
+    roots = [p["pid"] for p in state["processes"].values()]
+    arms: dict[str, dict[str, list[float]]] = {
+        a: {"round_s": [], "peak_mb": []} for a in ("flowerbed", "bare")
+    }
+    try:
+        for pair in range(pairs):
+            for arm in ("flowerbed", "bare") if pair % 2 == 0 else ("bare", "flowerbed"):
+                with PeakRss(roots) as rss:
+                    if arm == "flowerbed":
+                        times = flowerbed_arm(state, nodes, rounds, work)
+                    else:
+                        times = bare_arm(state, rounds, work)
+                arms[arm]["round_s"] += times
+                arms[arm]["peak_mb"].append(rss.peak / 2**20)
+                print(f"nodes={nodes} pair={pair} {arm}: rounds {[round(t, 1) for t in times]} s, "
+                      f"peak {rss.peak / 2**20:.0f} MB", flush=True)  # fmt: skip
+    finally:
+        deploy.down(work / "fed")
+    fb, bare = arms["flowerbed"], arms["bare"]
+    return {
+        "nodes": nodes,
+        "flowerbed_round_s": statistics.median(fb["round_s"]),
+        "bare_round_s": statistics.median(bare["round_s"]),
+        "ratio": statistics.median(fb["round_s"]) / statistics.median(bare["round_s"]),
+        "flowerbed_peak_mb": max(fb["peak_mb"]),
+        "bare_peak_mb": max(bare["peak_mb"]),
+        "load_avg": psutil.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--pairs", type=int, default=2, help="interleaved (flowerbed, bare) pairs")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rows = [measure(n, args.pairs, args.rounds) for n in args.nodes]
+    print("| SuperNodes | flowerbed s/round | bare Flower s/round | ratio | peak RSS flowerbed | "
+          "peak RSS bare | load avg |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['nodes']} | {r['flowerbed_round_s']:.1f} | {r['bare_round_s']:.1f} | "
+              f"**{r['ratio']:.2f}** | {r['flowerbed_peak_mb']:.0f} MB | {r['bare_peak_mb']:.0f} MB | "
+              f"{r['load_avg']:.1f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

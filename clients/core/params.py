@@ -1,0 +1,120 @@
+"""Numeric rules for the fields of a ``Params`` (or config) dataclass, checked at config time.
+
+A rule sits in the field's metadata, so the dataclass stays a plain omegaconf schema::
+
+    @dataclass
+    class Params:
+        lr: float = param(0.05, gt=0)
+        batch_size: int = param(64, ge=1)
+        hidden: list[int] = param(factory=lambda: [64, 32], ge=1)   # every element
+        fraction: float = param(0.1, gt=0, le=1)
+
+String options are :func:`choices` enums (omegaconf then reports a bad value with the allowed
+ones). :func:`check_rules` (called by ``validate_structured`` for every schema it validates) turns a
+broken rule into one ``ConfigError`` line: ``workload.params.lr must be > 0 (got -1.0)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flowerbed.clients.core.errors import ConfigError
+
+RULE_KEY = "flowerbed.rule"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Bounds on a number (``None`` = unbounded); ``None`` values pass (optional fields)."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and math.isnan(value):
+            return False
+        return not (
+            (self.gt is not None and not value > self.gt)
+            or (self.ge is not None and not value >= self.ge)
+            or (self.lt is not None and not value < self.lt)
+            or (self.le is not None and not value <= self.le)
+        )
+
+    def text(self) -> str:
+        low = f"({_num(self.gt)}" if self.gt is not None else None
+        low = f"[{_num(self.ge)}" if self.ge is not None else low
+        high = f"{_num(self.lt)})" if self.lt is not None else None
+        high = f"{_num(self.le)}]" if self.le is not None else high
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return f"{'>' if low[0] == '(' else '>='} {low[1:]}"
+        return f"{'<' if high and high[-1] == ')' else '<='} {(high or '')[:-1]}"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def param(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A dataclass field with a numeric rule (applied to each element of a list value)."""
+    metadata = {RULE_KEY: Rule(gt=gt, ge=ge, lt=lt, le=le)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def choices(name: str, values: Any) -> type[enum.StrEnum]:
+    """A ``StrEnum`` whose member names are its values (``scale-free`` included).
+
+    As the type of a ``Params`` field it makes omegaconf reject any other value with the allowed
+    list; members are strings, so comparisons with plain strings and JSON keep working::
+
+        Regime = choices("Regime", ("gaussian", "mixed"))
+        regime: Regime = Regime("mixed")
+    """
+    return enum.StrEnum(name, {str(v): str(v) for v in values})  # type: ignore[return-value]
+
+
+def check_rules(obj: Any, where: str) -> None:
+    """Raise ``ConfigError`` for the first field of dataclass ``obj`` that breaks its rule."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_rules(value, key)
+            continue
+        rule = f.metadata.get(RULE_KEY)
+        if rule is None or value is None:
+            continue
+        many = isinstance(value, list | tuple)
+        for item in value if many else [value]:
+            if isinstance(item, int | float) and not rule.holds(item):
+                what = f"every value of {key}" if many else key
+                raise ConfigError(f"{what} must be {rule.text()} (got {value})")
+
+
+def plain(value: Any) -> Any:
+    """Enum members as their values, recursively: a resolved config stays plain JSON/YAML."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value

@@ -1,0 +1,325 @@
+"""Sweep cells as Ray tasks, on a local Ray instance (all cores) or an existing cluster.
+
+Each cell is one task (``--cpus-per-cell``, ``--gpus-per-cell``; never retried) that runs the cell
+on the inline engine in a private temporary directory and returns its ``cells.jsonl`` row and the
+files of its run directory. The driver keeps as many cells in flight as the cluster holds, installs
+each result under ``out/cells/<id>`` and appends its row (fsynced) as it arrives, so ``--resume``
+works across executors and a killed driver loses no finished cell.
+
+Workers need nothing but the installed package: the resolved config travels with the task, a file
+the config names (``dataset.path``, ``workload.params.table_path``) travels as bytes through the
+object store to a private copy with the same name, and the Grid factory
+(``flowerbed.apps.inline.inline_grid``) is pickled by reference.
+
+A cell's metrics do not depend on where or when it ran: the inline engine is a function of the
+config, and the driver's ``ATEN_CPU_CAPABILITY`` (if set) is passed to the workers so that
+machines with different instruction sets pick the same kernels.
+
+Stopping: SIGINT and SIGTERM cancel the cells in flight (their rows are not written, so ``--resume``
+runs them again) and stop a local instance; a reaper process (``flowerbed.server.ray_reaper``) kills
+what is left of a local instance if the driver dies, SIGKILL included. On a cluster, Ray kills the
+tasks of a driver that went away (a ``ray://`` driver's after Ray Client's reconnect grace period). A cell running past ``cell_timeout`` seconds (counted from its
+dispatch) is cancelled (its worker killed) and recorded as failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowerbed.clients.core.config import dotted_get, to_yaml
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.server.ray_reaper import Reaper
+from flowerbed.server.sweep import append_row, cell_dir, error_row, run_cell
+
+LOCAL = "local"
+ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
+#: config keys that name a file on the driver; the file's bytes travel with the cell
+FILE_KEYS = ("dataset.path", "workload.params.table_path")
+#: environment passed from the driver to every worker (same kernels on every machine)
+PASSED_ENV = ("ATEN_CPU_CAPABILITY",)
+POLL_S = 0.5
+
+Cell = dict[str, Any]
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how sweep cells run as Ray tasks."""
+
+    address: str = LOCAL  # local (a private instance on all cores) | auto | ray://H:P | H:P
+    cpus_per_cell: float = 1.0
+    gpus_per_cell: float = 0.0
+    cell_timeout: float | None = None  # seconds from dispatch; None = no limit
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"local|auto|(ray://)?[\w.\-\[\]:]+:\d+", self.address):
+            raise ConfigError(f"--ray address '{self.address}' not understood (allowed: {ADDRESS_FORMS})")  # fmt: skip
+        if not self.cpus_per_cell > 0:
+            raise ConfigError(f"--cpus-per-cell must be > 0 (got {self.cpus_per_cell:g})")
+        if not self.gpus_per_cell >= 0:
+            raise ConfigError(f"--gpus-per-cell must be >= 0 (got {self.gpus_per_cell:g})")
+        if self.cell_timeout is not None and not self.cell_timeout > 0:
+            raise ConfigError(f"--cell-timeout must be > 0 seconds (got {self.cell_timeout:g})")
+
+
+# ---- worker side -------------------------------------------------------------------------------
+
+
+def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = cfg
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def referenced_files(cfg: dict[str, Any]) -> list[str]:
+    """The paths in ``cfg`` (``FILE_KEYS``) that name a file on this machine."""
+    paths = (dotted_get(cfg, key) for key in FILE_KEYS)
+    return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
+
+
+def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
+    """A copy of ``cfg`` whose file paths point at private copies of the shipped ``files``.
+
+    Each copy keeps its file name (formats are chosen by suffix; errors name the file).
+    """
+    cfg = copy.deepcopy(cfg)
+    for i, key in enumerate(FILE_KEYS):
+        path = dotted_get(cfg, key)
+        if isinstance(path, str) and path in files:
+            local = into / "files" / str(i) / Path(path).name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(files[path])
+            _set(cfg, key, str(local))
+    return cfg
+
+
+def run_remote_cell(
+    make_grid: Callable[[int], Any], cell: Cell, cfg: dict[str, Any], files: dict[str, Any]
+) -> dict[str, Any]:
+    """The body of a cell's Ray task: ``{"row": ..., "files": {relative path: bytes}}``.
+
+    ``files`` maps a path named in ``cfg`` to the object ref of its bytes.
+    """
+    import ray
+
+    shipped = dict(zip(files, ray.get(list(files.values())), strict=True))
+    with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp:
+        run_dir = Path(tmp) / "run"
+        local = localise(cfg, shipped, Path(tmp))
+        row = run_cell(make_grid(local["clients"]["num"]), cell, local, run_dir)
+        if (run_dir / "config.yaml").is_file():  # the config as the driver knows it
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        out = {
+            p.relative_to(run_dir).as_posix(): p.read_bytes()
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file()
+        }
+    row["node"] = ray.get_runtime_context().get_node_id()
+    return {"row": row, "files": out}
+
+
+# ---- driver side -------------------------------------------------------------------------------
+
+
+def install_cell(out: Path, cell: Cell, files: dict[str, bytes]) -> None:
+    """Write a finished cell's run directory under ``out/cells/<id>`` (replacing a partial one)."""
+    if not files:  # the cell failed before it wrote anything
+        return
+    target = cell_dir(out, cell)
+    staging = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    for name, data in files.items():
+        path = staging / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    summary = staging / "summary.json"
+    if summary.is_file():  # it names the worker's temporary directory
+        content = json.loads(summary.read_text())
+        content["run_dir"] = str(target)
+        summary.write_text(json.dumps(content, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, target)
+
+
+def _runtime_env() -> dict[str, Any]:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    return {"env_vars": env} if env else {}
+
+
+@contextlib.contextmanager
+def ray_session(options: RayOptions) -> Iterator[None]:
+    """Ray for a sweep: the caller's connection if there is one, else a private local instance
+    (watched by a reaper) or a connection to ``options.address``; stopped or closed on exit."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    # GPUs stay hidden from cells that asked for none (Ray's future default; silences its warning)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    common = {
+        "log_to_driver": options.verbose,
+        "logging_level": logging.INFO if options.verbose else logging.WARNING,
+        "runtime_env": _runtime_env(),
+    }
+    reaper = None
+    temp = None
+    try:
+        if options.address == LOCAL:
+            root = os.environ.get("RAY_TMPDIR") or None  # Ray's socket paths are length-limited
+            temp = Path(tempfile.mkdtemp(prefix="fb-ray-", dir=root))
+            reaper = Reaper.start([temp])
+            # workers at the driver's priority (Ray's default adds 15: on a busy machine a cell
+            # would get a third of the CPU share a sequential sweep gets)
+            ray.init(
+                address="local", num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
+                _temp_dir=str(temp), _system_config={"worker_niceness": 0}, **common,
+            )  # fmt: skip
+        else:
+            try:
+                ray.init(address=options.address, **common)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(f"could not connect to Ray at '{options.address}': {first}") from None  # fmt: skip
+        yield
+    finally:
+        ray.shutdown()
+        if reaper is not None:
+            reaper.finish()
+        elif temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here, so a terminated driver cancels its cells too."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _needs(options: RayOptions) -> dict[str, float]:
+    return {k: v for k, v in (("CPU", options.cpus_per_cell), ("GPU", options.gpus_per_cell)) if v}
+
+
+def check_fits(options: RayOptions) -> None:
+    """ConfigError unless some node of the cluster can run a cell."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if not any(all(r.get(k, 0.0) >= v for k, v in _needs(options).items()) for r in nodes):
+        have = ", ".join(f"{r.get('CPU', 0):g} CPU + {r.get('GPU', 0):g} GPU" for r in nodes)
+        raise ConfigError(
+            f"no Ray node fits a cell of --cpus-per-cell {options.cpus_per_cell:g} "
+            f"--gpus-per-cell {options.gpus_per_cell:g} (nodes: {have or 'none'})"
+        )
+
+
+def capacity(options: RayOptions) -> int:
+    """How many cells the cluster's resources hold at once (at least one)."""
+    import ray
+
+    total = ray.cluster_resources()
+    return max(1, int(min(total.get(k, 0.0) / v for k, v in _needs(options).items()) + 1e-9))
+
+
+def _failure(exc: BaseException) -> str | None:
+    """One line for a task that failed outside its cell, or None if it was interrupted."""
+    from ray.exceptions import RayTaskError, TaskCancelledError
+
+    if isinstance(exc, TaskCancelledError):
+        return None
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, KeyboardInterrupt):
+        return None
+    text = str(exc).strip()
+    last = text.splitlines()[-1] if text else ""
+    return f"{type(exc).__name__}: {last}" if last else type(exc).__name__
+
+
+def run_cells_on_ray(
+    make_grid: Callable[[int], Any], todo: list[tuple[Cell, dict[str, Any]]], out: Path,
+    options: RayOptions, on_cell: Callable[[Row], None] | None = None,
+) -> None:  # fmt: skip
+    """Run each (cell, config) as a Ray task; rows are appended as cells finish."""
+    import ray
+
+    with ray_session(options), _sigterm_interrupts():
+        check_fits(options)
+        slots = capacity(options)
+        task = ray.remote(
+            num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
+        )(run_remote_cell)
+        refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in referenced_files(c)}
+        queue = list(reversed(todo))
+        running: dict[Any, tuple[Cell, float]] = {}
+
+        def finish(row: Row) -> None:
+            append_row(out, row)
+            if on_cell is not None:
+                on_cell(row)
+
+        try:
+            while queue or running:
+                while queue and len(running) < slots:
+                    cell, cfg = queue.pop()
+                    if options.gpus_per_cell > 0:  # the workload sees its GPU (Workload.device)
+                        cfg = copy.deepcopy(cfg)
+                        cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
+                    files = {p: refs[p] for p in referenced_files(cfg)}
+                    ref = task.options(name=f"cell-{cell['id']}").remote(
+                        make_grid, cell, cfg, files
+                    )
+                    running[ref] = (cell, time.monotonic())
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+                for ref in ready:
+                    cell, started = running.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        error = _failure(exc)
+                        if error is not None:
+                            finish(error_row(cell, error, time.monotonic() - started))
+                        continue
+                    install_cell(out, cell, result["files"])
+                    finish(result["row"])
+                if options.cell_timeout is not None:
+                    now = time.monotonic()
+                    for ref, (cell, started) in list(running.items()):
+                        if now - started > options.cell_timeout:
+                            ray.cancel(ref, force=True)
+                            del running[ref]
+                            message = f"timed out after {options.cell_timeout:g} s (--cell-timeout)"
+                            finish(error_row(cell, message, now - started))
+                slots = capacity(options)
+        finally:
+            for ref in running:
+                ray.cancel(ref, force=True)

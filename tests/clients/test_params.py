@@ -1,0 +1,56 @@
+"""Numeric rules and string choices of Params dataclasses: one-line errors, plain JSON values."""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from flowerbed.clients.core.config import validate_structured
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import Rule, choices, param, plain
+
+Kind = choices("Kind", ("chain", "scale-free"))
+
+
+@dataclass
+class Params:
+    lr: float = param(0.1, gt=0)
+    steps: int = param(10, ge=0)
+    fraction: float = param(0.5, gt=0, le=1)
+    widths: list[int] = param(factory=lambda: [4, 2], ge=1)
+    limit: int | None = param(None, ge=1)
+    kind: Kind = Kind("chain")
+
+
+def test_rule_text():
+    assert Rule(gt=0).text() == "> 0"
+    assert Rule(ge=1).text() == ">= 1"
+    assert Rule(gt=0, le=1).text() == "in (0, 1]"
+    assert Rule(ge=0, lt=0.5).text() == "in [0, 0.5)"
+    assert Rule(le=16).text() == "<= 16"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"lr": -1}, "p.lr must be > 0 (got -1.0)"),
+        ({"lr": float("nan")}, "p.lr must be > 0 (got nan)"),
+        ({"steps": -2}, "p.steps must be >= 0 (got -2)"),
+        ({"fraction": 0}, "p.fraction must be in (0, 1] (got 0.0)"),
+        ({"widths": [3, 0]}, "every value of p.widths must be >= 1 (got [3, 0])"),
+        ({"limit": 0}, "p.limit must be >= 1 (got 0)"),
+        ({"kind": "ring"}, "unknown value 'ring' for 'p.kind' (allowed: chain, scale-free)"),
+    ],
+)
+def test_broken_rule_is_one_config_error(values, message):
+    with pytest.raises(ConfigError) as err:
+        validate_structured(Params, values, "p")
+    assert str(err.value) == message
+
+
+def test_valid_values_pass_and_choices_stay_plain_strings():
+    params = validate_structured(Params, {"kind": "scale-free", "limit": None, "steps": 0}, "p")
+    assert params.kind == "scale-free" and isinstance(params.kind, str)
+    data = plain({"kind": params.kind, "nested": [Kind("chain")]})
+    assert type(data["kind"]) is str and type(data["nested"][0]) is str
+    assert json.loads(json.dumps(data)) == {"kind": "scale-free", "nested": ["chain"]}
