@@ -6,6 +6,12 @@ calls per sample batch (DSM's extra cost is measured: sampling with DSM on minus
 
     PYTHONPATH=$PWD python -m benchmarks.dsm                      # dup 4, hidden 512, 4000 steps
     PYTHONPATH=$PWD python -m benchmarks.dsm --dup 16 --hidden 256 --steps 1600 --lr 3e-3
+    PYTHONPATH=$PWD python -m benchmarks.dsm --federated --seeds 0 1 2       # the `dsm` preset
+    PYTHONPATH=$PWD python -m benchmarks.dsm --federated workload.params.split=conditions
+
+``--federated`` runs the preset on the inline engine and prints, per round, whether the global
+model memorised (nearest-neighbour distance to the training set of samples of memorised vs general
+conditions, and their ratio) and the clients' mean AUROC per detector at the first reverse step.
 """
 
 from __future__ import annotations
@@ -25,7 +31,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--federated", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="dotlist for the preset (with --federated)")
     args = parser.parse_args()
+    if args.federated:
+        federated(args.seeds, args.overrides)
+        return
     runs = []
     for seed in args.seeds:
         start = time.perf_counter()
@@ -54,6 +65,35 @@ def main() -> None:
     print(
         f"DSM / curvature AUROC ratio at step 0: {mean['auroc_dsm_step0'] / mean['auroc_hess_step0']:.3f}"
     )
+
+
+def federated(seeds: list[int], overrides: list[str]) -> None:
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
+
+    keys = ("nn_dist_mem", "nn_dist_gen", "memorisation_ratio", "auroc_dsm_step0",
+            "auroc_wen_step0", "auroc_hess_step0")  # fmt: skip
+    print(f"dsm preset {' '.join(overrides)}")
+    print("| seed | round | NN dist memorised | NN dist general | ratio | DSM | Wen | curvature |")
+    print("|---|---|---|---|---|---|---|---|")
+    for seed in seeds:
+        start = time.perf_counter()
+        rows: list[tuple[int, dict]] = []
+        cfg = load_experiment(
+            "dsm",
+            [
+                "engine=inline",
+                "output.dir=runs/bench",
+                "output.plots=false",
+                f"seed={seed}",
+                *overrides,
+            ],
+        )
+        run_inline(cfg, on_round=lambda r, m, rows=rows: rows.append((r, dict(m))))
+        for rnd, m in rows[1:]:
+            values = " | ".join(f"{m[f'central.{k}']:.3f}" for k in keys)
+            print(f"| {seed} | {rnd} | {values} |")
+        print(f"(seed {seed}: {time.perf_counter() - start:.0f} s)")
 
 
 if __name__ == "__main__":

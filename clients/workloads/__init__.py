@@ -87,7 +87,8 @@ def fit_classifier(
 
     Cross-entropy over shuffled minibatches with ``training``'s optimizer, through the workload's
     training defenses (Opacus DP-SGD); FedProx's proximal term when ``proximal_mu`` > 0. Returns
-    the metrics (``num-examples``, ``loss``, ``epsilon`` under DP-SGD).
+    the metrics (``num-examples``, ``loss``, ``update_norm`` = ``||w_local - w_global||``, the
+    client's drift, which FedProx shrinks; ``epsilon`` under DP-SGD).
     """
     torch.manual_seed(seed)  # DP noise and Poisson sampling draw from the global generator
     fedsgd = training.protocol == "fedsgd"
@@ -95,7 +96,7 @@ def fit_classifier(
         TensorDataset(data.x, data.y), batch_size=len(data.y) if fedsgd else training.batch_size,
         shuffle=True, generator=torch.Generator().manual_seed(seed),
     )  # fmt: skip
-    global_params = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    global_params = [p.detach().clone() for p in model.parameters()]
     optimizer = training.optimizer_for(model.parameters())
     trained, optimizer, loader = workload.private_training(model, optimizer, loader, state)
     loss_fn = nn.CrossEntropyLoss()
@@ -108,7 +109,7 @@ def fit_classifier(
             x, y = x.to(workload.device), y.to(workload.device)
             optimizer.zero_grad()
             loss = loss_fn(trained(x), y)
-            if global_params is not None:
+            if proximal_mu > 0:
                 prox = sum(
                     ((p - g) ** 2).sum()
                     for p, g in zip(model.parameters(), global_params, strict=True)
@@ -118,7 +119,16 @@ def fit_classifier(
             optimizer.step()
             total_loss += float(loss.detach())
             steps += 1
-    metrics = {"num-examples": len(data.y), "loss": total_loss / max(steps, 1)}
+    with torch.no_grad():
+        drift = sum(
+            float(((p - g) ** 2).sum())
+            for p, g in zip(model.parameters(), global_params, strict=True)
+        )
+    metrics = {
+        "num-examples": len(data.y),
+        "loss": total_loss / max(steps, 1),
+        "update_norm": drift**0.5,
+    }
     workload.training_done(state, metrics)
     return metrics
 

@@ -31,7 +31,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from flowerbed.clients.core.params import param
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -79,6 +79,27 @@ def make_conditions(
 def client_conditions(n_cond: int, partition_id: int, num_partitions: int) -> np.ndarray:
     """Condition ids a client owns (round-robin, so each client has general and memorised ones)."""
     return np.arange(partition_id, n_cond, num_partitions)
+
+
+SPLITS = ("conditions", "iid")
+Split = choices("Split", SPLITS)  # the workload's ``split`` option
+
+
+def client_rows(
+    cond: np.ndarray, memorised: np.ndarray, partition_id: int, num_partitions: int,
+    split: str = "conditions", seed: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """Training rows of a client. ``split="conditions"``: every row of a condition sits with the
+    condition's owner (``client_conditions``), so each planted image's duplicates are on one
+    client. ``"iid"``: rows are dealt to clients at random, so the duplicates of every planted
+    image are spread over the clients (as when the same item was collected by several sites)."""
+    if split == "conditions":
+        return np.flatnonzero(np.isin(cond, client_conditions(len(memorised), partition_id,
+                                                              num_partitions)))  # fmt: skip
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} (got {split!r})")
+    order = np.random.default_rng(seed).permutation(len(cond))
+    return np.sort(order[partition_id::num_partitions])
 
 
 # -- model -----------------------------------------------------------------------------------
@@ -312,6 +333,7 @@ class DSM(Workload):
         per_condition: int = param(4, ge=1)
         sample_steps: int = param(50, ge=1)
         guidance: float = param(5.0, ge=0)
+        split: Split = Split("conditions")  # conditions | iid (see client_rows)
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
@@ -323,9 +345,11 @@ class DSM(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         x, cond, memorised, _ = self._conditions()
         own = client_conditions(len(memorised), partition_id, num_partitions)
-        mask = np.isin(cond, own)
+        rows = client_rows(
+            cond, memorised, partition_id, num_partitions, self.params.split, self.cfg["seed"]
+        )
         data = CondData(
-            torch.from_numpy(x[mask]), torch.from_numpy(cond[mask]), memorised, len(memorised)
+            torch.from_numpy(x[rows]), torch.from_numpy(cond[rows]), memorised, len(memorised)
         )
         return {"train": data, "own": own, "partition": partition_id}
 
@@ -364,16 +388,26 @@ class DSM(Workload):
         return {"num-examples": len(data["own"]) * self.params.per_condition, **res}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
-        """Per-client audit table: each client's AUROC (DSM, Wen, curvature) at the first step."""
+        """Per-client audit table: each client's AUROC (DSM, Wen, curvature) at the first step,
+        their means, and whether the global model memorised at all: the nearest-neighbour
+        distance to the training set of samples from memorised vs general conditions
+        (``memorisation_ratio`` = mem / gen; the planted images are reproduced when it is small)."""
         if server_round == 0:
             return {}
         model = self._load(arrays)
         n_cond = len(self._conditions()[2])
         num = self.cfg["clients"]["num"]
+        keys = ("auroc_dsm_step0", "auroc_wen_step0", "auroc_hess_step0", "nn_dist_mem",
+                "nn_dist_gen")  # fmt: skip
         out: dict[str, float] = {}
+        per_client = []
         for pid in range(num):
             seed = client_seed(self.cfg["seed"], pid, server_round, salt=1)
             res = self._audit(model, client_conditions(n_cond, pid, num), seed)
-            for key in ("auroc_dsm_step0", "auroc_wen_step0", "auroc_hess_step0"):
+            per_client.append(res)
+            for key in keys[:3]:
                 out[f"client{pid}_{key}"] = res[key]
+        for key in keys:
+            out[key] = float(np.nanmean([res[key] for res in per_client]))
+        out["memorisation_ratio"] = out["nn_dist_mem"] / out["nn_dist_gen"]
         return out

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
@@ -203,3 +203,15 @@ class TabularMLP(ClassifierWorkload):
         last = 2 * len(self.params.hidden)
         return ModelLoss(self._model(), schema, self.training, data.decode, ("0.weight", "0.bias"),
                          f"{last}.bias", marginal_prior(x, data.blocks))  # fmt: skip
+
+
+def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:
+    """The ablation of federation: one client trains on its own partition for the federation's
+    whole budget (``rounds`` x local epochs) with no aggregation; central test metrics."""
+    cfg = work.cfg
+    data = work.load_partition(partition_id, cfg["clients"]["num"])
+    arrays, state = work.init_arrays(), RecordDict()
+    for server_round in range(1, cfg["rounds"] + 1):
+        config = {"partition-id": partition_id, "server-round": server_round}
+        arrays, _ = work.fit(arrays, data, config, state)
+    return work.server_evaluate(cfg["rounds"], arrays)

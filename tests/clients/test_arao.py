@@ -81,8 +81,11 @@ def _check_repair(result: dict) -> None:
     assert targeted["clean_auc"] >= base["clean_auc"] - 0.01
 
 
-def test_targeted_repair_beats_untargeted_one_seed() -> None:
-    result = run_local(0, **SMALL)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_targeted_repair_beats_untargeted(seed: int) -> None:
+    """Claim test (800 training claims). Targeted - untargeted attacked AUC on seeds 0 / 1 / 2:
+    +1.7 / +4.1 / +1.5 points, re-attacked +0.9 / +3.4 / +1.7 (docs/methods/arao.md)."""
+    result = run_local(seed, **SMALL)
     assert result["top_axes"] == [EUPHEMISM]
     _check_repair(result)
 

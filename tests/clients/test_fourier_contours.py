@@ -110,12 +110,14 @@ def test_phantom_voxel_counts_track_the_analytic_area() -> None:
     assert (data.labels == 1).any() and (data.labels == 0).any()
 
 
-@pytest.fixture(scope="module")
-def local() -> dict[str, dict[str, float]]:
-    return run_local(0)
+@pytest.fixture(scope="module", params=[0, 1, 2])
+def local(request) -> dict[str, dict[str, float]]:
+    """Both arms on seeds 0, 1, 2 (the local table of docs/methods/fourier-contours.md)."""
+    return run_local(request.param)
 
 
 def test_contours_match_unet_dice_with_under_1pct_of_its_outputs(local) -> None:
+    """Claim test. Dice vs U-Net -0.001 / +0.013 / +0.001 on seeds 0 / 1 / 2, 18 vs 3,072 outputs."""
     fourier, unet = local["fourier"], local["unet"]
     assert unet["dice"] > 0.9  # the baseline is a real, trained segmenter
     assert fourier["dice"] >= unet["dice"] - 0.05, (fourier, unet)
@@ -123,15 +125,17 @@ def test_contours_match_unet_dice_with_under_1pct_of_its_outputs(local) -> None:
 
 
 def test_volume_from_analytic_area_is_within_5pct(local) -> None:
+    """LV volume error 2.45 / 2.66 / 4.09 % on seeds 0 / 1 / 2."""
     assert local["fourier"]["vol_err_pct"] <= 5.0, local["fourier"]
 
 
-def test_without_the_moment_reference_the_contours_fall_short(local) -> None:
-    """Ablation: the same model and training with a fixed prior contour instead of the attention
-    moments misses both thresholds (it cannot localise the centre)."""
+def test_without_the_moment_reference_the_contours_fall_short() -> None:
+    """Ablation (seed 0): the same model and training with a fixed prior contour instead of the
+    attention moments misses both thresholds (it cannot localise the centre)."""
+    full = run_local(0)  # cached by the seed-0 fixture
     ablated = run_contours(0, LocalSetup(reference=False))
-    assert ablated["dice"] < local["unet"]["dice"] - 0.1, ablated
-    assert ablated["vol_err_pct"] > local["fourier"]["vol_err_pct"] + 2, ablated
+    assert ablated["dice"] < full["unet"]["dice"] - 0.1, ablated
+    assert ablated["vol_err_pct"] > full["fourier"]["vol_err_pct"] + 2, ablated
 
 
 def test_federated_hospitals_fedavg(tmp_path) -> None:
@@ -140,8 +144,15 @@ def test_federated_hospitals_fedavg(tmp_path) -> None:
         "workload.params.stacks_per_client=6", "workload.params.local_steps=8",
         "workload.params.test_stacks=4",
     ]  # fmt: skip
-    summary = run_inline(load_experiment("fourier-contours", overrides))
+    rounds: dict[int, dict[str, float]] = {}
+    summary = run_inline(
+        load_experiment("fourier-contours", overrides),
+        on_round=lambda r, m: rounds.__setitem__(r, dict(m)),
+    )
     metrics = summary["metrics"]
     for key in ("central.dice", "central.unet_dice", "central.vol_err_pct", "eval.dice"):
         assert np.isfinite(metrics[key]), key
     assert metrics["central.n_output_params"] <= 0.01 * metrics["central.unet_n_output_params"]
+    # the aggregated contour model learns: Dice 0.15 / 0.15 / 0.14 at round 0, 0.53 / 0.52 / 0.47
+    # after two rounds on seeds 0 / 1 / 2
+    assert rounds[2]["central.dice"] >= rounds[0]["central.dice"] + 0.2, rounds

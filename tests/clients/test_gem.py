@@ -82,9 +82,11 @@ def _federated(gem_lambda: float, tmp_path) -> dict[str, float]:
 
 
 def test_federated_gem_pulls_states_into_the_hull(tmp_path) -> None:
+    """The FedAvg'd model's hull residual falls below the standard arm's (ratio 0.84 / 0.91 / 0.69
+    on seeds 0 / 1 / 2 at this size)."""
     base = _federated(0.0, tmp_path / "base")
     gem = _federated(0.1, tmp_path / "gem")
     for key in ("central.val_ce", "central.lens_ce_l1", "eval.anisotropy", "train.train_ce"):
         assert np.isfinite(gem[key]) and np.isfinite(base[key])
     assert base["train.train_gem"] == 0.0 and gem["train.train_gem"] > 0.0
-    assert gem["central.hull_residual"] < base["central.hull_residual"]
+    assert gem["central.hull_residual"] <= 0.95 * base["central.hull_residual"]
