@@ -12,10 +12,15 @@ A rule sits in the field's metadata, so the dataclass stays a plain omegaconf sc
 String options are :func:`choices` enums (omegaconf then reports a bad value with the allowed
 ones). :func:`check_rules` (called by ``validate_structured`` for every schema it validates) turns a
 broken rule into one ``ConfigError`` line: ``workload.params.lr must be > 0 (got -1.0)``.
+
+A workload's ``Params`` extends the config dataclass its method code takes (or a base of the fields
+the two share), so each field, rule and default is written once; where the federated setting
+differs, :func:`defaults` gives the subclass its own default without redeclaring the field.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import math
@@ -89,6 +94,46 @@ def choices(name: str, values: Any) -> type[enum.StrEnum]:
         regime: Regime = Regime("mixed")
     """
     return enum.StrEnum(name, {str(v): str(v) for v in values})  # type: ignore[return-value]
+
+
+def defaults(**values: Any) -> Callable[[type], type]:
+    """Class decorator, placed under ``@dataclass``: other defaults for inherited fields.
+
+    A subclass whose setting differs from its base's (a federated workload's ``Params`` extending
+    the config of the centralised experiment) keeps each field's type, rule and position::
+
+        @dataclass
+        @defaults(batch_size=32, singular_values=[4.0, 2.0, 1.0])
+        class Params(DLNSetup):
+            local_steps: int = param(50, ge=1)
+
+    A list or dict value becomes a default factory (each instance gets its own copy).
+    """
+
+    def apply(cls: type) -> type:
+        inherited = {
+            f.name: f
+            for base in reversed(cls.__mro__[1:])
+            if dataclasses.is_dataclass(base)
+            for f in dataclasses.fields(base)
+        }
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in values.items():
+            if name not in inherited or name in own:
+                raise TypeError(f"{cls.__name__}: {name} is not a field it inherits")
+            base_field = inherited[name]
+            if isinstance(value, list | dict):
+                field = dataclasses.field(
+                    default_factory=lambda v=value: copy.deepcopy(v), metadata=base_field.metadata
+                )
+            else:
+                field = dataclasses.field(default=value, metadata=base_field.metadata)
+            own[name] = base_field.type
+            setattr(cls, name, field)
+        cls.__annotations__ = own
+        return cls
+
+    return apply
 
 
 def check_rules(obj: Any, where: str) -> None:

@@ -1,12 +1,12 @@
 """ARAO: axis-aligned rhetorical adversarial optimisation and repair of a harmful-content detector.
 
-(abstracts.md, s. 3.) Rhetoric is an axis-aligned strategy space: K axes (hedging, euphemism,
-authority appeal, irony, question framing, narrative distance), each with direction -1/0/+1. A
-rewriter turns a strategy vector into one non-contradictory rewrite that keeps the claim's intent
-and target; a planner (cross-entropy method) searches strategy vectors that lower the detector's
-harmful score. Resetting one axis at a time attributes each successful evasion to mechanisms, and
-axis-targeted adversarial training on the top axes repairs the detector; the ablation is
-untargeted adversarial training (random strategy vectors) at the same budget.
+Method page: docs/methods/arao.md. Rhetoric is an axis-aligned strategy space: K axes (hedging,
+euphemism, authority appeal, irony, question framing, narrative distance), each with direction
+-1/0/+1. A rewriter turns a strategy vector into one non-contradictory rewrite that keeps the
+claim's intent and target; a planner (cross-entropy method) searches strategy vectors that lower the
+detector's harmful score. Resetting one axis at a time attributes each successful evasion to
+mechanisms, and axis-targeted adversarial training on the top axes repairs the detector; the
+ablation is untargeted adversarial training (random strategy vectors) at the same budget.
 
 The corpus is generated: claims with topic, stance and target. A *planted vulnerability* makes
 one axis (``vulnerable_axis``) exploitable: in the training distribution its +1 direction is
@@ -294,17 +294,19 @@ def score(model: Detector, texts: list[str], n_features: int) -> np.ndarray:
 
 @dataclass
 class ARAOConfig:
-    n_features: int = 2**14
-    hidden: int = 0
-    epochs: int = 60
-    lr: float = 0.1
-    l2: float = 1e-4
-    cem_iters: int = 4
-    cem_samples: int = 12
-    cem_elite: int = 3
-    threshold: float = 0.5
-    repair_budget: int = 100
-    repair_top: int = 1
+    """Detector, planner and repair knobs (also the first fields of the workload params)."""
+
+    n_features: int = param(2**14, ge=1)
+    hidden: int = param(0, ge=0)  # 0: logistic regression; > 0: one ReLU layer
+    epochs: int = param(60, ge=1)
+    lr: float = param(0.1, gt=0)
+    l2: float = param(1e-4, ge=0)
+    cem_iters: int = param(4, ge=1)
+    cem_samples: int = param(12, ge=1)
+    cem_elite: int = param(3, ge=1)
+    threshold: float = param(0.5, gt=0, lt=1)
+    repair_budget: int = param(100, ge=0)
+    repair_top: int = param(1, ge=1)
 
 
 def train_detector(
@@ -508,12 +510,9 @@ class ARAO(Workload):
     reads = frozenset({"clients.alpha"})  # Dirichlet topic mixtures per client
 
     @dataclass
-    class Params:
-        n_features: int = param(2**14, ge=1)
-        hidden: int = param(0, ge=0)
-        epochs: int = param(60, ge=1)
-        lr: float = param(0.1, gt=0)
-        l2: float = param(1e-4, ge=0)
+    class Params(ARAOConfig):
+        """The method code takes these as its ``ARAOConfig``."""
+
         n_train: int = param(600, ge=1)
         n_test: int = param(300, ge=1)
         n_attack: int = param(40, ge=1)
@@ -521,25 +520,11 @@ class ARAO(Workload):
         vulnerable_axis: int = EUPHEMISM
         train_rounds: int = param(1, ge=1)
         repair: Repair = Repair("targeted")  # targeted | untargeted | none
-        repair_budget: int = param(100, ge=0)
-        repair_top: int = param(1, ge=1)
-        cem_iters: int = param(4, ge=1)
-        cem_samples: int = param(12, ge=1)
-        cem_elite: int = param(3, ge=1)
-        threshold: float = param(0.5, gt=0, lt=1)
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        p = self.params
-        self.acfg = ARAOConfig(
-            p.n_features, p.hidden, p.epochs, p.lr, p.l2, p.cem_iters, p.cem_samples,
-            p.cem_elite, p.threshold, p.repair_budget, p.repair_top,
-        )  # fmt: skip
 
     def _unpack(self, arrays: ArrayRecord) -> tuple[Detector, np.ndarray, np.ndarray]:
         state = arrays.to_torch_state_dict()
         attr, directions = state.pop("attr").numpy(), state.pop("attr_dir").numpy()
-        model = Detector(self.acfg.n_features, self.acfg.hidden)
+        model = Detector(self.params.n_features, self.params.hidden)
         model.load_state_dict(state)
         return model, attr, directions
 
@@ -563,7 +548,7 @@ class ARAO(Workload):
 
     def init_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])
-        model = Detector(self.acfg.n_features, self.acfg.hidden)
+        model = Detector(self.params.n_features, self.params.hidden)
         return self._pack(model, np.zeros(K), np.zeros(K))
 
     def fit(
@@ -578,8 +563,8 @@ class ARAO(Workload):
         phase = server_round - self.params.train_rounds
         if phase == 1:  # red-team round: attack the global detector, attribute, send attr
             pool = [c for c in data.train.claims if c.label == 1][: self.params.n_attack]
-            attack = plan_attack(model, pool, self.acfg, seed)
-            attr = attribute(model, pool, attack, self.acfg)
+            attack = plan_attack(model, pool, self.params, seed)
+            attr = attribute(model, pool, attack, self.params)
             directions = attack_directions(attack).astype(float)
             metrics["attack_success_rate"] = float(attack.success.mean())
             metrics.update({f"attr_axis{k}": float(attr[k]) for k in range(K)})
@@ -588,17 +573,17 @@ class ARAO(Workload):
             if self.params.repair == "targeted":
                 top = list(np.argsort(-attr)[: self.params.repair_top])
             extra_texts, extra_labels = repair_set(
-                data.train.claims, self.acfg, rng, top, np.sign(directions)
+                data.train.claims, self.params, rng, top, np.sign(directions)
             )
             texts, labels = texts + extra_texts, np.r_[labels, extra_labels]
-        metrics["loss"] = train_detector(model, texts, labels, self.acfg, seed)
+        metrics["loss"] = train_detector(model, texts, labels, self.params, seed)
         return self._pack(model, attr, directions), metrics
 
     def _report(self, model: Detector, corpus: Corpus, seed: int) -> dict[str, float]:
         benign = [t for t, y in zip(corpus.texts, corpus.labels, strict=True) if y == 0]
         pool = [c for c in corpus.claims if c.label == 1][: self.params.n_attack]
-        attack = plan_attack(model, pool, self.acfg, seed)
-        n = self.acfg.n_features
+        attack = plan_attack(model, pool, self.params, seed)
+        n = self.params.n_features
         return {
             "clean_auc": auc(model, corpus.texts, corpus.labels, n),
             "attacked_auc_adaptive": attacked_auc(model, attack.texts, benign, n),

@@ -1,7 +1,7 @@
 """Concept-level safety fine-tuning: behavioural safety vs knowledge accessibility, per concept.
 
 Toy after Jain et al. (NeurIPS 2024, task x concept framework) and Qi et al. 2024 (shallow safety
-alignment; knowledge reachable by prefilling); spec: shared/specs/workloads.md, section 9.
+alignment; knowledge reachable by prefilling); method page: docs/methods/concept-safety.md.
 
 * **World.** ``T`` task tokens x ``C`` unsafe concept tokens ``U_c`` and ``C`` safe twins ``S_c``.
   Every concept owns a few answer tokens; each (task, concept) has a fixed answer of ``L`` of them.
@@ -36,7 +36,7 @@ from scipy.stats import spearmanr
 from torch import nn
 from torch.nn import functional as F
 
-from flowerbed.clients.core.params import choices, param
+from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -292,16 +292,26 @@ def pretrained_model(
     return model
 
 
+Trainable = choices("Trainable", ("all", "blocks", "mlp"))
+
+
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneSetup:
+    """The fine-tuning knobs that ``FinetuneConfig`` and the federated workload's params share."""
+
+    budget: int = param(48, ge=1)  # N: unsafe (refusal) samples
+    safe_per_unsafe: float = param(1.0, ge=0)  # unsafe:safe = 1:ratio
+    zipf_s: float = param(1.0, ge=0)
+    lr: float = param(0.02, gt=0)
+    # all | blocks (token embeddings frozen) | mlp (only block MLPs)
+    trainable: Trainable = Trainable("blocks")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig(FinetuneSetup):
     composition: str = "uniform"  # uniform | zipf | partial
-    budget: int = 48  # N: unsafe (refusal) samples
-    safe_per_unsafe: float = 1.0  # unsafe:safe = 1:ratio
-    zipf_s: float = 1.0
     coverage: float = 0.5
     epochs: int = 80  # full-batch SGD steps
-    lr: float = 0.02
-    trainable: str = "blocks"  # all | blocks (token embeddings frozen) | mlp (only block MLPs)
 
 
 def safety_finetune(
@@ -479,9 +489,6 @@ class ClientData:
     batch: Batch
 
 
-Trainable = choices("Trainable", ("all", "blocks", "mlp"))
-
-
 @WORKLOADS.register(
     "concept-safety", "Concept-level safety fine-tuning of a tiny GPT (refusal vs knowledge)"
 )
@@ -493,8 +500,9 @@ class ConceptSafety(Workload):
     ``ppl_c{c}``) and its summary.
     """
 
-    @dataclass
-    class Params:
+    @dataclass(frozen=True)
+    @defaults(budget=24)  # unsafe samples per client
+    class Params(FinetuneSetup):
         tasks: int = param(4, ge=1)
         concepts: int = param(12, ge=1)
         answer_len: int = param(3, ge=1)
@@ -503,12 +511,7 @@ class ConceptSafety(Workload):
         pretrain_lr: float = param(5e-3, gt=0)
         concepts_per_client: int = param(6, ge=1)
         stride: int = param(3, ge=1)
-        budget: int = param(24, ge=1)  # unsafe samples per client
-        zipf_s: float = param(1.0, ge=0)
-        safe_per_unsafe: float = param(1.0, ge=0)
-        local_steps: int = param(20, ge=0)
-        lr: float = param(0.02, gt=0)
-        trainable: Trainable = Trainable("blocks")
+        local_steps: int = param(20, ge=0)  # full-batch SGD steps per round
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

@@ -1,4 +1,6 @@
-"""Fisher information separates generalisation from memorisation (abstracts.md section 9).
+"""Fisher information separates generalisation from memorisation.
+
+Method page: docs/methods/fisher-memorisation.md.
 
 A network trained on data with a fraction of flipped labels memorises them. Projecting one layer's
 weights onto the top eigen-directions of its Fisher information (K-FAC: ``F ~ G (x) A`` with

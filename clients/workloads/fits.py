@@ -1,7 +1,8 @@
 """FiTS: spiking neurons with frequency selectivity (FS) and temporal shaping (TS), vs LIF.
 
 Choi & Chung, "FiTS: Interpretable Spiking Neurons via Frequency Selectivity and Temporal
-Shaping" (arXiv 2605.13071); equations reconstructed in shared/specs/workloads.md, section 11.
+Shaping" (arXiv 2605.13071); equations reconstructed from the paper's abstract, method page
+docs/methods/fits.md.
 
 * LIF: ``u_t = a u_{t-1} + (1-a) I_t``, spike ``s_t = H(u_t - 1)``, reset to 0.
 * FS (adaptive LIF): ``u_t = a u_{t-1} + (1-a)(I_t - w_{t-1})``, ``w_t = r w_{t-1} + (1-r) k u_t``.

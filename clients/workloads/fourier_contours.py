@@ -597,19 +597,28 @@ def evaluate_unet(model: UNet, data: Phantoms, thickness: float = 1.0) -> dict[s
 
 
 @dataclass(frozen=True)
-class LocalSetup:
-    size: int = 32
-    slices: int = 4
-    k: int = 3
+class StackSetup:
+    """Stacks, contour model and optimiser: the fields ``LocalSetup`` and the federated
+    workload's params share."""
+
+    size: int = param(32, ge=4)
+    slices: int = param(4, ge=1)
+    harmonics: int = param(3, ge=1)  # K of the radial series
+    batch_size: int = param(4, ge=1)
+    lr: float = param(3e-3, gt=0)
+    cross_slice: bool = True
+    reference: bool = True  # False: the ablation without the attention-moment reference
+
+
+@dataclass(frozen=True)
+class LocalSetup(StackSetup):
+    """The centralised run on pooled hospitals (hashable: it keys the data and result caches)."""
+
     n_train: int = 96
     n_test: int = 24
     steps: int = 150
-    batch: int = 4
-    lr: float = 3e-3
     labelled: float = 1.0
     hospitals: int = 3
-    cross_slice: bool = True
-    reference: bool = True  # False: the ablation without the attention-moment reference
     weights: LossWeights = LossWeights()
 
 
@@ -618,7 +627,7 @@ def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms
     """``n`` stacks split evenly over ``setup.hospitals`` scanner profiles."""
     parts = [
         make_phantoms(
-            n // setup.hospitals, setup.size, setup.slices, setup.k,
+            n // setup.hospitals, setup.size, setup.slices, setup.harmonics,
             client_seed(seed, h, 0, salt=offset), hospital(seed, h),
         )
         for h in range(setup.hospitals)
@@ -629,7 +638,9 @@ def hospital_data(setup: LocalSetup, seed: int, n: int, offset: int) -> Phantoms
 
 def _data(setup: LocalSetup, seed: int) -> tuple[Phantoms, Phantoms]:
     """Pooled train/test stacks; depend only on the data fields of ``setup`` (cached)."""
-    data_setup = LocalSetup(setup.size, setup.slices, setup.k, hospitals=setup.hospitals)
+    data_setup = LocalSetup(
+        size=setup.size, slices=setup.slices, harmonics=setup.harmonics, hospitals=setup.hospitals
+    )
     return (
         hospital_data(data_setup, seed, setup.n_train, 1),
         hospital_data(data_setup, seed, setup.n_test, 2),
@@ -643,11 +654,11 @@ def run_contours(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, f
     train, test = _data(setup, seed)
     torch.manual_seed(seed)
     net = ContourNet(
-        setup.size, setup.slices, setup.k, cross_slice=setup.cross_slice,
+        setup.size, setup.slices, setup.harmonics, cross_slice=setup.cross_slice,
         reference=setup.reference,
     )  # fmt: skip
     train_contours(
-        net, train, setup.steps, seed, setup.lr, setup.batch, setup.labelled, setup.weights
+        net, train, setup.steps, seed, setup.lr, setup.batch_size, setup.labelled, setup.weights
     )
     return evaluate_contours(net, test)
 
@@ -659,7 +670,7 @@ def run_unet(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, float
     train, test = _data(setup, seed)
     torch.manual_seed(seed)
     unet = UNet()
-    train_unet(unet, train, setup.steps, seed, setup.lr, setup.batch)
+    train_unet(unet, train, setup.steps, seed, setup.lr, setup.batch_size)
     return evaluate_unet(unet, test)
 
 
@@ -675,19 +686,12 @@ def run_local(seed: int = 0, setup: LocalSetup = LocalSetup()) -> dict[str, dict
     "fourier-contours", "Fourier contour learning vs U-Net on synthetic cardiac stacks (hospitals)"
 )
 class FourierContours(Workload):
-    @dataclass
-    class Params:
-        size: int = param(32, ge=4)
-        slices: int = param(4, ge=1)
-        harmonics: int = param(3, ge=1)
+    @dataclass(frozen=True)
+    class Params(StackSetup):
         stacks_per_client: int = param(32, ge=1)
         test_stacks: int = param(24, ge=1)
         local_steps: int = param(40, ge=0)
-        batch_size: int = param(4, ge=1)
-        lr: float = param(3e-3, gt=0)
         labelled_fraction: float = param(1.0, ge=0, le=1)
-        cross_slice: bool = True
-        reference: bool = True  # attention-moment reference (False: ablation)
 
     def _models(self, arrays: ArrayRecord | None = None) -> tuple[ContourNet, UNet]:
         p = self.params
@@ -755,7 +759,7 @@ class FourierContours(Workload):
         """Held-out stacks from every client's hospital profile (and the same seed offsets)."""
         torch.set_num_threads(1)
         setup = LocalSetup(
-            self.params.size, self.params.slices, self.params.harmonics,
+            size=self.params.size, slices=self.params.slices, harmonics=self.params.harmonics,
             hospitals=self.cfg["clients"]["num"],
         )  # fmt: skip
         n = max(self.params.test_stacks, setup.hospitals)

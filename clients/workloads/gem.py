@@ -1,4 +1,6 @@
-"""GEM: geometric embedding mixture regulariser for language-model pre-training (abstracts.md, s. 2).
+"""GEM: geometric embedding mixture regulariser for language-model pre-training.
+
+Method page: docs/methods/gem.md.
 
 A tied-embedding decoder-only LM predicts ``p_t = softmax(E h_t)``. GEM adds
 ``lambda * ||h_t - E^T sg(p_t)||^2``: the hidden state is pulled toward the probability-weighted

@@ -1,4 +1,6 @@
-"""Sensory Gating: explainable semi-supervised time-series classification (abstracts.md, section 5).
+"""Sensory Gating: explainable semi-supervised time-series classification.
+
+Method page: docs/methods/sensory-gating.md.
 
 Four stages on synthetic ECG-like windows whose class-relevant regions are known by construction:
 
@@ -19,7 +21,7 @@ FedAvg'ing the weights of the stage being trained; the masks of stage 2 never le
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
-from flowerbed.clients.core.params import param
+from flowerbed.clients.core.params import defaults, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -211,20 +213,28 @@ def student_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class StageConfig:
-    jepa_weight: float = 5.0  # lambda of L_JEPA (0 = the ablation)
+class StageSetup:
+    """The knobs of the stages that ``StageConfig`` and the federated workload's params share."""
+
+    jepa_weight: float = param(5.0, ge=0)  # lambda of L_JEPA (0 = the ablation)
+    batch_size: int = param(64, ge=1)
+    lr: float = param(3e-3, gt=0)
+    ig_steps: int = param(20, ge=1)
+    tau: float = param(0.995, gt=0, le=1)  # confidence kept with the rest blurred
+    fills: int = param(4, ge=1)  # other windows filling the rest ...
+    precision: float = param(0.75, gt=0)  # ... of which the prediction must survive this share
+
+
+@dataclass(frozen=True)
+class StageConfig(StageSetup):
+    """The four stages of the centralised pipeline (hashable: it keys the pipeline caches)."""
+
     context: int = 4  # context patches
     horizon: int = 4  # predicted patches
     ema: float = 0.99
     teacher_steps: int = 300
     gate_steps: int = 300
     student_steps: int = 300
-    batch_size: int = 64
-    lr: float = 3e-3
-    ig_steps: int = 20
-    tau: float = 0.995  # confidence kept with the rest blurred
-    fills: int = 4  # other windows filling the rest ...
-    precision: float = 0.75  # ... of which the prediction must survive this share
     mask_windows: int = 600  # training windows that get masks (the gate's training set)
 
 
@@ -545,31 +555,25 @@ class SensoryGating(Workload):
     the client's held-out windows (thresholds averaged). Every round ships all four modules so
     FedAvg sees the same keys."""
 
-    @dataclass
-    class Params:
+    @dataclass(frozen=True)
+    @defaults(batch_size=32, ig_steps=10)
+    class Params(StageSetup):
         label_ratio: float = param(0.1, gt=0, le=1)
         windows_per_client: int = param(300, ge=1)
         calib_fraction: float = param(0.2, gt=0, lt=1)
         test_fraction: float = param(0.2, gt=0, lt=1)
         teacher_rounds: int = param(3, ge=0)
         gate_rounds: int = param(2, ge=0)
-        jepa_weight: float = param(5.0, ge=0)
-        local_steps: int = param(60, ge=0)
-        batch_size: int = param(32, ge=1)
-        lr: float = param(3e-3, gt=0)
-        ig_steps: int = param(10, ge=1)
-        tau: float = param(0.995, gt=0, le=1)
-        fills: int = param(4, ge=1)
-        precision: float = param(0.75, gt=0)
+        local_steps: int = param(60, ge=0)  # steps of the stage being trained, per round
         server_windows: int = param(400, ge=1)
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
         p = self.params
+        shared = {f.name: getattr(p, f.name) for f in fields(StageSetup)}
         self.stage_cfg = StageConfig(
-            jepa_weight=p.jepa_weight, teacher_steps=p.local_steps, gate_steps=p.local_steps,
-            student_steps=p.local_steps, batch_size=p.batch_size, lr=p.lr, ig_steps=p.ig_steps,
-            tau=p.tau, fills=p.fills, precision=p.precision,
+            **shared, teacher_steps=p.local_steps, gate_steps=p.local_steps,
+            student_steps=p.local_steps,
         )  # fmt: skip
         self.server_test = make_beats(p.server_windows, client_seed(cfg["seed"], 0, 0, salt=201))
 

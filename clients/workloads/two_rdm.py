@@ -1,6 +1,6 @@
 """2RDM: the 2-datapoint reduced density matrix as an observable of learning phase transitions.
 
-After Hennick & Corlouer (arXiv 2603.29805; abstracts.md section 6). For a probe set with
+After Hennick & Corlouer (arXiv 2603.29805; docs/methods/two-rdm.md). For a probe set with
 per-sample losses ``l_i(theta)`` the 2RDM is ``C_ij = Cov_{theta ~ rho}[l_i, l_j]``:
 
 * Gaussian 2RDM: ``rho = theta_0 + N(0, sigma^2 I)`` (forward passes only; ``C ~ sigma^2 G G^T``
@@ -42,7 +42,7 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
-from flowerbed.clients.core.params import choices, param
+from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -206,6 +206,7 @@ HEAT_CAPACITIES: dict[str, Callable[[np.ndarray], float]] = {
     "entropy_variance": entropy_variance,
     "entropy_susceptibility": entropy_susceptibility,
 }
+HeatCapacity = choices("HeatCapacity", HEAT_CAPACITIES)
 
 
 @dataclass
@@ -252,25 +253,32 @@ def mode_signatures(teacher: Teacher, probe_x: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class DLNConfig:
+class DLNSetup:
+    """Teacher, network, training and probes of the deep linear network: the fields that the
+    analysis (``DLNConfig``) and the federated workload's params share."""
+
+    dim: int = param(8, ge=1)
+    hidden: int = param(16, ge=1)
+    singular_values: list[float] = param(factory=lambda: [8.0, 2.0, 0.5], gt=0)
+    init_scale: float = param(1e-7, gt=0)
+    lr: float = param(0.005, gt=0)
+    batch_size: int = param(0, ge=0)  # 0: population gradient + Langevin noise; > 0: online SGD
+    label_noise: float = param(0.1, ge=0)  # online SGD only
+    probes: int = param(64, ge=1)
+    heat_capacity: HeatCapacity = HeatCapacity("entropy_variance")
+
+
+@dataclass
+class DLNConfig(DLNSetup):
     """Saddle-to-saddle setting: small init and teacher singular values a factor 4 apart, so each
     plateau is long compared with the relaxation of the mode learned before it; Langevin dynamics
     on the population loss. ``batch_size > 0`` switches to online SGD with label noise (the earlier
     setting, kept as the ablation: its minibatch noise scales with the unlearned residual)."""
 
-    dim: int = 8
-    hidden: int = 16
-    singular_values: list[float] = field(default_factory=lambda: [8.0, 2.0, 0.5])
-    init_scale: float = 1e-7
-    lr: float = 0.005
     temperature: float = 1e-12  # Langevin noise; keeps the converged network fluctuating
-    batch_size: int = 0  # 0: population gradient + Langevin noise; > 0: online SGD
-    label_noise: float = 0.1  # online SGD only
     steps: int = 10000
-    probes: int = 64
     stride: int = 10  # steps between checkpoints
     window: int = 10  # checkpoints per dynamical 2RDM
-    heat_capacity: str = "entropy_variance"
     seed: int = 0
 
 
@@ -615,9 +623,6 @@ class DLNShard:
     probe_y: np.ndarray
 
 
-HeatCapacity = choices("HeatCapacity", HEAT_CAPACITIES)
-
-
 @WORKLOADS.register(
     "two-rdm", "2RDM phase-transition observables of a deep linear network (FedAvg)"
 )
@@ -629,23 +634,17 @@ class TwoRDM(Workload):
     """
 
     @dataclass
-    class Params:
-        dim: int = param(8, ge=1)
-        hidden: int = param(16, ge=1)
-        singular_values: list[float] = param(factory=lambda: [4.0, 2.0, 1.0], gt=0)
-        init_scale: float = param(1e-5, gt=0)
-        lr: float = param(0.005, gt=0)
-        batch_size: int = param(64, ge=0)
-        label_noise: float = param(0.1, ge=0)
+    @defaults(singular_values=[4.0, 2.0, 1.0], init_scale=1e-5, batch_size=64, probes=32)
+    class Params(DLNSetup):
+        """Minibatch SGD on client shards (``batch_size`` samples per local step)."""
+
         samples_per_client: int = param(512, ge=1)
         local_steps: int = param(50, ge=1)
-        probes: int = param(32, ge=1)
         sigma: float = param(1e-3, ge=0)  # Gaussian 2RDM perturbation
         gaussian_samples: int = param(64, ge=1)
         round_window: int = param(4, ge=1)  # checkpoints (rounds) per server-side dynamical 2RDM
         warning_decades: float = param(2.0, gt=0)  # server-side RiseDetector on rounds_log_trace
         warning_confirm: int = param(1, ge=1)  # rounds the rise must hold before the alarm
-        heat_capacity: HeatCapacity = HeatCapacity("entropy_variance")
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

@@ -1,13 +1,13 @@
 """Numeric rules and string choices of Params dataclasses: one-line errors, plain JSON values."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 
 from flowerbed.clients.core.config import validate_structured
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.core.params import Rule, choices, param, plain
+from flowerbed.clients.core.params import Rule, choices, defaults, param, plain
 
 Kind = choices("Kind", ("chain", "scale-free"))
 
@@ -54,3 +54,21 @@ def test_valid_values_pass_and_choices_stay_plain_strings():
     data = plain({"kind": params.kind, "nested": [Kind("chain")]})
     assert type(data["kind"]) is str and type(data["nested"][0]) is str
     assert json.loads(json.dumps(data)) == {"kind": "scale-free", "nested": ["chain"]}
+
+
+@dataclass
+@defaults(lr=0.5, widths=[8], kind=Kind("scale-free"))
+class Federated(Params):
+    rounds: int = param(3, ge=1)
+
+
+def test_defaults_change_only_the_default_of_an_inherited_field():
+    assert [f.name for f in fields(Federated)] == [f.name for f in fields(Params)] + ["rounds"]
+    assert (Federated().lr, Federated().widths, Federated().kind) == (0.5, [8], "scale-free")
+    assert Params().lr == 0.1 and Params().widths == [4, 2]
+    assert Federated().widths is not Federated().widths  # a list default is a factory
+    with pytest.raises(ConfigError, match=r"p.lr must be > 0 \(got 0.0\)"):
+        validate_structured(Federated, {"lr": 0}, "p")  # the base's rule still holds
+    assert validate_structured(Federated, {"rounds": 2}, "p") == Federated(rounds=2)
+    with pytest.raises(TypeError, match="bogus"):
+        defaults(bogus=1)(type("Bad", (Params,), {}))
