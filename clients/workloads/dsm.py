@@ -1,6 +1,6 @@
 """DSM: detecting memorisation in a diffusion model from its own guided sampling trajectory.
 
-Abstracts.md section 4; equations reconstructed in shared/specs/workloads.md, section 3. Along the
+Claim, numbers and limits: docs/methods/dsm.md (equations reconstructed from the abstract). Along the
 probability-flow trajectory the score evolves as ``ds/dt ~ (I + H) s`` (``H`` = Hessian of
 ``log p_t``): a memorised condition is a sharp point attractor (large curvature), so its score field
 changes fast. Classifier-free guidance already evaluates the conditional and unconditional branches

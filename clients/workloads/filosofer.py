@@ -1,4 +1,6 @@
-"""FILOsofer's federated victim: an MLP on scikit-learn's digits trained by FedAvg (abstracts.md §19).
+"""FILOsofer's federated victim: an MLP on scikit-learn's digits trained by FedAvg.
+
+Claim, numbers and limits: docs/methods/filosofer.md.
 
 FILOsofer (OpenReview ``RujSwsLLlq``) deploys a trained network on an untrusted GPU with all
 weights exposed after flipping the few that matter most (top-``rho`` by diagonal empirical Fisher),
