@@ -115,7 +115,11 @@ def _stealing_gaps(seed: int, split=None, model=None, fisher=None) -> tuple[floa
 
 def test_surrogate_under_filosofer_stays_at_black_box_while_random_mask_leaks(victim):
     fisher_gap, random_gap = _stealing_gaps(0, *victim)  # measured -0.004 and +0.149
-    assert fisher_gap <= 0.02
+    # near the black-box level from both sides: the attacker may not do better than training from
+    # scratch, and a working attacker (fine-tuning the exposed weights) does not do much worse
+    # either (seeds 0, 1, 2: -0.004, +0.006, -0.001); an attacker that only evaluates the exposed
+    # weights as they are would sit far below (docs/methods/filosofer.md, the mutants)
+    assert -0.03 <= fisher_gap <= 0.02
     assert random_gap - fisher_gap >= 0.05
 
 
@@ -124,7 +128,7 @@ def test_surrogate_bound_holds_on_four_of_five_seeds(victim):
     """Measured, seeds 0-4: FILOsofer -0.004 +0.006 -0.001 +0.002 +0.007, random 8 % +0.149
     +0.111 +0.118 +0.171 +0.098 (the claim holds on all five; asserted on four)."""
     gaps = [_stealing_gaps(0, *victim)] + [_stealing_gaps(s) for s in (1, 2, 3, 4)]
-    assert sum(f <= 0.02 and r - f >= 0.05 for f, r in gaps) >= 4
+    assert sum(-0.03 <= f <= 0.02 and r - f >= 0.05 for f, r in gaps) >= 4
 
 
 def test_clients_pooled_fisher_is_the_pooled_data_fisher(inline_cfg):
