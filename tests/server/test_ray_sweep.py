@@ -197,11 +197,17 @@ def test_interrupt_cancels_cells_and_writes_no_row_for_them(tmp_path, local_ray,
     def on_cell(row: dict) -> None:  # the quick cell is in; the long one is running
         os.kill(os.getpid(), signum)
 
-    with pytest.raises(KeyboardInterrupt):
-        run_sweep(
-            load_sweep(_write(tmp_path, spec)), tmp_path / "out", inline_grid,
-            on_cell=on_cell, ray=RayOptions(),
-        )  # fmt: skip
+    # Ctrl-C as in a terminal: a shell starting the suite in the background (no job control)
+    # hands it SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(
+                load_sweep(_write(tmp_path, spec)), tmp_path / "out", inline_grid,
+                on_cell=on_cell, ray=RayOptions(),
+            )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert signal.getsignal(signal.SIGTERM) is not None
     rows = _rows(tmp_path / "out")
     assert [row["params"]["rounds"] for row in rows] == ["1"]
