@@ -11,6 +11,7 @@ import base64
 import copy
 import dataclasses
 import enum
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -295,6 +296,12 @@ def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
+@functools.cache
+def _schema_defaults() -> dict[str, Any]:
+    """Every shared key at its schema default (built once; read only)."""
+    return OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))  # type: ignore[return-value]
+
+
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
     """The key is present with a value other than the schema default.
 
@@ -302,7 +309,7 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
     unchanged (the ServerApp re-resolves what the CLI sent).
     """
     node: Any = raw
-    default: Any = OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))
+    default: Any = _schema_defaults()
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
