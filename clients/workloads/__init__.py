@@ -278,7 +278,7 @@ class ClassifierWorkload(Workload):
         self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any],
         state: RecordDict,
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
-        model = self.server_model(arrays)
+        model = self.loaded_model(arrays)
         pid, rnd = config["partition-id"], config["server-round"]
         train = self.round_data(data, pid, rnd)
         seed = client_seed(self.cfg["seed"], pid, rnd)
@@ -287,9 +287,9 @@ class ClassifierWorkload(Workload):
         return self._cpu_arrays(model), metrics
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any]) -> dict[str, float]:  # fmt: skip
-        return score_classifier(self.server_model(arrays), data["test"])
+        return score_classifier(self.loaded_model(arrays), data["test"])
 
-    def server_model(self, arrays: ArrayRecord) -> nn.Module:
+    def loaded_model(self, arrays: ArrayRecord) -> nn.Module:
         """The model with ``arrays`` loaded, on ``self.device``."""
         model = self._model()
         model.load_state_dict(arrays.to_torch_state_dict())

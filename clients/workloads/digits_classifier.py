@@ -136,7 +136,7 @@ class DigitsClassifier(ClassifierWorkload):
         return digits_split()[0]
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
-        scores = score_classifier(self.server_model(arrays), digits_split()[1])
+        scores = score_classifier(self.loaded_model(arrays), digits_split()[1])
         scores.pop("num-examples")
         return scores
 

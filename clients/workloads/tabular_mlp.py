@@ -182,7 +182,7 @@ class TabularMLP(ClassifierWorkload):
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         data = _encoded(self._key)
-        model = self.server_model(arrays)
+        model = self.loaded_model(arrays)
         test = Examples(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))
         scores = score_classifier(model, test)
         majority = np.bincount(data.y_train).argmax()
