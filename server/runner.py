@@ -18,7 +18,7 @@ from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, dense_bytes
+from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, build_defenses, dense_bytes
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.results import ResultsWriter
@@ -347,7 +347,17 @@ def _run(
     )
     if final_arrays:
         writer.save_model(final_arrays[0])
+    writer.log(cfg["rounds"], "dp", audit_defenses(cfg, workload))
     return writer.finish()
+
+
+def audit_defenses(cfg: dict[str, Any], workload: Any) -> dict[str, float]:
+    """Each DP defense's audit of its own code path (``dp.epsilon_audit``, docs/methods/dp-sgd.md
+    and flower-dp.md, "Auditing"), on the workload's private-training path, seeded by the run."""
+    out: dict[str, float] = {}
+    for defense in build_defenses(cfg):
+        out.update(defense.audit(workload.private_training_path, cfg["seed"]))
+    return out
 
 
 def evaluate_saved(run_dir: Path) -> dict[str, float]:

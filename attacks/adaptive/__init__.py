@@ -21,6 +21,7 @@ from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
+from flowerbed.clients.defenses import published_mechanisms
 
 __all__ = [
     "DefenseAwareInversion",
@@ -51,7 +52,8 @@ class GoliathAdaptive:
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
         p = cfg["attack"]["params"]
         icfg = with_config(GOLIATH, p, cfg["seed"])
-        adaptive = DefenseAwareInversion(cfg, icfg, p["average_rounds"])
+        # what the server knows of the defenses: their public mechanisms, handed to the attack
+        adaptive = DefenseAwareInversion(cfg, icfg, p["average_rounds"], published_mechanisms(cfg))
         unaware = TabularInversion(cfg, icfg) if p["compare_unaware"] else None
         return DefenseAwareObserver(strategy, writer, adaptive, GroupScorer(cfg),
                                     p["target_clients"], p["rounds"], unaware)  # fmt: skip

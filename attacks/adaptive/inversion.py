@@ -1,22 +1,25 @@
 """Defense-aware gradient inversion of federated tabular diffusion, on Goliath's engine.
 
-The attacker knows each configured defense's public mechanism (its name and parameters, never its
-randomness) and adapts what it matches; everything else is Goliath (``attacks.goliath``):
+The attacker knows each configured defense's public mechanism (what the defense publishes as typed
+data, ``Defense.mechanism()``, handed over by the observer; never its randomness) and adapts what
+it matches to the mechanism, whichever defense publishes it; everything else is Goliath
+(``attacks.goliath``):
 
-- ``topk``: only the kept coordinates carry the update. Each linear layer's gradient has rank at
+- ``Sparsification`` (top-k): only the kept coordinates carry the update. Each linear layer's gradient has rank at
   most B, so its dropped entries are filled from the kept ones (low-rank completion) and Goliath's
   closed forms run on the completed update; their rows are accepted if they explain the *kept*
   coordinates. Otherwise the optimisation matches a simulated update on the kept coordinates, and
   on a dropped one only where it exceeds the smallest kept magnitude (top-k dropped it, so its
   true value was below that threshold);
-- ``quantize``: the observed update lies on each tensor's grid of ``2^bits`` levels between its min
+- ``Quantisation``: the observed update lies on each tensor's grid of ``2^bits`` levels between its min
   and max, and stochastic rounding moves a value by less than one level: a simulated update is
   matched up to one grid step per coordinate (inside that window any value could have produced the
   observation);
-- ``dp-sgd`` / ``local-dp``: the same client's noisy updates of the same rows are averaged over the
+- ``GaussianNoise`` on the update the server receives (DP-SGD, local DP; not central DP, whose
+  noise is on the aggregate): the same client's noisy updates of the same rows are averaged over the
   rounds it was observed (up to ``average_rounds``), which shrinks the noise by the square root of
   their number, and the average is inverted as R steps on the same rows (one latent draw each);
-- ``secagg``: the aggregate of N clients is the FedSGD gradient of their N x B rows; it is
+- ``Aggregation`` (secure aggregation): the aggregate of N clients is the FedSGD gradient of their N x B rows; it is
   inverted as one batch of N x B rows (the union of the group's rows is what can leak).
 
 The observer hands this attack the group members of a secure-aggregation reply (public to the
@@ -47,12 +50,18 @@ from flowerbed.attacks.goliath.knowledge import (
 from flowerbed.attacks.goliath.objective import match_loss, simulate
 from flowerbed.attacks.goliath.optimisation import invert
 from flowerbed.attacks.observer import AttackObserver, as_tensors
+from flowerbed.clients.defenses import (
+    GaussianNoise,
+    Mechanism,
+    Quantisation,
+    Sparsification,
+    published_mechanisms,
+)
 from flowerbed.clients.defenses.secagg import MEMBERS_RECORD
 from flowerbed.clients.tabdiff.model import Latents, Rows
 from flowerbed.clients.tabdiff.training import Protocol
 
 View = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
-NOISE_DEFENSES = ("dp-sgd", "local-dp")
 AVERAGE_LR = 1e-3
 #: the denoiser's layers whose outputs are summed (input projection + time embedding): one delta
 SUMMED_LAYERS = (
@@ -175,23 +184,29 @@ class Observation:
 class DefenseAwareInversion(TabularInversion):
     """Goliath that adapts to the configured defenses' public mechanisms (module docstring)."""
 
-    def __init__(self, cfg: dict[str, Any], icfg: InversionConfig, average_rounds: int = 4) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], icfg: InversionConfig, average_rounds: int = 4,
+        mechanisms: list[Mechanism] | None = None,
+    ) -> None:  # fmt: skip
+        """``mechanisms``: the defenses' public mechanisms, in config order (what the server
+        knows; by default ``published_mechanisms(cfg)``)."""
         super().__init__(cfg, icfg)
-        self.defenses = [(d["name"], d["params"]) for d in cfg["defenses"]]
+        self.mechanisms = published_mechanisms(cfg) if mechanisms is None else list(mechanisms)
         self.average_rounds = average_rounds
         self.history: dict[tuple[int, ...], list[Observation]] = {}
 
     @property
     def averages_noise(self) -> bool:
-        return self.average_rounds > 1 and any(n in NOISE_DEFENSES for n, _ in self.defenses)
+        noisy = any(isinstance(m, GaussianNoise) and m.on_update for m in self.mechanisms)
+        return self.average_rounds > 1 and noisy
 
     def view_for(self, target: dict[str, torch.Tensor]) -> View | None:
         views: list[View] = []
-        for name, params in self.defenses:
-            if name == "topk":
+        for mechanism in self.mechanisms:
+            if isinstance(mechanism, Sparsification):
                 views.append(topk_view(target))
-            elif name == "quantize":
-                views.append(grid_view(target, int(params["bits"])))
+            elif isinstance(mechanism, Quantisation):
+                views.append(grid_view(target, mechanism.bits))
         return compose(views)
 
     def observe(
@@ -224,7 +239,7 @@ class DefenseAwareInversion(TabularInversion):
 
     @property
     def sparsified(self) -> bool:
-        return any(name == "topk" for name, _ in self.defenses)
+        return any(isinstance(m, Sparsification) for m in self.mechanisms)
 
     def _closed_form_on_completion(
         self, know: Knowledge, aware: Knowledge, seen: Observation

@@ -26,6 +26,7 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.model_stealing import ModelStealing, StealingObserver, steal
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
+from flowerbed.clients.defenses import WeightFlipping, published_mechanisms
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
 from flowerbed.clients.training import load_state
 
@@ -111,7 +112,8 @@ class ModelStealingAdaptive(ModelStealing):
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
         params = cls.checked_params(cfg)
         if not params.rho:
-            rhos = [d["params"]["rho"] for d in cfg["defenses"] if "rho" in d["params"]]
+            flips = [m for m in published_mechanisms(cfg) if isinstance(m, WeightFlipping)]
+            rhos = [m.rho for m in flips]
             params = replace(params, rho=rhos[0] if rhos else DEFAULT_RHO)
         return StealingObserver(strategy, cfg, params, writer, adaptive_metrics)
 

@@ -16,6 +16,12 @@ with a do-nothing default:
 
 ``needs`` lists the workload capabilities the defense depends on (checked at config time).
 
+Public mechanism: ``mechanism()`` returns what the defense does as typed data (a ``Mechanism``:
+``Sparsification``, ``Quantisation``, ``GaussianNoise``, ``Aggregation``, ``WeightFlipping``),
+never its randomness. It is what a server knows from the protocol it runs; defense-aware attacks
+read it (``published_mechanisms``) instead of testing defense names, so a new defense that publishes
+e.g. a ``Sparsification`` gets the top-k-aware attack path without editing the attacker.
+
 Bytes on the wire: a mod that encodes the update more compactly than dense arrays (top-k as values
 + indices, quantisation as ``bits`` per entry) says how many bytes its encoding takes in the reply
 metric ``wire-bytes``; the server counts dense array bytes for replies without it.
@@ -24,6 +30,7 @@ metric ``wire-bytes``; the server counts dense array bytes for replies without i
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, Context, Message, RecordDict
@@ -33,7 +40,11 @@ from flowerbed.clients.core.registry import NoParams, Registry
 
 DEFENSES = Registry("defense", (__name__,))
 
-__all__ = ["DEFENSES", "WIRE_BYTES", "Defense", "build_defenses", "dense_bytes", "update_mod"]
+__all__ = [
+    "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "GaussianNoise", "Mechanism",
+    "Quantisation", "Sparsification", "WeightFlipping", "build_defenses", "dense_bytes",
+    "published_mechanisms", "update_mod",
+]  # fmt: skip
 
 #: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
 UpdateTransform = Callable[[ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord]
@@ -47,6 +58,59 @@ WIRE_BYTES = "wire-bytes"
 def dense_bytes(arrays: ArrayRecord) -> int:
     """Bytes of the arrays as dense tensors (what a reply costs without compression)."""
     return sum(int(arrays[key].numpy().nbytes) for key in arrays)
+
+
+# -- public mechanisms: what a defense does, as the server running the protocol knows it ------------
+@dataclass(frozen=True)
+class Mechanism:
+    """A defense's public mechanism (parameters and rule, never its random draws)."""
+
+
+@dataclass(frozen=True)
+class Sparsification(Mechanism):
+    """The update keeps its ``fraction`` largest-magnitude entries (global over tensors); the
+    others are sent as zero, so every dropped entry was at most the smallest kept magnitude."""
+
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Quantisation(Mechanism):
+    """Each update tensor lies on a uniform grid of ``2**bits`` levels between its min and max
+    (sent with it); stochastic rounding moves an entry by less than one grid step."""
+
+    bits: int
+
+
+@dataclass(frozen=True)
+class GaussianNoise(Mechanism):
+    """Gaussian noise of standard deviation ``noise_multiplier * clipping_norm`` on a sum of
+    contributions clipped to ``clipping_norm`` (L2). ``where``: ``per-example`` (DP-SGD: each
+    example's gradient, every local step), ``update`` (the client's update before it is sent) or
+    ``aggregate`` (added by the server after aggregation). ``on_update``: the noise is in what the
+    server receives from a client (so repeated updates of the same data can be averaged)."""
+
+    noise_multiplier: float
+    clipping_norm: float | None
+    where: str
+    on_update: bool
+
+
+@dataclass(frozen=True)
+class Aggregation(Mechanism):
+    """The server sees only example-weighted aggregates of groups of ``group_size`` sampled
+    clients (0 = all sampled), and which clients formed each; none below ``min_clients``."""
+
+    group_size: int
+    min_clients: int
+
+
+@dataclass(frozen=True)
+class WeightFlipping(Mechanism):
+    """A released model has a fraction ``rho`` of its weight-matrix entries flipped (which ones
+    is secret)."""
+
+    rho: float
 
 
 class Defense:
@@ -64,11 +128,21 @@ class Defense:
         """Flower client mods, innermost first."""
         return []
 
+    def mechanism(self) -> list[Mechanism]:
+        """The public mechanism, as typed data (none: the defense publishes nothing to adapt to)."""
+        return []
+
     def make_private(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
         return model, optimizer, loader
 
     def after_training(self, state: RecordDict, metrics: dict[str, float]) -> None:
         """Called once local training is over (privacy accounting goes here)."""
+
+    def audit(self, path: str, seed: int) -> dict[str, float]:
+        """An empirical privacy audit of the defense's own code path, as ``dp.*`` metrics of the
+        run summary (``epsilon_audit`` beside the accountant's epsilon); ``path`` is the
+        workload's ``private_training_path``. Nothing for defenses that claim no DP guarantee."""
+        return {}
 
     @classmethod
     def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
@@ -103,3 +177,9 @@ def update_mod(
 
 def build_defenses(cfg: dict[str, Any]) -> list[Defense]:
     return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]
+
+
+def published_mechanisms(cfg: dict[str, Any]) -> list[Mechanism]:
+    """Every configured defense's public mechanism, in the order the defenses are listed (what the
+    server knows about them from the protocol; handed to defense-aware attacks)."""
+    return [m for defense in build_defenses(cfg) for m in defense.mechanism()]

@@ -17,7 +17,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
+from flowerbed.clients.defenses import (
+    DEFENSES,
+    Defense,
+    Mechanism,
+    Quantisation,
+    Sparsification,
+    update_mod,
+)
 
 VALUE_BYTES = 4  # float32 value
 INDEX_BYTES = 4  # int32 flat index
@@ -85,6 +92,9 @@ class TopK(Defense):
     def mods(self) -> list[Any]:
         return [update_mod(self.transform, topk_wire_bytes)]
 
+    def mechanism(self) -> list[Mechanism]:
+        return [Sparsification(self.params.fraction)]
+
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         return _rebuild(sent, topk(_deltas(sent, updated), self.params.fraction))
 
@@ -99,6 +109,9 @@ class Quantize(Defense):
         return [
             update_mod(self.transform, lambda _, out: quantized_wire_bytes(out, self.params.bits))
         ]
+
+    def mechanism(self) -> list[Mechanism]:
+        return [Quantisation(self.params.bits)]
 
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         key = [

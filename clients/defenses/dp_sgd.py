@@ -10,19 +10,51 @@ training loops use ``privatize`` on per-sample gradients and ``account`` for the
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, RecordDict
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.dp_audit import AuditResult, epsilon_lower_bound
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
 
 STATE_KEY = "dp-sgd"
+#: the private-training code paths a workload can take (``Workload.private_training_path``)
+OPACUS, PER_SAMPLE = "opacus", "per-sample"
+AUDIT_DIM = 4  # canary model: a linear map of 4 inputs, one coordinate per audit example
+CANARY = 10.0  # audit examples' gradient norms, in units of max_grad_norm (all are clipped)
+
+
+def gaussian_noise(shape: torch.Size, std: float, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """The Gaussian noise ``privatize`` adds to a summed clipped gradient."""
+    return torch.randn(shape, generator=generator, dtype=dtype) * std
+
+
+def step_epsilon(noise_multiplier: float, delta: float, sample_rate: float = 1.0) -> float:
+    """The RDP accountant's epsilon of one subsampled Gaussian step (what an audit of it targets)."""
+    if noise_multiplier == 0:
+        return float("inf")
+    accountant = RDPAccountant()
+    accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+    return float(accountant.get_epsilon(delta=delta))
+
+
+def audit_examples(clip: float, canary: bool) -> torch.Tensor:
+    """Rows of the audit batch: example j's gradient is ``CANARY * clip`` along coordinate j; the
+    canary is example 0 (a zero row, no gradient, when it is out)."""
+    rows = torch.eye(AUDIT_DIM, dtype=torch.float64) * CANARY * clip
+    if not canary:
+        rows[0] = 0.0
+    return rows
 
 
 def load_accountant(state: RecordDict, namespace: str) -> RDPAccountant:
@@ -48,6 +80,7 @@ class DpSgd(Defense):
         noise_multiplier: float = param(1.0, ge=0)
         max_grad_norm: float = param(1.0, gt=0)
         delta: float = param(1e-5, gt=0, lt=1)
+        audit_trials: int = param(500, ge=0)  # audit steps with and without the canary; 0 = off
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         super().__init__(cfg, params)
@@ -75,7 +108,7 @@ class DpSgd(Defense):
         out = {}
         for key, grads in per_sample.items():
             clipped = (grads * scale.view(-1, *[1] * (grads.dim() - 1))).sum(0)
-            noise = torch.randn(clipped.shape, generator=generator, dtype=clipped.dtype) * std
+            noise = gaussian_noise(clipped.shape, std, generator, clipped.dtype)
             out[key] = (clipped + noise) / batch
         return out
 
@@ -100,3 +133,62 @@ class DpSgd(Defense):
             metrics["dp_steps"] = sum(steps for _, _, steps in accountant.history)
             metrics["dp_sample_rate"] = accountant.history[-1][1] if accountant.history else 0.0
             self._engine = None
+
+    def mechanism(self) -> list[Mechanism]:
+        p = self.params
+        return [GaussianNoise(p.noise_multiplier, p.max_grad_norm, "per-example", on_update=True)]
+
+    # -- audit ------------------------------------------------------------------------------------
+    def audit(self, path: str, seed: int) -> dict[str, float]:
+        """``dp.epsilon_audit`` (and its reference ``dp.epsilon_step``) of one DP-SGD step on
+        ``path`` (``opacus`` or ``per-sample``); nothing when ``audit_trials`` is 0."""
+        trials = self.params.audit_trials
+        if trials == 0:
+            return {}
+        run = self._audit_opacus if path == OPACUS else self._audit_per_sample
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # Opacus' secure-RNG and hook notices
+            torch.manual_seed(seed)
+            result = self.audit_scores(run, trials, seed)
+        step = step_epsilon(self.params.noise_multiplier, self.params.delta)
+        return {**result.metrics(), "epsilon_step": step}
+
+    def audit_scores(self, run: Any, trials: int, seed: int) -> AuditResult:
+        scores_in, scores_out = run(True, trials, seed), run(False, trials, seed + 1)
+        return epsilon_lower_bound(scores_in, scores_out, self.params.delta)
+
+    def _audit_per_sample(self, canary: bool, trials: int, seed: int) -> np.ndarray:
+        """``privatize`` on a batch whose per-example gradients are ``audit_examples``; the score
+        is the noisy mean's canary coordinate in units of the canary's clipped contribution."""
+        clip = self.params.max_grad_norm
+        per_sample = {"w": audit_examples(clip, canary)}
+        generator = torch.Generator().manual_seed(seed)
+        return np.array([
+            float(self.privatize(per_sample, generator)["w"][0]) * AUDIT_DIM / clip
+            for _ in range(trials)
+        ])  # fmt: skip
+
+    def _audit_opacus(self, canary: bool, trials: int, seed: int) -> np.ndarray:
+        """Opacus through ``make_private`` (the run's optimizer path): a linear model ``w . x``
+        with loss ``mean(w . x)``, whose per-example gradient is the example; the whole batch is
+        sampled each step (rate 1, no amplification); SGD with lr 1 from ``w = 0`` makes the step
+        ``-w`` the privatised mean gradient, scored on the canary's coordinate."""
+        clip = self.params.max_grad_norm
+        model = nn.Linear(AUDIT_DIM, 1, bias=False).double()
+        weight = model.weight
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        rows = audit_examples(clip, canary)
+        loader = DataLoader(TensorDataset(rows), batch_size=AUDIT_DIM)
+        engine = self._engine
+        model, optimizer, loader = self.make_private(model, optimizer, loader, RecordDict())
+        self._engine = engine  # the audit's accountant is not the client's
+        scores = []
+        for _ in range(trials):
+            for (batch,) in loader:
+                with torch.no_grad():
+                    weight.zero_()
+                optimizer.zero_grad()
+                model(batch).mean().backward()
+                optimizer.step()
+                scores.append(-float(weight.detach()[0, 0]) * AUDIT_DIM / clip)
+        return np.array(scores)

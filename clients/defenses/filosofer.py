@@ -23,7 +23,7 @@ from torch import nn
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
-from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.defenses import DEFENSES, Defense, Mechanism, WeightFlipping
 from flowerbed.clients.training import (
     fisher_diagonal,
     hidden_sizes,
@@ -332,6 +332,9 @@ class Filosofer(ModelRelease):
         flip: Flip = Flip("sampled")  # sampled: values the tensor already has; extreme: min / max
         # sampled flips draw magnitudes between this quantile of the other sign's and its maximum
         flip_low: float = param(0.5, ge=0, lt=1)
+
+    def mechanism(self) -> list[Mechanism]:
+        return [WeightFlipping(self.params.rho)]
 
     def release(self, victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
         p = self.params

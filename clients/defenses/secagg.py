@@ -23,7 +23,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.defenses import DEFENSES, Aggregation, Defense, Mechanism
 
 MEMBERS_RECORD = "secagg"  # ConfigRecord of an aggregate reply: {"members": [partition ids]}
 
@@ -38,6 +38,9 @@ class SecAgg(Defense):
     class Params:
         min_clients: int = param(2, ge=1)
         group_size: int = param(0, ge=0)  # clients per aggregate (0 = all sampled clients)
+
+    def mechanism(self) -> list[Mechanism]:
+        return [Aggregation(self.params.group_size, self.params.min_clients)]
 
     @classmethod
     def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip

@@ -174,6 +174,10 @@ class Workload:
     offers: ClassVar[frozenset[Capability]] = frozenset()
     #: shared config keys it honours (``dataset``, ``clients.partitioner``, ``clients.alpha``)
     reads: ClassVar[frozenset[str]] = frozenset()
+    #: how it trains privately (``private-training``): ``opacus`` (``private_training``: Opacus on
+    #: the model/optimizer/loader) or ``per-sample`` (the defense's ``privatize``); the DP audit
+    #: runs the same path
+    private_training_path: ClassVar[str] = "opacus"
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         from flowerbed.clients.defenses import build_defenses

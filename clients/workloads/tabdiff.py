@@ -143,6 +143,7 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 class TabDiff(Workload):
     # DP-SGD via per-row clipped, noised gradients
     offers = frozenset({Capability.PRIVATE_TRAINING, Capability.TABULAR_DIFFUSION})
+    private_training_path = "per-sample"  # DP-SGD via the defense's ``privatize``
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
     @dataclass

@@ -5,6 +5,8 @@ flip (measured against the bound, 5 seeds under ``-m slow``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,16 @@ from flowerbed.attacks.adaptive.stealing import adaptive_steal, flag
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
 from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
 from flowerbed.attacks.observer import as_tensors
-from flowerbed.clients.defenses import build_defenses
+from flowerbed.clients.core.params import param
+from flowerbed.clients.defenses import (
+    DEFENSES,
+    Defense,
+    Sparsification,
+    build_defenses,
+    published_mechanisms,
+    update_mod,
+)
+from flowerbed.clients.defenses.compression import _deltas, _rebuild, topk
 from flowerbed.clients.defenses.filosofer import (
     Flip,
     iterative_fisher_mask,
@@ -73,6 +84,45 @@ def test_topk_aware_attack_beats_the_unaware_one(inline_cfg):
         aware.append(scorer.score(0, 1, sent, attack.invert_latest((0,)))["success"])
     assert all(a >= u for a, u in zip(aware, unaware, strict=True)), (aware, unaware)
     assert np.mean(aware) >= np.mean(unaware) + 0.1, (aware, unaware)  # 0.88 vs 0.74
+
+
+@DEFENSES.register("test-sparsify", "test helper: a new defense publishing a top-k style mechanism")
+class SparsifyDefense(Defense):
+    """Not the registered ``topk``: keeps the largest-magnitude update entries and says so only
+    through its published mechanism."""
+
+    @dataclass
+    class Params:
+        keep: float = param(0.1, gt=0, le=1)
+
+    def mods(self) -> list:
+        return [update_mod(self.transform)]
+
+    def mechanism(self) -> list:
+        return [Sparsification(self.params.keep)]
+
+    def transform(self, sent, updated, config):  # noqa: ANN001, ANN201
+        return _rebuild(sent, topk(_deltas(sent, updated), self.params.keep))
+
+
+def test_a_new_defense_publishing_sparsification_gets_the_topk_aware_attack(inline_cfg):
+    """The adaptive attacker reads the published mechanism, not the name: a defense it has never
+    heard of that publishes a ``Sparsification`` is attacked exactly as ``topk`` is (same kept
+    coordinates, same completion + closed forms, the same reconstruction). Removing the
+    ``Sparsification`` branch of ``view_for`` / ``sparsified`` fails it."""
+    found = {}
+    for defenses in ("[{name: test-sparsify, params: {keep: 0.1}}]",
+                     "[{name: topk, params: {fraction: 0.1}}]"):  # fmt: skip
+        cfg, sent, reply = _one_update(inline_cfg, 0, 2, defenses)
+        assert published_mechanisms(cfg) == [Sparsification(0.1)]
+        icfg = with_config(GOLIATH, cfg["attack"]["params"], 0)
+        attack = DefenseAwareInversion(cfg, icfg)
+        assert attack.sparsified and attack.view_for(reply) is not None
+        attack.observe((0,), 1, sent, reply, 2)
+        rec = attack.invert_latest((0,))
+        found[defenses] = (rec.score, GroupScorer(cfg).score(0, 1, sent, rec)["success"])
+    new, known = found.values()
+    assert new == known, found  # (beating the unaware attack: the topk test above)
 
 
 # -- secure aggregation -----------------------------------------------------------------------------

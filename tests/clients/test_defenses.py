@@ -52,7 +52,7 @@ def test_secagg_observer_gets_only_the_aggregate(inline_cfg):
 def test_dp_sgd_epsilon_equals_opacus_accountant_and_accumulates(inline_cfg):
     cfg = inline_cfg(
         "quickstart", "rounds=2", "clients.num=2", "dataset.max_rows=2000",
-        "defenses=[{name: dp-sgd, params: {noise_multiplier: 1.1, max_grad_norm: 1.0, delta: 1e-5}}]",
+        "defenses=[{name: dp-sgd, params: {noise_multiplier: 1.1, max_grad_norm: 1.0, delta: 1e-5, audit_trials: 50}}]",
     )  # fmt: skip
     summary = run_inline(cfg)
     from flowerbed.server.results import read_history
@@ -128,7 +128,7 @@ def test_central_dp_clips_updates_and_noises_the_aggregate(inline_cfg):
         "quickstart", "rounds=1", f"clients.num={n}", "dataset.max_rows=3000",
         "attack.name=record-aggregate",
         f"defenses=[{{name: central-dp, params: {{noise_multiplier: {sigma}, "
-        f"clipping_norm: {clip}, clipping: client}}}}]",
+        f"clipping_norm: {clip}, clipping: client, audit_trials: 100}}}}]",
     )  # fmt: skip
     from flowerbed.clients.workloads import WORKLOADS
 
@@ -144,6 +144,8 @@ def test_central_dp_clips_updates_and_noises_the_aggregate(inline_cfg):
     accountant = RDPAccountant()
     accountant.step(noise_multiplier=sigma, sample_rate=1.0)
     assert summary["metrics"]["dp.epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))
+    # one round at rate 1: the run's epsilon is the audited round's (tests/clients/test_dp_audit.py)
+    assert summary["metrics"]["dp.epsilon_audit"] <= summary["metrics"]["dp.epsilon"]
 
 
 def test_secagg_groups_reveal_only_group_sums(inline_cfg):
