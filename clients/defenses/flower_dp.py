@@ -222,10 +222,10 @@ class CentralDp(Defense):
         FedAvg) and this defense's client mods; the canary client's clipped update moves by C
         between in and out (``canary_update``), the other clients' updates are fixed; the score
         is the noisy aggregate's coordinate 0 in units of C / n. ``dp.epsilon_step``: one round of
-        the accountant at sampling rate 1."""
+        the accountant at sampling rate 1. Not for adaptive clipping (not audited)."""
         p = self.params
         step = step_epsilon(p.noise_multiplier, p.delta)
-        if p.audit_trials == 0:
+        if p.audit_trials == 0 or p.adaptive:  # adaptive: the clipping norm moves between rounds
             return {"epsilon_step": step}
         n = sampled_clients(self.cfg)
         params = {f: getattr(p, f) for f in ("noise_multiplier", "clipping_norm", "clipping", "adaptive")}  # fmt: skip

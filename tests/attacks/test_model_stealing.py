@@ -44,3 +44,14 @@ def test_model_stealing_needs_the_filosofer_workload(inline_cfg):
     cfg = inline_cfg("quickstart", "attack.name=model-stealing")
     with pytest.raises(ConfigError, match="filosofer"):
         ATTACKS.get("model-stealing").wrap(None, cfg, None)
+
+
+def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(inline_cfg):
+    from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
+
+    cfg = inline_cfg("filosofer", "defenses=[{name: filosofer, params: {rho: 0.05}}]")
+    assert ModelStealingAdaptive.wrap(None, cfg, None).params.rho == 0.05
+    cfg = inline_cfg("filosofer", "defenses=[{name: shield-last-layer}]")  # publishes no flips
+    from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
+
+    assert ModelStealingAdaptive.wrap(None, cfg, None).params.rho == DEFAULT_RHO

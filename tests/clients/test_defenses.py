@@ -186,3 +186,34 @@ def test_bytes_per_round_count_the_compressed_encoding(inline_cfg):
     assert per_client("[{name: quantize, params: {bits: 4}}]") == sum(
         -(-n * 4 // 8) + 8 for n in sizes
     )
+
+
+def test_defenses_publish_their_public_mechanism():
+    """What defense-aware attacks adapt to, as typed data from each defense's own params."""
+    from flowerbed.clients.defenses import (
+        Aggregation,
+        GaussianNoise,
+        Quantisation,
+        Sparsification,
+        WeightFlipping,
+    )
+    from flowerbed.clients.defenses.compression import Quantize, TopK
+    from flowerbed.clients.defenses.dp_sgd import DpSgd
+    from flowerbed.clients.defenses.filosofer import Filosofer
+    from flowerbed.clients.defenses.flower_dp import CentralDp, LocalDp
+    from flowerbed.clients.defenses.secagg import SecAgg
+
+    cfg = {"seed": 0}
+    assert TopK(cfg, {"fraction": 0.2}).mechanism() == [Sparsification(0.2)]
+    assert Quantize(cfg, {"bits": 3}).mechanism() == [Quantisation(3)]
+    assert SecAgg(cfg, {"group_size": 4}).mechanism() == [Aggregation(4, 2)]
+    assert Filosofer(cfg, {"rho": 0.05}).mechanism() == [WeightFlipping(0.05)]
+    assert DpSgd(cfg, {"noise_multiplier": 2.0, "max_grad_norm": 0.5}).mechanism() == [
+        GaussianNoise(2.0, 0.5, "per-example", on_update=True)
+    ]
+    assert CentralDp(cfg, {"noise_multiplier": 2.0}).mechanism() == [
+        GaussianNoise(2.0, 1.0, "aggregate", on_update=False)
+    ]
+    (local,) = LocalDp(cfg, {"clipping_norm": 2.0, "epsilon": 1.0}).mechanism()
+    assert local.where == "update" and local.on_update and local.clipping_norm == 2.0
+    assert local.noise_multiplier == pytest.approx(np.sqrt(2 * np.log(1.25e5)) / 2.0)
