@@ -28,6 +28,10 @@ from scipy.stats import beta
 #: thresholds on the normalised score (shift 1), fixed in advance; both tails are tested
 THRESHOLDS = (0.5, 1.0, 1.5, 2.0)
 DEFAULT_CONFIDENCE = 0.95
+#: trial counts the automatic rule picks from (``audit_trials: -1``): the first whose largest
+#: possible bound exceeds the accountant's epsilon, else the last
+AUTO_TRIALS = (100, 200, 500, 1000, 2000)
+AUTO, OFF = -1, 0
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,20 @@ def epsilon_lower_bound(
         best = max(best, _bound(cp_lower(lo_out, n_out, alpha), cp_upper(lo_in, n_in, alpha), delta))  # fmt: skip
     perfect = _bound(cp_lower(n_in, n_in, alpha), cp_upper(0, n_out, alpha), delta)
     return AuditResult(best, perfect, min(n_in, n_out), confidence)
+
+
+def max_bound(trials: int, delta: float, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The bound ``trials`` runs per side give at perfect separation (what they can expose)."""
+    return epsilon_lower_bound(np.ones(trials), np.zeros(trials), delta, confidence).epsilon
+
+
+def trials_for(requested: int, epsilon: float, delta: float) -> int:
+    """The audit's trial count: ``requested`` when positive, 0 (off) when 0, and for ``AUTO`` the
+    smallest of ``AUTO_TRIALS`` that can expose a mechanism promising ``epsilon`` (its largest
+    possible bound exceeds ``epsilon``), else the largest (epsilon above ~5.8 at delta 1e-5); the
+    smallest when ``epsilon`` is infinite (the accountant promises nothing to expose)."""
+    if requested != AUTO:
+        return requested
+    if not math.isfinite(epsilon):
+        return AUTO_TRIALS[0]
+    return next((t for t in AUTO_TRIALS if max_bound(t, delta) > epsilon), AUTO_TRIALS[-1])

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.dp_audit import AuditResult, epsilon_lower_bound
+from flowerbed.clients.core.dp_audit import AUTO, AuditResult, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
 
@@ -80,7 +80,8 @@ class DpSgd(Defense):
         noise_multiplier: float = param(1.0, ge=0)
         max_grad_norm: float = param(1.0, gt=0)
         delta: float = param(1e-5, gt=0, lt=1)
-        audit_trials: int = param(500, ge=0)  # audit steps with and without the canary; 0 = off
+        # audit steps with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        audit_trials: int = param(AUTO, ge=AUTO)
 
     def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
         super().__init__(cfg, params)
@@ -142,7 +143,8 @@ class DpSgd(Defense):
     def audit(self, path: str, seed: int) -> dict[str, float]:
         """``dp.epsilon_audit`` (and its reference ``dp.epsilon_step``) of one DP-SGD step on
         ``path`` (``opacus`` or ``per-sample``); nothing when ``audit_trials`` is 0."""
-        trials = self.params.audit_trials
+        step = step_epsilon(self.params.noise_multiplier, self.params.delta)
+        trials = trials_for(self.params.audit_trials, step, self.params.delta)
         if trials == 0:
             return {}
         run = self._audit_opacus if path == OPACUS else self._audit_per_sample
@@ -150,7 +152,6 @@ class DpSgd(Defense):
             warnings.simplefilter("ignore", UserWarning)  # Opacus' secure-RNG and hook notices
             torch.manual_seed(seed)
             result = self.audit_scores(run, trials, seed)
-        step = step_epsilon(self.params.noise_multiplier, self.params.delta)
         return {**result.metrics(), "epsilon_step": step}
 
     def audit_scores(self, run: Any, trials: int, seed: int) -> AuditResult:

@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import (
 from flwr.supercore.task_identity import TaskIdentity
 from opacus.accountants import RDPAccountant
 
-from flowerbed.clients.core.dp_audit import epsilon_lower_bound
+from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
@@ -149,7 +149,8 @@ class LocalDp(Defense):
         sensitivity: float = param(1.0, gt=0)
         epsilon: float = param(1.0, gt=0)
         delta: float = param(1e-5, ge=0, lt=1)
-        audit_trials: int = param(500, ge=0)  # audit rounds with and without the canary; 0 = off
+        # audit rounds with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        audit_trials: int = param(AUTO, ge=AUTO)
 
     def mods(self) -> list[Any]:
         p = self.params
@@ -162,11 +163,11 @@ class LocalDp(Defense):
 
     def audit(self, path: str, seed: int) -> dict[str, float]:
         """``dp.epsilon_audit`` of one update release through this defense's ``LocalDpMod``: the
-        canary client's update of norm ``min(C, sensitivity)`` (in) or none (out), scored on its
-        coordinate. ``dp.epsilon_step`` is the mod's per-update epsilon (``dp.epsilon``:
+        canary client's clipped updates differ by ``min(C, sensitivity)`` in and out
+        (``canary_update``), scored on coordinate 0. ``dp.epsilon_step`` is the mod's per-update epsilon (``dp.epsilon``:
         ``rounds`` releases, basic composition)."""
         p = self.params
-        trials = p.audit_trials
+        trials = trials_for(p.audit_trials, p.epsilon, p.delta)
         shift = min(p.clipping_norm, p.sensitivity)  # LocalDpMod's epsilon holds for this shift
         reported = {"epsilon_step": p.epsilon, "epsilon": p.epsilon * self.cfg["rounds"]}
         if trials == 0:
@@ -200,7 +201,8 @@ class CentralDp(Defense):
         clipping: Clipping = Clipping.server
         adaptive: bool = False
         delta: float = param(1e-5, gt=0, lt=1)
-        audit_trials: int = param(500, ge=0)  # audit rounds with and without the canary; 0 = off
+        # audit rounds with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        audit_trials: int = param(AUTO, ge=AUTO)
 
     def mods(self) -> list[Any]:
         if self.params.clipping != Clipping.client:
@@ -225,7 +227,8 @@ class CentralDp(Defense):
         the accountant at sampling rate 1. Not for adaptive clipping (not audited)."""
         p = self.params
         step = step_epsilon(p.noise_multiplier, p.delta)
-        if p.audit_trials == 0 or p.adaptive:  # adaptive: the clipping norm moves between rounds
+        trials = trials_for(p.audit_trials, step, p.delta)
+        if trials == 0 or p.adaptive:  # adaptive: the clipping norm moves between rounds
             return {"epsilon_step": step}
         n = sampled_clients(self.cfg)
         params = {f: getattr(p, f) for f in ("noise_multiplier", "clipping_norm", "clipping", "adaptive")}  # fmt: skip
@@ -236,7 +239,7 @@ class CentralDp(Defense):
                 inner = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
                                min_available_nodes=n)  # fmt: skip
                 strategy = flower_wrapper(inner, params, n)
-                for rnd in range(1, p.audit_trials + 1):
+                for rnd in range(1, trials + 1):
                     sent = np.zeros(AUDIT_DIM)
                     messages = list(strategy.configure_train(rnd, _arrays(sent), ConfigRecord(), grid))  # fmt: skip
                     replies = [

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowerbed.clients.core.dp_audit import epsilon_lower_bound
+from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.defenses import dp_sgd
-from flowerbed.clients.defenses.dp_sgd import OPACUS, PER_SAMPLE, DpSgd
+from flowerbed.clients.defenses.dp_sgd import OPACUS, PER_SAMPLE, DpSgd, step_epsilon
 from flowerbed.clients.defenses.flower_dp import CentralDp, LocalDp
 
 CFG = {"seed": 0, "rounds": 1, "clients": {"num": 3, "fraction": 1.0, "min_clients": 2}}
@@ -90,6 +90,13 @@ def test_audit_exposes_the_noise_removed_from_its_code_path(path, monkeypatch):
         monkeypatch.setattr(module, name, replacement)
     out = make(100).audit(route, 0)
     assert out["epsilon_audit"] > out["epsilon_step"], (path, out)
+
+
+def test_automatic_trials_are_enough_to_expose_the_accountant_epsilon():
+    assert trials_for(AUTO, step_epsilon(1.0, 1e-5), 1e-5) == 1000  # 4.73 < 5.15 (500: 4.46)
+    assert trials_for(AUTO, step_epsilon(4.0, 1e-5), 1e-5) == 100  # 1.01 < 2.82
+    assert trials_for(AUTO, float("inf"), 1e-5) == 100  # nothing promised, nothing to expose
+    assert trials_for(300, 1.0, 1e-5) == 300 and trials_for(0, 1.0, 1e-5) == 0
 
 
 def test_audit_trials_zero_turns_it_off():
