@@ -115,3 +115,30 @@ def test_frontier_panels_have_bars_prior_line_and_no_overlapping_labels(tmp_path
         for b in boxes[i + 1 :]:
             assert not a.overlaps(b)
     plt.close(fig)
+
+
+def test_repeats_from_attacks_jsonl_merge_the_unaware_rows_and_fall_back_to_metrics(tmp_path):
+    import json
+
+    from flowerbed.server.sweep_stats import attack_repeats
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        {"round": 1, "partition": 0, "success": 0.7, "prior": 0.5, "advantage": 0.4},
+        {"round": 1, "partition": 0, "attacker": "unaware", "success": 0.6, "prior": 0.5},
+        {"round": 1, "partition": 3, "success": 0.9, "unaware_success": 0.8, "prior": 0.5},
+    ]
+    (run / "attacks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"cut')
+    reps = {(r["attack.round"], r["attack.partition"]): r for r in attack_repeats(run)}
+    assert set(reps) == {(1, 0), (1, 3)}
+    assert reps[(1, 0)]["attack.success"] == 0.7 and reps[(1, 0)]["attack.unaware_success"] == 0.6
+    assert reps[(1, 3)]["attack.unaware_success"] == 0.8 and reps[(1, 0)]["attack.advantage"] == 0.4
+    (run / "attacks.jsonl").unlink()
+    scores = [{"round": 2, "scope": "attack", "unaware_success": 0.2}, {"round": 2, "scope": "attack", "success": 0.3},
+              {"round": 2, "scope": "attack", "unaware_success": 0.4}, {"round": 2, "scope": "attack", "success": 0.5},
+              {"round": 2, "scope": "central", "accuracy": 0.9}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scores))
+    reps = attack_repeats(run)
+    assert [(r["attack.partition"], r["attack.unaware_success"], r["attack.success"]) for r in reps] == [
+        (0, 0.2, 0.3), (1, 0.4, 0.5)]  # fmt: skip
