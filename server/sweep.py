@@ -169,7 +169,8 @@ def cell_config(
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
     """
     params = dict(cell["params"])
-    arm = next((a for a in sweep.arms if a.name == params.pop(ARM_KEY, None)), Arm())
+    name = params.pop(ARM_KEY, None)
+    arm = next((a for a in sweep.arms if a.name == name), Arm())
     extra = parse_overrides(sweep.overrides)
     merge_into(extra, parse_overrides(arm.overrides))
     for key, value in params.items():

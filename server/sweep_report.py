@@ -321,7 +321,7 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     runs = frame["cell"].nunique() if "cell" in frame else len(frame)
     lines = [f"# {sweep.name}", "", f"{runs} runs ({len(frame)} rows in cells.csv: one per run x attacked round x client), base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
     ok = _ok(frame)
-    if is_study(rep, ok):
+    if is_study(sweep, ok):
         lines += study_md(sweep, ok)
     elif rep.rows and rep.value and rep.rows in ok and rep.value in ok:
         columns = rep.columns if rep.columns in ok else None
@@ -342,10 +342,21 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def is_study(rep: ReportConfig, ok: pd.DataFrame) -> bool:
-    """A privacy-utility study: defense settings as rows, a utility and an attack metric present."""
+def is_study(sweep: Any, ok: pd.DataFrame) -> bool:
+    """A privacy-utility study: defense settings as rows, a utility (the report's or an arm's) and
+    an attack metric present."""
+    rep = sweep.report
     attack = [c for c in (rep.value, rep.adaptive) if c and c in ok]
-    return bool(rep.rows == "defenses" and rep.utility in ok and rep.rows in ok and attack)
+    attack += [
+        c for a in getattr(sweep, "arms", []) for c in (a.value, a.adaptive) if c and c in ok
+    ]
+    utilities = [rep.utility, *(a.utility for a in getattr(sweep, "arms", []))]
+    return bool(
+        rep.rows == "defenses"
+        and rep.rows in ok
+        and attack
+        and any(u in ok for u in utilities if u)
+    )
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -357,11 +368,11 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
 
     rep = sweep.report
     ok = _ok(frame)
-    if is_study(rep, ok):
+    if is_study(sweep, ok):
         frontier_plot(sweep, ok, out / "frontier.png")
     if not (rep.rows and rep.value and rep.rows in ok and rep.value in ok):
         return
-    if rep.utility and rep.utility in ok and not is_study(rep, ok):
+    if rep.utility and rep.utility in ok and not is_study(sweep, ok):
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for name, group in ok.groupby(rep.rows):
             mean = group[[rep.utility, rep.value]].mean()

@@ -163,3 +163,25 @@ def test_bad_sweep_spec_is_one_line_exit_2(tmp_path, change, needle):
     assert len(result.output.strip().splitlines()) == 1, result.output
     assert needle in result.output
     assert not out.exists()
+
+
+def test_each_arm_gets_its_own_base_and_overrides():
+    from flowerbed.server.sweep import cell_config, cells_of
+
+    sweep = load_sweep("privacy-benchmark")
+    seen = {}
+    for cell in cells_of(sweep):
+        arm = cell["params"]["arm"]
+        if arm not in seen:
+            seen[arm] = cell_config(sweep, cell)
+    assert list(seen) == [a.name for a in sweep.arms]
+    for name, cfg in seen.items():
+        workload = {"tabdiff": "tabdiff", "mlp": "tabular-mlp", "digits": "digits-classifier"}
+        assert cfg["workload"]["name"] == workload[name.split("-")[0]], name
+        assert cfg["workload"]["params"]["protocol"] == name.split("-")[-1], name
+        assert cfg["attack"]["params"]["rounds"] == [1, cfg["rounds"]], name
+        assert cfg["attack"]["params"]["target_clients"] == [0, 1, 2, 3], name
+        if name.endswith("fedavg"):
+            assert cfg["workload"]["params"]["batch_size"] >= 32
+            assert cfg["workload"]["params"]["local_epochs"] >= 2
+    assert len(cells_of(sweep)) == 6 * 13 * 3
