@@ -426,7 +426,8 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
                 continue
             colour = colours[families.index(fam) % len(colours)]
             handles[fam] = _errorbars(ax, panel.utility, [e for _, e in pts], colour, "o", "-")
-            points += [(strength_of(s), e) for s, e in pts]
+            short = short_labels([s for s, _ in pts])
+            points += [(short[s], e) for s, e in pts]
         base = [
             e
             for s, e in panel.estimates.items()
@@ -485,6 +486,16 @@ def _errorbars(ax: Any, utility: str, ests: list[dict[str, Estimate]], colour: s
                        ls=ls, ms=size, capsize=2, lw=1)  # fmt: skip
 
 
+def short_labels(settings: list[str]) -> dict[str, str]:
+    """Each setting's parameters, less those every setting of the list shares
+    (``noise_multiplier=0.5`` rather than ``max_grad_norm=1.0,noise_multiplier=0.5``)."""
+    parts = {s: strength_of(s).split(",") for s in settings}
+    shared = set.intersection(*(set(p) for p in parts.values())) if len(parts) > 1 else set()
+    return {
+        s: ",".join(x for x in p if x not in shared) or strength_of(s) for s, p in parts.items()
+    }
+
+
 OFFSETS = [(5, 5), (5, -11), (-5, 5), (-5, -11), (0, 13), (0, -17), (12, 0), (-12, 0),
            (10, 16), (-10, 16), (10, -22), (-10, -22), (0, 26), (0, -30), (22, 8), (-22, 8)]  # fmt: skip
 
@@ -493,6 +504,7 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
     """Annotate each point with the first offset whose box overlaps no earlier label (or the one
     that overlaps least): readable labels without a label-placement dependency."""
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
     placed: list[Any] = []
     texts = []
     for name, x, y in points:
@@ -501,7 +513,8 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
             text = ax.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
                                ha="left" if dx >= 0 else "right", va="bottom" if dy >= 0 else "top")  # fmt: skip
             box = text.get_window_extent(renderer)
-            overlap = sum(_area(box, other) for other in placed)
+            outside = box.width * box.height - _area(box, frame)  # cut off by the axes
+            overlap = sum(_area(box, other) for other in placed) + outside
             if best is None or overlap < best[0]:
                 if best is not None:
                     best[1].remove()

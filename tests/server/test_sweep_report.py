@@ -9,7 +9,7 @@ import yaml
 
 from flowerbed.apps.inline import inline_grid
 from flowerbed.server.sweep import load_sweep, run_sweep
-from flowerbed.server.sweep_report import family_of, strength_of
+from flowerbed.server.sweep_report import family_of, short_labels, strength_of
 
 
 def test_family_and_strength_of_defense_labels():
@@ -17,6 +17,9 @@ def test_family_and_strength_of_defense_labels():
     assert family_of("topk(fraction=0.1)+quantize(bits=2)") == "topk+quantize"
     assert family_of("none") == "none"
     assert strength_of("topk(fraction=0.1)+quantize(bits=2)") == "fraction=0.1,bits=2"
+    dp = ["dp-sgd(max_grad_norm=1.0,noise_multiplier=0.5)", "dp-sgd(max_grad_norm=1.0,noise_multiplier=2.0)"]  # fmt: skip
+    assert list(short_labels(dp).values()) == ["noise_multiplier=0.5", "noise_multiplier=2.0"]
+    assert short_labels(dp[:1]) == {dp[0]: "max_grad_norm=1.0,noise_multiplier=0.5"}
 
 
 STUDY = {
