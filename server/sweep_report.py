@@ -448,6 +448,8 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("worst-case " + ("advantage over the prior" if panel.advantage else "attack success"))  # fmt: skip
         if rep.utility_goal == Goal.min:
             ax.invert_xaxis()  # better utility to the right either way
+        low, high = ax.get_ylim()  # leakage on one scale in every panel: nothing to 1 at least
+        ax.set_ylim(min(low, -0.05), max(high, 1.05))
         ax.set_title(panel.name or sweep.name, fontsize=10)
         labelled.append((ax, panel.utility, points))
     for ax in list(axes.flat)[len(panels) :]:
