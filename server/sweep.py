@@ -9,7 +9,11 @@ A sweep YAML::
     grid:                            # dotted key -> values (any YAML: scalars, lists, mappings)
       workload.params.lr: [0.01, 0.1]
       defenses: [[], [{name: topk, params: {fraction: 0.1}}]]
-      seed: [0, 1]
+      workload.params.batch_size: [8, 32]
+    seeds: [0, 1, 2]                 # repeats of every cell, paired by seed across settings
+    arms:                            # optional: sub-studies with their own base and overrides,
+      - {name: fedsgd, overrides: [workload.params.protocol=fedsgd]}   # crossed with the grid
+      - {name: fedavg, base: digits-classifier, overrides: [workload.params.local_epochs=2]}
     report:                          # how results.md and the plots are laid out (all optional;
       rows: defenses                 #   server/sweep_report.py: also the privacy-utility study)
       columns: attack.name
@@ -17,7 +21,11 @@ A sweep YAML::
       utility: central.accuracy
       x: workload.params.batch_size
 
-Each finished cell is one JSON line appended (and fsynced) to ``cells.jsonl``; ``--resume`` skips
+A run is one (arm, grid cell, seed); its id hashes those values (with neither ``seeds`` nor
+``arms`` the ids are the grid cell's alone, as before). ``seeds`` sets the config's ``seed``, so it
+cannot also be a grid key.
+
+Each finished run is one JSON line appended (and fsynced) to ``cells.jsonl``; ``--resume`` skips
 the cells already there, so a sweep killed with SIGKILL loses at most the cell it was running. A
 cell that raises is recorded with its error and the sweep goes on.
 
@@ -32,6 +40,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -51,9 +60,22 @@ from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.experiment import resolve
 from flowerbed.server.runner import run_experiment
 from flowerbed.server.sweep_report import ReportConfig, write_outputs
+from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY
 
 if TYPE_CHECKING:
     from flowerbed.server.ray_sweep import RayOptions
+
+
+@dataclass
+class Arm:
+    """A sub-study: its own base experiment and overrides, crossed with the sweep's grid."""
+
+    name: str = ""
+    base: str | None = None  # default: the sweep's base
+    overrides: list[str] = field(default_factory=list)
+    value: str | None = None  # its unaware attack metric, if not the report's ("" = none)
+    adaptive: str | None = None  # its defense-aware attack metric, if not the report's
+    utility: str | None = None  # its utility metric, if not the report's
 
 
 @dataclass
@@ -63,6 +85,8 @@ class SweepConfig:
     overrides: list[str] = field(default_factory=list)
     engine: str = "inline"
     grid: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] | None = None  # repeats of every cell (the config's seed)
+    arms: list[Arm] = field(default_factory=list)
     report: ReportConfig = field(default_factory=ReportConfig)
 
 
@@ -81,7 +105,28 @@ def load_sweep(path: str | Path) -> SweepConfig:
     for key, values in sweep.grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep grid '{key}' must be a non-empty list of values")
+    check_seeds(sweep)
+    names = [arm.name for arm in sweep.arms]
+    if any(not re.fullmatch(r"[\w.\-]+", n) for n in names) or len(set(names)) < len(names):
+        raise ConfigError(
+            f"sweep arms need distinct names of letters, digits, '.', '-', '_' (got {names})"
+        )
+    if ARM_KEY in sweep.grid and sweep.arms:
+        raise ConfigError(f"sweep grid key '{ARM_KEY}' is reserved for arms")
     return sweep
+
+
+def check_seeds(sweep: SweepConfig) -> None:
+    """ConfigError unless ``seeds`` is absent or a non-empty list of distinct integers >= 0."""
+    seeds = sweep.seeds
+    if seeds is None:
+        return
+    if not seeds or len(set(seeds)) < len(seeds) or min(seeds) < 0:
+        raise ConfigError(
+            f"sweep seeds must be a non-empty list of distinct integers >= 0 (got {seeds})"
+        )
+    if SEED_KEY in sweep.grid:
+        raise ConfigError("sweep seeds and a grid key 'seed' both set the seed: keep one")
 
 
 def _nested(dotted: str, value: Any) -> dict[str, Any]:
@@ -102,9 +147,14 @@ def label(value: Any) -> str:
 
 
 def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
-    keys = list(sweep.grid)
+    """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost."""
+    axes = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
+    axes.update(sweep.grid)
+    if sweep.seeds is not None:
+        axes[SEED_KEY] = list(sweep.seeds)
+    keys = list(axes)
     cells = []
-    for values in itertools.product(*(sweep.grid[k] for k in keys)):
+    for values in itertools.product(*(axes[k] for k in keys)):
         params = dict(zip(keys, values, strict=True))
         cell_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
         cells.append({"id": cell_id, "params": params})
@@ -118,13 +168,17 @@ def cell_config(
 
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
     """
+    params = dict(cell["params"])
+    name = params.pop(ARM_KEY, None)
+    arm = next((a for a in sweep.arms if a.name == name), Arm())
     extra = parse_overrides(sweep.overrides)
-    for key, value in cell["params"].items():
+    merge_into(extra, parse_overrides(arm.overrides))
+    for key, value in params.items():
         merge_into(extra, _nested(key, value))
     extra["engine"] = engine or sweep.engine
     extra.setdefault("output", {})["plots"] = False
     try:
-        return resolve(load_base(sweep.base), extra)
+        return resolve(load_base(arm.base or sweep.base), extra)
     except ConfigError as exc:  # every cell is checked before the first one runs
         values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
         raise ConfigError(f"sweep cell {values}: {exc}") from None
@@ -246,4 +300,4 @@ def run_sweep(
     return out
 
 
-__all__ = ["SweepConfig", "load_sweep", "run_sweep", "cells_of"]
+__all__ = ["Arm", "SweepConfig", "load_sweep", "run_sweep", "cells_of"]

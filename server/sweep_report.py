@@ -33,6 +33,22 @@ from typing import Any
 
 import pandas as pd
 
+from flowerbed.server.sweep_stats import (
+    ARM_KEY,
+    NONE,
+    ROUND,
+    SEED_KEY,
+    Comparison,
+    Estimate,
+    bootstrap,
+    dominance,
+    expand_repeats,
+    leakage_column,
+    pair_keys,
+    prior_column,
+    with_worst_case,
+)
+
 UNDEFENDED = "none"
 
 
@@ -79,8 +95,9 @@ def load_cells(out: Path, order: list[str] | None = None) -> pd.DataFrame:
 
 
 def write_outputs(sweep: Any, out: Path, order: list[str] | None = None) -> None:
-    """cells.csv (one row per cell, in ``order``), results.md and the PNG plots of ``sweep.report``."""
-    frame = load_cells(out, order)
+    """cells.csv (one row per run x attacked (round, client), runs in ``order``), results.md and
+    the PNG plots of ``sweep.report``."""
+    frame = expand_repeats(load_cells(out, order), out / "cells")
     tmp = out / ".cells.csv.tmp"
     frame.to_csv(tmp, index=False)
     os.replace(tmp, out / "cells.csv")
@@ -142,69 +159,170 @@ def attacked_rounds(frame: pd.DataFrame, metric: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def settings_table(rep: ReportConfig, ok: pd.DataFrame) -> pd.DataFrame:
-    """Mean over seeds (and any other grid key) per defense setting of every reported metric."""
-    cols = [rep.utility] + list(rep.extra) + [rep.value, rep.adaptive]
-    cols += [c for _, c in attacked_rounds(ok, rep.adaptive or rep.value or "")]
-    cols = [c for c in dict.fromkeys(cols) if c and c in ok]
-    table = ok.groupby(rep.rows)[cols].mean(numeric_only=True)
-    table.insert(0, "family", [family_of(str(s)) for s in table.index])
-    table["worst_case"] = table[[c for c in (rep.value, rep.adaptive) if c in table]].max(axis=1)
-    table["cells"] = ok.groupby(rep.rows).size()
+@dataclass
+class Panel:
+    """One workload x protocol (an arm of the sweep, or the whole sweep) and its settings."""
+
+    name: str
+    utility: str  # the utility column (the arm's, else the report's)
+    frame: pd.DataFrame  # its repeats, ``worst_case`` added
+    value: str | None  # unaware attack leakage column (advantage where measured)
+    adaptive: str | None  # defense-aware attack leakage column
+    prior: str | None  # the prior's success column, if measured
+    estimates: dict[str, dict[str, Estimate]]  # setting -> column -> mean and interval
+    comparisons: dict[str, dict[str, Comparison]]  # A -> B -> B against A
+
+    @property
+    def advantage(self) -> bool:
+        return any("advantage" in (c or "") for c in (self.value, self.adaptive))
+
+
+def panels_of(sweep: Any, frame: pd.DataFrame) -> list[Panel]:
+    """The study's panels: one per arm (or one), each with estimates and paired comparisons."""
+    rep = sweep.report
+    arms = {a.name: a for a in getattr(sweep, "arms", [])}
+    groups = frame.groupby(ARM_KEY, sort=False) if arms and ARM_KEY in frame else [("", frame)]
+    params = [ARM_KEY, *getattr(sweep, "grid", {}), SEED_KEY]
+    sign = 1.0 if rep.utility_goal == Goal.max else -1.0
+    panels = []
+    for name, part in groups:
+        arm = arms.get(str(name))
+        value = rep.value if arm is None or arm.value is None else arm.value or None
+        adaptive = rep.adaptive if arm is None or arm.adaptive is None else arm.adaptive or None
+        utility = (arm.utility if arm is not None else None) or rep.utility
+        v, a = leakage_column(part, value), leakage_column(part, adaptive)
+        part = with_worst_case(part, [c for c in (v, a) if c])
+        run_keys, repeat_keys = pair_keys(part, params, [rep.rows, ARM_KEY])
+        prior = prior_column(part, adaptive or value)
+        panels.append(Panel(
+            str(name), utility, part, v, a, prior,
+            setting_estimates(rep, utility, part, v, a, prior),
+            dominance(part, rep.rows, utility, sign, run_keys, repeat_keys),
+        ))  # fmt: skip
+    return panels
+
+
+def setting_estimates(rep: ReportConfig, utility: str, part: pd.DataFrame, value: str | None,
+                      adaptive: str | None, prior: str | None) -> dict[str, dict[str, Estimate]]:  # fmt: skip
+    """Per defense setting: utility and ``extra`` over runs, leakage over repeats (+ per round)."""
+    out = {}
+    for setting, group in part.groupby(part[rep.rows].astype(str), sort=False):
+        runs = group.drop_duplicates("cell")
+        est = {c: bootstrap(runs[c]) for c in [utility, *rep.extra] if c in runs}
+        for label_, col in (("prior", prior), ("unaware", value), ("adaptive", adaptive)):
+            if col and col in group:
+                est[label_] = bootstrap(group[col])
+        est["worst_case"] = bootstrap(group["worst_case"])
+        if ROUND in group:
+            for rnd in sorted(group[ROUND].dropna().unique()):
+                est[f"worst r{int(rnd)}"] = bootstrap(group.loc[group[ROUND] == rnd, "worst_case"])
+        est["runs"] = Estimate(float(len(runs)), math.nan, math.nan, 1)
+        est["repeats"] = Estimate(float(group["worst_case"].notna().sum()), math.nan, math.nan, 1)
+        out[str(setting)] = est
+    return out
+
+
+def settings_table(rep: ReportConfig, panel: Panel) -> pd.DataFrame:
+    """Per defense setting, mean [95 % interval] of every reported metric, as text."""
+    leak = "advantage" if panel.advantage else "success"
+    names = {"prior": "prior success", "unaware": f"unaware {leak}", "adaptive": f"adaptive {leak}",
+             "worst_case": f"worst-case {leak}"}  # fmt: skip
+    rows = {}
+    for setting, est in panel.estimates.items():
+        row = {"family": family_of(setting)}
+        for col, e in est.items():
+            row[names.get(col, col)] = f"{int(e.mean)}" if col in ("runs", "repeats") else e.text()
+        rows[setting] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = rep.rows
     return table
 
 
-def pareto(table: pd.DataFrame, utility: str, goal: Goal) -> pd.DataFrame:
-    """Settings not dominated in (utility, worst-case attack success), best utility first."""
-    sign = 1.0 if goal == Goal.max else -1.0
-    util = table[utility] * sign
-    risk = table["worst_case"]
+def pareto(panel: Panel, utility: str, goal: Goal) -> list[str]:
+    """Settings no other setting dominates (better on both axes beyond both paired intervals),
+    best utility first; settings without a utility or a leakage are left out."""
     keep = []
-    for name in table.index:
-        if pd.isna(util[name]) or pd.isna(risk[name]):
+    for a, others in panel.comparisons.items():
+        est = panel.estimates[a]
+        if math.isnan(est.get(utility, NONE).mean) or math.isnan(est["worst_case"].mean):
             continue
-        beaten = (
-            (util >= util[name])
-            & (risk <= risk[name])
-            & ((util > util[name]) | (risk < risk[name]))
-        )
-        if not beaten.any():
-            keep.append(name)
-    front = table.loc[keep]
-    return front.sort_values(utility, ascending=goal == Goal.min, kind="stable")
+        if not any(c.dominates for b, c in others.items() if _measured(panel, b, utility)):
+            keep.append(a)
+    sign = -1.0 if goal == Goal.max else 1.0
+    return sorted(keep, key=lambda s: sign * panel.estimates[s][utility].mean)
 
 
-def study_md(rep: ReportConfig, ok: pd.DataFrame) -> list[str]:
-    table = settings_table(rep, ok)
+def _measured(panel: Panel, setting: str, utility: str) -> bool:
+    est = panel.estimates[setting]
+    return not (math.isnan(est.get(utility, NONE).mean) or math.isnan(est["worst_case"].mean))
+
+
+def pareto_md(rep: ReportConfig, panel: Panel) -> list[str]:
+    utility = panel.utility
+    front = pareto(panel, utility, rep.utility_goal)
+    rows = []
+    for s in front:
+        ties = [b for b, c in panel.comparisons[s].items() if c.tie and _measured(panel, b, utility)]  # fmt: skip
+        est = panel.estimates[s]
+        rows.append((s, est[utility].text(), est["worst_case"].text(), ", ".join(ties) or "–"))
+    lines = [f"| {rep.rows} | {utility} | worst-case leakage | tied with (both differences inside their intervals) |",  # fmt: skip
+             "|---|---|---|---|"] + [f"| {' | '.join(r)} |" for r in rows]  # fmt: skip
+    dominated = []
+    for a, others in panel.comparisons.items():
+        if a in front or not _measured(panel, a, utility):
+            continue
+        for b, c in others.items():
+            if c.dominates and _measured(panel, b, utility):
+                dominated.append(f"- `{a}` by `{b}`: utility {c.utility.text()} better, leakage "
+                                 f"{c.privacy.text()} lower (paired over {c.privacy.n} repeats)")  # fmt: skip
+                break
+    return lines + ([""] + dominated if dominated else [])
+
+
+def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
+    rep = sweep.report
     arrow = "higher" if rep.utility_goal == Goal.max else "lower"
-    lines = [
-        "## Privacy-utility per defense setting",
-        "",
-        f"utility `{rep.utility}` ({arrow} is better); attack success in [0, 1] (lower is more "
-        f"private): unaware `{rep.value}`, adaptive `{rep.adaptive}`, worst case = the larger; "
-        "means over the cells of each setting; – = not measured (e.g. no individual update to "
-        "attack under secure aggregation, no epsilon without DP).",
-        "",
-        markdown_table(table.round(4)),
-        "",
-        "## Pareto table",
-        "",
-        "Settings that no other setting beats on both utility and worst-case attack success:",
-        "",
-        markdown_table(pareto(table, rep.utility, rep.utility_goal).round(4)),
-        "",
-        "Frontier plot: `frontier.png`.",
-        "",
-    ]
-    return lines
+    lines = []
+    for panel in panels_of(sweep, frame):
+        leak = ("advantage over the prior, (success - prior) / (1 - prior): 0 = what public "
+                "knowledge alone gives, 1 = everything" if panel.advantage else
+                "attack success in [0, 1] (no prior measured)")  # fmt: skip
+        title = f" — {panel.name}" if panel.name else ""
+        lines += [
+            f"## Privacy-utility per defense setting{title}",
+            "",
+            f"utility `{panel.utility}` ({arrow} is better); leakage = {leak}; "
+            + ", ".join(
+                f"{k} `{c}`"
+                for k, c in (("unaware", panel.value), ("adaptive", panel.adaptive))
+                if c
+            )
+            + "; worst case = the larger per repeat. Mean [95 % bootstrap "
+            "interval] over runs (utility) and over repeats (seed x attacked client x round, "
+            "leakage); – = not measured (no individual update under secure aggregation, no "
+            "epsilon without DP).",
+            "",
+            markdown_table(settings_table(rep, panel)),
+            "",
+            f"## Pareto table{title}",
+            "",
+            "Not dominated: no other setting is better on both utility and worst-case leakage with "
+            "both paired differences (by seed, attacked round and client) outside their 95 % "
+            "intervals.",
+            "",
+            *pareto_md(rep, panel),
+            "",
+        ]
+    return lines + ["Frontier plot: `frontier.png`.", ""]
 
 
 def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     rep = sweep.report
-    lines = [f"# {sweep.name}", "", f"{len(frame)} cells, base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
+    runs = frame["cell"].nunique() if "cell" in frame else len(frame)
+    lines = [f"# {sweep.name}", "", f"{runs} runs ({len(frame)} rows in cells.csv: one per run x attacked round x client), base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
     ok = _ok(frame)
-    if is_study(rep, ok):
-        lines += study_md(rep, ok)
+    if is_study(sweep, ok):
+        lines += study_md(sweep, ok)
     elif rep.rows and rep.value and rep.rows in ok and rep.value in ok:
         columns = rep.columns if rep.columns in ok else None
         pivot = ok.pivot_table(index=rep.rows, columns=columns, values=rep.value, aggfunc="mean")
@@ -224,10 +342,21 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def is_study(rep: ReportConfig, ok: pd.DataFrame) -> bool:
-    """A privacy-utility study: defense settings as rows, a utility and an attack metric present."""
+def is_study(sweep: Any, ok: pd.DataFrame) -> bool:
+    """A privacy-utility study: defense settings as rows, a utility (the report's or an arm's) and
+    an attack metric present."""
+    rep = sweep.report
     attack = [c for c in (rep.value, rep.adaptive) if c and c in ok]
-    return bool(rep.rows == "defenses" and rep.utility in ok and rep.rows in ok and attack)
+    attack += [
+        c for a in getattr(sweep, "arms", []) for c in (a.value, a.adaptive) if c and c in ok
+    ]
+    utilities = [rep.utility, *(a.utility for a in getattr(sweep, "arms", []))]
+    return bool(
+        rep.rows == "defenses"
+        and rep.rows in ok
+        and attack
+        and any(u in ok for u in utilities if u)
+    )
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -239,11 +368,11 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
 
     rep = sweep.report
     ok = _ok(frame)
-    if is_study(rep, ok):
-        frontier_plot(rep, ok, out / "frontier.png")
+    if is_study(sweep, ok):
+        frontier_plot(sweep, ok, out / "frontier.png")
     if not (rep.rows and rep.value and rep.rows in ok and rep.value in ok):
         return
-    if rep.utility and rep.utility in ok and not is_study(rep, ok):
+    if rep.utility and rep.utility in ok and not is_study(sweep, ok):
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for name, group in ok.groupby(rep.rows):
             mean = group[[rep.utility, rep.value]].mean()
@@ -268,39 +397,143 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
         plt.close(fig)
 
 
-def frontier_plot(rep: ReportConfig, ok: pd.DataFrame, path: Path) -> None:
-    """Worst-case attack success vs utility: a line per defense family, undefended as a star."""
+def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
+    """Worst-case leakage vs utility, one panel per arm: a line per defense family ordered by
+    utility, 95 % intervals as bars, undefended as a star, the prior (advantage 0) as a line."""
     import matplotlib.pyplot as plt
 
-    table = settings_table(rep, ok)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    rep = sweep.report
+    panels = panels_of(sweep, ok)
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.6 * cols, 4.6 * nrows), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    families = [f for f in dict.fromkeys(table["family"]) if f != UNDEFENDED]
-    for i, fam in enumerate(families):
-        part = table[table["family"] == fam].sort_values(rep.utility)
-        colour = colours[i % len(colours)]
-        ax.plot(part[rep.utility], part["worst_case"], marker="o", color=colour, label=fam)
-        if rep.adaptive and rep.value in part and part[rep.value].notna().any():
-            ax.plot(
-                part[rep.utility], part[rep.value], marker=".", ls="--", color=colour, alpha=0.6
+    families = list(dict.fromkeys(family_of(s) for p in panels for s in p.estimates))
+    families = [f for f in families if f != UNDEFENDED]
+    handles: dict[str, Any] = {}
+    labelled = []
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        points = []
+        for fam in families:
+            mine = [s for s in panel.estimates if family_of(s) == fam]
+            pts = [
+                (s, panel.estimates[s])
+                for s in mine
+                if _plottable(panel.estimates[s], panel.utility)
+            ]
+            pts.sort(key=lambda item: item[1][panel.utility].mean)
+            if not pts:
+                continue
+            colour = colours[families.index(fam) % len(colours)]
+            handles[fam] = _errorbars(ax, panel.utility, [e for _, e in pts], colour, "o", "-")
+            short = short_labels([s for s, _ in pts])
+            points += [(short[s], e) for s, e in pts]
+        base = [
+            e
+            for s, e in panel.estimates.items()
+            if s == UNDEFENDED and _plottable(e, panel.utility)
+        ]
+        if base:
+            handles["undefended"] = _errorbars(
+                ax, panel.utility, base, "black", "*", "none", size=14
             )
-        for setting, row in part.iterrows():
-            ax.annotate(strength_of(str(setting)), (row[rep.utility], row["worst_case"]),
-                        fontsize=6, xytext=(3, 3), textcoords="offset points")  # fmt: skip
-    base = table[table["family"] == UNDEFENDED]
-    if len(base):
-        ax.scatter(base[rep.utility], base["worst_case"], marker="*", s=180, color="black",
-                   zorder=5, label="undefended")  # fmt: skip
-    goal = "higher" if rep.utility_goal == Goal.max else "lower"
-    ax.set_xlabel(f"{rep.utility} ({goal} is better)")
-    ax.set_ylabel("attack success (solid: worst case, dashed: unaware)")
-    if rep.utility_goal == Goal.min:
-        ax.invert_xaxis()  # better utility to the right either way
-    ax.set_title("privacy-utility frontier")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+            points += [("undefended", base[0])]
+        if panel.advantage:
+            handles["prior"] = ax.axhline(0.0, color="grey", ls="--", lw=1)
+        elif panel.prior:
+            priors = [e["prior"].mean for e in panel.estimates.values() if "prior" in e]
+            handles["prior"] = ax.axhline(float(pd.Series(priors).mean()), color="grey", ls="--")
+        goal = "higher" if rep.utility_goal == Goal.max else "lower"
+        ax.set_xlabel(f"{panel.utility} ({goal} is better)")
+        ax.set_ylabel("worst-case " + ("advantage over the prior" if panel.advantage else "attack success"))  # fmt: skip
+        if rep.utility_goal == Goal.min:
+            ax.invert_xaxis()  # better utility to the right either way
+        low, high = ax.get_ylim()  # leakage on one scale in every panel: nothing to 1 at least
+        ax.set_ylim(min(low, -0.05), max(high, 1.05))
+        ax.set_title(panel.name or sweep.name, fontsize=10)
+        labelled.append((ax, panel.utility, points))
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    names = {"prior": "prior (advantage 0)" if any(p.advantage for p in panels) else "prior"}
+    fig.legend(list(handles.values()), [names.get(k, k) for k in handles], loc="lower center",
+               ncol=min(len(handles), 6), fontsize=8, frameon=False)  # fmt: skip
+    fig.suptitle(f"{sweep.name}: privacy-utility frontier (bars: 95 % bootstrap intervals)", fontsize=11)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    for (
+        ax,
+        utility,
+        points,
+    ) in labelled:  # after the layout: label boxes are measured where they will be
+        ax.set_xlim(ax.get_xlim())
+        ax.set_ylim(ax.get_ylim())
+        place_labels(fig, ax, [(n, e[utility].mean, e["worst_case"].mean) for n, e in points])
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plottable(est: dict[str, Estimate], utility: str) -> bool:
+    e = est.get(utility, NONE)
+    return not (math.isnan(e.mean) or math.isnan(est["worst_case"].mean))
+
+
+def _errorbars(ax: Any, utility: str, ests: list[dict[str, Estimate]], colour: str,
+               marker: str, ls: str, size: float = 6) -> Any:  # fmt: skip
+    def bar(key: str) -> list[list[float]]:
+        lows = [0.0 if math.isnan(e[key].lo) else e[key].mean - e[key].lo for e in ests]
+        highs = [0.0 if math.isnan(e[key].hi) else e[key].hi - e[key].mean for e in ests]
+        return [lows, highs]
+
+    return ax.errorbar([e[utility].mean for e in ests], [e["worst_case"].mean for e in ests],
+                       xerr=bar(utility), yerr=bar("worst_case"), color=colour, marker=marker,
+                       ls=ls, ms=size, capsize=2, lw=1)  # fmt: skip
+
+
+def short_labels(settings: list[str]) -> dict[str, str]:
+    """Each setting's parameters, less those every setting of the list shares
+    (``noise_multiplier=0.5`` rather than ``max_grad_norm=1.0,noise_multiplier=0.5``)."""
+    parts = {s: strength_of(s).split(",") for s in settings}
+    shared = set.intersection(*(set(p) for p in parts.values())) if len(parts) > 1 else set()
+    return {
+        s: ",".join(x for x in p if x not in shared) or strength_of(s) for s, p in parts.items()
+    }
+
+
+OFFSETS = [(5, 5), (5, -11), (-5, 5), (-5, -11), (0, 13), (0, -17), (12, 0), (-12, 0),
+           (10, 16), (-10, 16), (10, -22), (-10, -22), (0, 26), (0, -30), (22, 8), (-22, 8)]  # fmt: skip
+
+
+def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> list[Any]:
+    """Annotate each point with the first offset whose box overlaps no earlier label (or the one
+    that overlaps least): readable labels without a label-placement dependency."""
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    texts = []
+    for name, x, y in points:
+        best = None
+        for dx, dy in OFFSETS:
+            text = ax.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
+                               ha="left" if dx >= 0 else "right", va="bottom" if dy >= 0 else "top")  # fmt: skip
+            box = text.get_window_extent(renderer)
+            outside = box.width * box.height - _area(box, frame)  # cut off by the axes
+            overlap = sum(_area(box, other) for other in placed) + outside
+            if best is None or overlap < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (overlap, text, box)
+            else:
+                text.remove()
+            if overlap == 0:
+                break
+        placed.append(best[2])
+        texts.append(best[1])
+    return texts
+
+
+def _area(a: Any, b: Any) -> float:
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(w, 0.0) * max(h, 0.0)
 
 
 __all__ = ["ReportConfig", "frontier_plot", "markdown_table", "pareto", "write_outputs"]

@@ -74,3 +74,114 @@ def test_crashing_cell_is_recorded_and_sweep_goes_on(tmp_path):
     rows = [json.loads(r) for r in (out / "cells.jsonl").read_text().splitlines()]
     assert sorted(r["status"] for r in rows) == ["error", "ok"]
     assert "failed cells" in (out / "results.md").read_text()
+
+
+# -- seeds and repeats ------------------------------------------------------------------------------
+SEEDED = {
+    "name": "seeded",
+    "base": "quickstart",
+    "overrides": [
+        "rounds=2",
+        "clients.num=4",
+        "dataset.max_rows=400",
+        "attack.name=random-baseline",
+        "attack.params.target_clients=[0,1,2,3]",
+        "attack.params.rounds=[1,2]",
+    ],  # fmt: skip
+    "engine": "inline",
+    "grid": {"defenses": [[], [{"name": "topk", "params": {"fraction": 0.1}}]]},
+    "seeds": [0, 1, 2],
+    "report": {"rows": "defenses", "value": "attack.success", "utility": "central.accuracy"},
+}
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seeded")
+    (root / "seeded.yaml").write_text(yaml.safe_dump(SEEDED))
+    out = run_sweep(load_sweep(root / "seeded.yaml"), root / "out", inline_grid)
+    return root, out
+
+
+def test_cells_csv_keeps_every_seed_client_and_round_paired_across_defenses(seeded):
+    import pandas as pd
+
+    _, out = seeded
+    cells = pd.read_csv(out / "cells.csv")
+    # 2 settings x 3 seeds x 4 attacked clients x 2 attacked rounds: nothing averaged away
+    assert len(cells) == 2 * 3 * 4 * 2 and (cells["status"] == "ok").all()
+    assert sorted(cells["seed"].unique()) == [0, 1, 2]
+    keys = ["seed", "attack.round", "attack.partition"]
+    per_key = cells.groupby(keys)["defenses"].nunique()
+    assert len(per_key) == 3 * 4 * 2 and (per_key == 2).all()  # every repeat has its pair
+    runs = cells.drop_duplicates("cell")
+    assert len(runs) == 6
+    # each seed is its own run: its own split and model (the seed reached the config)
+    none = runs[runs["defenses"] == "none"]
+    assert none["central.accuracy"].nunique() == 3
+    assert cells.groupby("seed")["attack.success"].mean().nunique() == 3
+    md = (out / "results.md").read_text()
+    assert "## Pareto table" in md and "95 % bootstrap" in md
+    row = next(line for line in md.splitlines() if line.startswith("| none |"))
+    assert row.count("[") >= 2  # utility and leakage with intervals
+
+
+def test_resume_with_more_seeds_runs_only_the_new_cell_seed_pairs(seeded):
+    root, out = seeded
+    spec = dict(SEEDED, seeds=[0, 1, 2, 3])
+    (root / "more.yaml").write_text(yaml.safe_dump(spec))
+    ran = []
+    run_sweep(load_sweep(root / "more.yaml"), out, inline_grid, resume=True, on_cell=ran.append)
+    assert sorted(r["params"]["seed"] for r in ran) == ["3", "3"]  # one per setting
+    ids = _valid_ids(out)
+    assert len(ids) == len(set(ids)) == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"sedes": [0, 1]}, "sedes"),
+        ({"seeds": []}, "sweep seeds must be a non-empty list of distinct integers >= 0"),
+        ({"seeds": [1, 1]}, "sweep seeds must be a non-empty list of distinct integers >= 0"),
+        ({"seeds": [-1]}, "sweep seeds must be a non-empty list of distinct integers >= 0"),
+        ({"seeds": ["a"]}, "seeds"),
+        ({"grid": {"seed": [0, 1]}}, "sweep seeds and a grid key 'seed' both set the seed"),
+        ({"arms": [{"name": "a"}, {"name": "a"}]}, "sweep arms need distinct names"),
+        ({"arms": [{"name": "a", "bse": "x"}]}, "bse"),
+    ],
+)  # fmt: skip
+def test_bad_sweep_spec_is_one_line_exit_2(tmp_path, change, needle):
+    from typer.testing import CliRunner
+
+    from flowerbed.apps.cli import app
+
+    spec = dict(SEEDED, **change)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(tmp_path / "bad.yaml"), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert needle in result.output
+    assert not out.exists()
+
+
+def test_each_arm_gets_its_own_base_and_overrides():
+    from flowerbed.server.sweep import cell_config, cells_of
+
+    sweep = load_sweep("privacy-benchmark")
+    seen = {}
+    for cell in cells_of(sweep):
+        arm = cell["params"]["arm"]
+        if arm not in seen:
+            seen[arm] = cell_config(sweep, cell)
+    assert list(seen) == [a.name for a in sweep.arms]
+    for name, cfg in seen.items():
+        workload = {"tabdiff": "tabdiff", "mlp": "tabular-mlp", "digits": "digits-classifier"}
+        assert cfg["workload"]["name"] == workload[name.split("-")[0]], name
+        assert cfg["workload"]["params"]["protocol"] == name.split("-")[-1], name
+        assert cfg["attack"]["params"]["rounds"] == [1, cfg["rounds"]], name
+        assert cfg["attack"]["params"]["target_clients"] == [0, 1, 2, 3], name
+        if name.endswith("fedavg"):
+            assert cfg["workload"]["params"]["batch_size"] >= 32
+            assert cfg["workload"]["params"]["local_epochs"] >= 2
+    assert len(cells_of(sweep)) == 6 * 13 * 3

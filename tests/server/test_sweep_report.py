@@ -9,7 +9,7 @@ import yaml
 
 from flowerbed.apps.inline import inline_grid
 from flowerbed.server.sweep import load_sweep, run_sweep
-from flowerbed.server.sweep_report import Goal, family_of, pareto, strength_of
+from flowerbed.server.sweep_report import family_of, short_labels, strength_of
 
 
 def test_family_and_strength_of_defense_labels():
@@ -17,17 +17,9 @@ def test_family_and_strength_of_defense_labels():
     assert family_of("topk(fraction=0.1)+quantize(bits=2)") == "topk+quantize"
     assert family_of("none") == "none"
     assert strength_of("topk(fraction=0.1)+quantize(bits=2)") == "fraction=0.1,bits=2"
-
-
-def test_pareto_keeps_exactly_the_undominated_settings():
-    table = pd.DataFrame(
-        {"loss": [1.0, 2.0, 3.0, 2.5, 1.0], "worst_case": [1.0, 0.5, 0.2, 0.6, 1.0]},
-        index=["none", "a", "b", "dominated", "tie-with-none"],
-    )
-    front = pareto(table, "loss", Goal.min)
-    assert list(front.index) == ["none", "tie-with-none", "a", "b"]
-    higher = pareto(table.assign(loss=-table["loss"]), "loss", Goal.max)
-    assert set(higher.index) == set(front.index)
+    dp = ["dp-sgd(max_grad_norm=1.0,noise_multiplier=0.5)", "dp-sgd(max_grad_norm=1.0,noise_multiplier=2.0)"]  # fmt: skip
+    assert list(short_labels(dp).values()) == ["noise_multiplier=0.5", "noise_multiplier=2.0"]
+    assert short_labels(dp[:1]) == {dp[0]: "max_grad_norm=1.0,noise_multiplier=0.5"}
 
 
 STUDY = {
@@ -71,7 +63,9 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     (root / "study.yaml").write_text(yaml.safe_dump(STUDY))
     out = run_sweep(load_sweep(root / "study.yaml"), root / "out", inline_grid)
-    return out, pd.read_csv(out / "cells.csv").set_index("defenses")
+    repeats = pd.read_csv(out / "cells.csv")
+    assert len(repeats) == 5 * 2  # two attacked clients (the base's targets), one round each
+    return out, repeats.drop_duplicates("cell").set_index("defenses")
 
 
 def test_study_writes_cells_pareto_table_and_frontier(study):
