@@ -39,6 +39,8 @@ NON_ADAPTIVE = (
     "FedAvg restart-on-change",
 )
 BASE_PRESET = "fcm-dag6-schedule"
+#: diagnostic arms (``--methods``): F-CMs with one factor of the gap to centralised removed
+DIAGNOSTICS = ("F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps")
 
 
 def family_task(index: int, rounds: int = 30) -> dict[str, Any]:
@@ -62,18 +64,27 @@ def run_family_one(
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     item = family_task(index, rounds)
+    schedule, base, extra = item["schedule"], method, list(extra or [])
+    if method == "F-CMs, no growth":  # the same holders, every concept from round 1
+        schedule, base = {c: {**e, "round": 1} for c, e in schedule.items()}, "F-CMs"
+    elif method == "F-CMs, all labels":  # every client labels every concept, same arrivals
+        clients = list(range(item["clients"]))
+        schedule, base = {c: {**e, "clients": clients} for c, e in schedule.items()}, "F-CMs"
+    elif method == "Centralised, same steps":  # pooled data, batches as many times larger
+        base = "Centralised, full labels"
+        extra.append(f"workload.params.batch_size={32 * item['clients']}")
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
             "engine=inline", f"seed={seed}", f"output.dir={tmp}", "output.plots=false",
             f"rounds={rounds}", f"clients.num={item['clients']}",
             f"workload.params.n_train={n_train}", f"workload.params.n_test={n_test}",
         ]  # fmt: skip
-        cfg = load_experiment(BASE_PRESET, overrides + METHODS[method] + (extra or []))
+        cfg = load_experiment(BASE_PRESET, overrides + METHODS[base] + extra)
         cfg["workload"]["params"] |= {
-            "task": item["task"], "schedule": item["schedule"], "central_clients": item["clients"],
+            "task": item["task"], "schedule": schedule, "central_clients": item["clients"],
         }  # fmt: skip
         metrics = run_inline(cfg)["metrics"]
-    prefix = "train.local-" if method == "Local only" else "eval."
+    prefix = "train.local-" if base == "Local only" else "eval."
     return {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
 
 
@@ -120,7 +131,7 @@ def summary(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
     task_mean = {t: {m: float(np.mean(v)) for m, v in ms.items()} for t, ms in by_task.items()}
     median = {
         m: float(np.median([tm[m] for tm in task_mean.values() if m in tm]))
-        for m in METHODS if any(m in tm for tm in task_mean.values())
+        for m in (*METHODS, *DIAGNOSTICS) if any(m in tm for tm in task_mean.values())
     }  # fmt: skip
     present = [m for m in NON_ADAPTIVE if m in median]
     best = max(present, key=median.__getitem__) if present else None
@@ -181,7 +192,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--first", type=int, default=0, help="index of the first task")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *DIAGNOSTICS]
+    )
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--n-train", type=int, default=300, help="examples per client")
     parser.add_argument("--n-test", type=int, default=1000)
