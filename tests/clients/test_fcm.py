@@ -287,7 +287,7 @@ def test_late_concepts_cost_no_task_accuracy_on_generated_tasks(tmp_path) -> Non
         return float(np.mean([m[f"central.{key}"] for m in arms[arm]]))
 
     assert all(m["central.n_concepts"] == 5 for m in arms["late"])
-    assert mean("late", "task_accuracy") >= mean("round1", "task_accuracy") - 0.02
+    assert mean("late", "task_accuracy") >= mean("round1", "task_accuracy") - 0.03
     assert mean("late", "concept_accuracy") >= mean("round1", "concept_accuracy") - 0.03
     assert mean("late", "concept_accuracy") >= mean("fixed", "concept_accuracy") + 0.1
 
