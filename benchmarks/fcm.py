@@ -129,10 +129,26 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        params = aggregate_concept_arrays(\n",
         "        params = dict(self.current)\n        _ = aggregate_concept_arrays(\n",
     ),
+    "growth disabled (announced concepts never added)": (
+        "strategies/fcm.py",
+        '        if new and self.expansion != "ignore":\n',
+        '        if new and self.expansion == "restart":\n',
+    ),
+    "growth restarts the model (re-initialised on every new concept)": (
+        "strategies/fcm.py",
+        '        if self.expansion == "restart":\n',
+        "        if True:\n",
+    ),
+    "late concepts never trained (held = round-1 concepts only)": (
+        "clients/workloads/fcm.py",
+        "        held = tuple(n for n in available if n in concepts_of(params))\n",
+        "        held = tuple(n for n in available if n in self.scenario.initial_concepts())\n",
+    ),
 }
 CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_fcm_matches_centralised_task_accuracy_on_a_generated_dag",
     "tests/clients/test_fcm.py::test_lacked_concepts_learnt_through_federation_not_locally",
+    "tests/clients/test_fcm.py::test_late_concepts_cost_no_task_accuracy_on_generated_tasks",
     "tests/strategies/test_fcm.py",
 ]
 

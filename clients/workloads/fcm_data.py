@@ -264,12 +264,22 @@ def formula_task(spec: dict[str, Any]) -> ConceptTask:
 
 
 def random_dag_task(
-    seed: int, concepts: int = 6, inputs: int = 8, name: str | None = None
+    seed: int,
+    concepts: int = 6,
+    inputs: int = 8,
+    name: str | None = None,
+    parents: int = 2,
+    task_kind: str = "logic",
 ) -> dict[str, Any]:
     """A generated task spec (for ``workload.params.task``): concepts in a random DAG, each a
-    threshold of a random linear form of 2-3 inputs, combined with 0-2 earlier concepts by
-    and/or/xor; the task a random and/or/xor formula over 3-4 concepts. Redrawn until every
-    concept and the task are balanced (positive rate within [0.2, 0.8] on 4000 samples)."""
+    threshold of a random linear form of 2-3 inputs, combined with 0-``parents`` earlier concepts
+    by and/or/xor (more parents: deeper DAGs); the task over 3-4 concepts is ``logic`` (an
+    and/or/xor formula), ``count`` (how many are present, an integer task) or ``vote`` (a signed,
+    weighted vote of concepts against a threshold). Redrawn until every concept is balanced
+    (positive rate within [0.2, 0.8] on 4000 samples) and so is the task (binary: same range;
+    ``count``: no class above 0.8)."""
+    if task_kind not in TASK_KINDS:
+        raise ConfigError(f"unknown task kind '{task_kind}' (allowed: {', '.join(TASK_KINDS)})")
     rng = np.random.default_rng([seed, 4242])
     for _ in range(200):
         spec: dict[str, Any] = {"name": name or f"dag{concepts}-{seed}", "inputs": inputs}
@@ -278,23 +288,72 @@ def random_dag_task(
             cols = rng.choice(inputs, size=int(rng.integers(2, 4)), replace=False)
             terms = " + ".join(f"{rng.normal():.2f} * x{c}" for c in cols)
             form = f"({terms} > {0.3 * rng.normal():.2f})"
-            parents = (
-                rng.choice(j, size=min(j, int(rng.integers(0, 3))), replace=False) if j else []
+            chosen = (
+                rng.choice(j, size=min(j, int(rng.integers(0, parents + 1))), replace=False)
+                if j
+                else []
             )
-            for p in parents:
+            for p in chosen:
                 form = f"({form} {rng.choice(['&', '|', '^'])} c{p})"
             formulas[f"c{j}"] = form
         spec["concepts"] = formulas
         used = rng.choice(concepts, size=min(concepts, int(rng.integers(3, 5))), replace=False)
-        task = f"c{used[0]}"
-        for c in used[1:]:
-            task = f"({task} {rng.choice(['&', '|', '^'])} c{c})"
+        if task_kind == "logic":
+            task = f"c{used[0]}"
+            for c in used[1:]:
+                task = f"({task} {rng.choice(['&', '|', '^'])} c{c})"
+        elif task_kind == "count":
+            task = " + ".join(f"c{c}" for c in used)
+            spec["classes"] = len(used) + 1
+        else:  # vote: signed weights, threshold near the middle of the vote's range
+            weights = rng.choice([-1, 1], size=len(used)) * rng.uniform(0.5, 1.5, size=len(used))
+            votes = " + ".join(f"{w:.2f} * c{c}" for w, c in zip(weights, used, strict=True))
+            task = f"({votes} > {weights[weights < 0].sum() + 0.5 * np.abs(weights).sum():.2f})"
         spec["task"] = task
         x, c, y = formula_task(spec).sample(4000, np.random.default_rng(seed), "train")
-        rates = np.r_[c.mean(0), y.mean()]
-        if ((rates > 0.2) & (rates < 0.8)).all():
+        rates = c.mean(0)
+        if task_kind == "count":
+            balanced = np.bincount(y).max() / len(y) <= 0.8
+        else:
+            balanced = 0.2 < y.mean() < 0.8
+        if balanced and ((rates > 0.2) & (rates < 0.8)).all():
             return spec
     raise RuntimeError("no balanced random DAG task found")
+
+
+TASK_KINDS = ("logic", "count", "vote")
+
+
+def random_schedule(
+    seed: int, concept_names: tuple[str, ...], num_clients: int, last_round: int
+) -> dict[str, Any]:
+    """A generated ``workload.params.schedule``: 2-3 concepts from round 1, the others arriving
+    at random rounds in 2..``last_round`` (sorted, so the last one arrives at ``last_round``);
+    each concept held by 1-3 clients, at least one concept by a single client, every client
+    holding at least one concept that arrives at round 1 or later."""
+    rng = np.random.default_rng([seed, 777])
+    k = len(concept_names)
+    early = min(k, int(rng.integers(2, 4)))
+    late = sorted(int(r) for r in rng.integers(2, last_round + 1, size=k - early))
+    if late:
+        late[-1] = last_round
+    rounds = [1] * early + late
+    holders = [
+        sorted(int(c) for c in rng.choice(num_clients, size=int(rng.integers(1, 4)), replace=False))
+        for _ in range(k)
+    ]
+    single = int(rng.integers(k))
+    holders[single] = holders[single][:1]
+    for client in range(num_clients):  # nobody without labels: give it a random concept
+        if not any(client in h for h in holders):
+            j = int(rng.integers(k))
+            holders[j] = sorted({*holders[j], client}) if j != single else holders[j]
+            if j == single:
+                other = (single + 1) % k
+                holders[other] = sorted({*holders[other], client})
+    return {
+        name: {"clients": holders[j], "round": rounds[j]} for j, name in enumerate(concept_names)
+    }
 
 
 #: names of the built-in tasks

@@ -27,6 +27,7 @@ from flowerbed.clients.workloads.fcm_data import (
     make_dataset,
     make_scenario,
     random_dag_task,
+    random_schedule,
     schedule_scenario,
 )
 from flowerbed.server.experiment import load_experiment
@@ -253,3 +254,63 @@ def test_fcm_matches_centralised_task_accuracy_on_a_generated_dag(tmp_path) -> N
     assert fcm["central.task_accuracy"] >= central["central.task_accuracy"] - 0.03
     assert fcm["central.concept_accuracy"] > 0.85
     assert fcm["central.n_concepts"] == 4
+
+
+# -- claim test: growing the concept set costs no task accuracy (generated tasks, issue 41) -------
+
+
+def _grow_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
+    """One 10-round run on generated task ``seed``: its schedule (``late``), the same holders
+    with every concept from round 1 (``round1``), or FedAvg on a fixed concept set (``fixed``)."""
+    task = random_dag_task(seed, concepts=5, inputs=8, task_kind=("logic", "vote")[seed % 2])
+    schedule = random_schedule(seed, tuple(task["concepts"]), 4, last_round=5)
+    if arm == "round1":
+        schedule = {c: {**e, "round": 1} for c, e in schedule.items()}
+    overrides = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false", "rounds=10"]
+    overrides += ["clients.num=4", "clients.fraction_evaluate=0", "workload.params.n_train=150"]
+    overrides += ["workload.params.n_test=400", "workload.params.scenario=schedule"]
+    if arm == "fixed":
+        overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
+        overrides += ["workload.params.train_lacked=true"]
+    cfg = load_experiment("fcm-trig-evolving", overrides)
+    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    return run_inline(cfg)["metrics"]
+
+
+def test_late_concepts_cost_no_task_accuracy_on_generated_tasks(tmp_path) -> None:
+    """Claim (issue 41): on generated tasks with concepts arriving late (one held by a single
+    client), F-CMs' model grows and reaches the task accuracy of the same holders labelling every
+    concept from round 1, and learns the late concepts (a fixed concept set cannot)."""
+    arms = {a: [_grow_run(tmp_path, s, a) for s in (11, 12)] for a in ("late", "round1", "fixed")}
+
+    def mean(arm: str, key: str) -> float:
+        return float(np.mean([m[f"central.{key}"] for m in arms[arm]]))
+
+    assert all(m["central.n_concepts"] == 5 for m in arms["late"])
+    assert mean("late", "task_accuracy") >= mean("round1", "task_accuracy") - 0.03
+    assert mean("late", "concept_accuracy") >= mean("round1", "concept_accuracy") - 0.03
+    assert mean("late", "concept_accuracy") >= mean("fixed", "concept_accuracy") + 0.1
+
+
+def test_random_schedule_has_late_arrivals_and_a_single_holder() -> None:
+    names = tuple(
+        random_dag_task(5, concepts=7, inputs=9, parents=3, task_kind="count")["concepts"]
+    )
+    for seed in range(5):
+        schedule = random_schedule(seed, names, 6, last_round=18)
+        assert schedule == random_schedule(seed, names, 6, last_round=18)
+        rounds = sorted(e["round"] for e in schedule.values())
+        assert 2 <= rounds.count(1) <= 3 and rounds[-1] == 18
+        assert any(len(e["clients"]) == 1 for e in schedule.values())
+        assert set().union(*(e["clients"] for e in schedule.values())) == set(range(6))
+        scenario = schedule_scenario(schedule, names, 6)  # a valid schedule
+        assert scenario.intro_round == {c: e["round"] for c, e in schedule.items()}
+
+
+@pytest.mark.parametrize("kind", ["logic", "count", "vote"])
+def test_random_dag_task_kinds_are_balanced(kind: str) -> None:
+    spec = random_dag_task(9, concepts=6, inputs=10, parents=3, task_kind=kind)
+    x, c, y = formula_task(spec).sample(3000, np.random.default_rng(1), "train")
+    assert ((c.mean(0) > 0.15) & (c.mean(0) < 0.85)).all()
+    assert np.bincount(y).max() / len(y) <= 0.85 and len(np.unique(y)) >= 2
+    assert kind != "count" or spec["classes"] == int(spec["task"].count("+")) + 2

@@ -1,0 +1,239 @@
+"""F-CMs vs every baseline of ``benchmarks.fcm`` over a family of generated concept tasks.
+
+    PYTHONPATH=$PWD nice -n 10 python -m benchmarks.fcm_family --tasks 20 --seeds 0 1 2 \
+        --jobs 2 --out fam.json                       # the full family (docs/fcm.md)
+    PYTHONPATH=$PWD python -m benchmarks.fcm_family --quick   # seconds: 2 tiny tasks, 1 seed
+    PYTHONPATH=$PWD python -m benchmarks.fcm_family --summary fam.json   # only the distribution
+
+Task ``i`` of the family is ``random_dag_task(100 + i)`` with 5-9 concepts, 8-12 inputs, 1-3
+parents per concept (DAG depth) and a logic / count / vote task formula, run on 5-6 clients with
+``random_schedule`` (2-3 concepts from round 1, the others arriving up to round 12-18 of 30, one
+concept held by a single client). Nobody tuned anything on these tasks. Per (task, seed) the
+summary takes gap = centralised - F-CMs task accuracy and F-CMs - best non-adaptive FedAvg
+baseline (the best of the three on that task and seed), in points; and reports their median,
+10th percentile and worst over the family, with the mean lacked-concept accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.fcm import COLUMNS, METHODS
+from flowerbed.apps.inline import run_inline
+from flowerbed.clients.workloads.fcm_data import TASK_KINDS, random_dag_task, random_schedule
+from flowerbed.server.experiment import load_experiment
+
+NON_ADAPTIVE = (
+    "FedAvg fixed concept set",
+    "FedAvg full arch, masked loss",
+    "FedAvg restart-on-change",
+)
+BASE_PRESET = "fcm-dag6-schedule"
+#: diagnostic arms (``--methods``): F-CMs with one factor of the gap to centralised removed
+DIAGNOSTICS = ("F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps")
+
+
+def family_task(index: int, rounds: int = 30) -> dict[str, Any]:
+    """Task ``index`` of the family: its spec, schedule and number of clients."""
+    concepts = 5 + index % 5
+    spec = random_dag_task(
+        100 + index, concepts=concepts, inputs=8 + (3 * index) % 5, parents=1 + index % 3,
+        task_kind=TASK_KINDS[index % len(TASK_KINDS)],
+    )  # fmt: skip
+    clients = 5 + index % 2
+    last = max(2, round(rounds * (0.4 + 0.05 * (index % 5))))  # rounds 12 .. 18 of 30
+    schedule = random_schedule(100 + index, tuple(spec["concepts"]), clients, last)
+    return {"task": spec, "schedule": schedule, "clients": clients}
+
+
+def run_family_one(
+    index: int, method: str, seed: int, rounds: int = 30, extra: list[str] | None = None,
+    n_train: int = 300, n_test: int = 1000,
+) -> dict[str, float]:  # fmt: skip
+    """Final metrics of one (task, method, seed) run through the inline engine."""
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    item = family_task(index, rounds)
+    schedule, base, extra = item["schedule"], method, list(extra or [])
+    if method == "F-CMs, no growth":  # the same holders, every concept from round 1
+        schedule, base = {c: {**e, "round": 1} for c, e in schedule.items()}, "F-CMs"
+    elif method == "F-CMs, all labels":  # every client labels every concept, same arrivals
+        clients = list(range(item["clients"]))
+        schedule, base = {c: {**e, "clients": clients} for c, e in schedule.items()}, "F-CMs"
+    elif method == "Centralised, same steps":  # pooled data, batches as many times larger
+        base = "Centralised, full labels"
+        extra.append(f"workload.params.batch_size={32 * item['clients']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            "engine=inline", f"seed={seed}", f"output.dir={tmp}", "output.plots=false",
+            f"rounds={rounds}", f"clients.num={item['clients']}",
+            f"workload.params.n_train={n_train}", f"workload.params.n_test={n_test}",
+        ]  # fmt: skip
+        cfg = load_experiment(BASE_PRESET, overrides + METHODS[base] + extra)
+        cfg["workload"]["params"] |= {
+            "task": item["task"], "schedule": schedule, "central_clients": item["clients"],
+        }  # fmt: skip
+        metrics = run_inline(cfg)["metrics"]
+    prefix = "train.local-" if base == "Local only" else "eval."
+    return {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
+
+
+def _job(args: tuple) -> tuple[tuple, dict[str, float], float]:
+    started = time.perf_counter()
+    row = run_family_one(*args)
+    return args, row, time.perf_counter() - started
+
+
+def _dist(values: list[float], worst: str) -> dict[str, float]:
+    """n, median, mean, the 10th percentile on the bad side and the worst value."""
+    v = np.asarray(values, dtype=float)
+    if not len(v):
+        return {}
+    bad_max = worst == "max"
+    return {
+        "n": len(v), "median": float(np.median(v)), "mean": float(v.mean()),
+        "p10": float(np.percentile(v, 90 if bad_max else 10)),
+        "worst": float(v.max() if bad_max else v.min()),
+    }  # fmt: skip
+
+
+def summary(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Distributions (points) of centralised - F-CMs and of F-CMs - best non-adaptive baseline,
+    over (task, seed) runs and over tasks (each the mean over its seeds). "Best" is taken two
+    ways: per run (the highest of the three FedAvg baselines on that task and seed, which favours
+    the baselines: the max of three noisy numbers) and once for the family (the baseline with the
+    highest median task accuracy over tasks)."""
+    by_task: dict[str, dict[str, list[float]]] = {}
+    gap, margin, lacked = [], [], []
+    for key, by_method in sorted(results.items()):
+        if "F-CMs" not in by_method:
+            continue
+        task = key.split("-seed")[0]
+        for method, row in by_method.items():
+            by_task.setdefault(task, {}).setdefault(method, []).append(row["task_accuracy"])
+        fcm = by_method["F-CMs"]["task_accuracy"]
+        lacked.append(by_method["F-CMs"].get("concept_acc_lacked", np.nan))
+        if "Centralised, full labels" in by_method:
+            gap.append(100 * (by_method["Centralised, full labels"]["task_accuracy"] - fcm))
+        base = [by_method[m]["task_accuracy"] for m in NON_ADAPTIVE if m in by_method]
+        if base:
+            margin.append(100 * (fcm - max(base)))
+    task_mean = {t: {m: float(np.mean(v)) for m, v in ms.items()} for t, ms in by_task.items()}
+    median = {
+        m: float(np.median([tm[m] for tm in task_mean.values() if m in tm]))
+        for m in (*METHODS, *DIAGNOSTICS) if any(m in tm for tm in task_mean.values())
+    }  # fmt: skip
+    counts = {m: sum(m in tm for tm in task_mean.values()) for m in median}
+    # the family's best baseline: among those run on every task (a median over fewer tasks is
+    # not comparable)
+    present = [m for m in NON_ADAPTIVE if m in median]
+    complete = [m for m in present if counts[m] == len(task_mean)] or present
+    best = max(complete, key=median.__getitem__) if complete else None
+    out: dict[str, Any] = {
+        "gap_to_centralised": _dist(gap, "max"),  # positive: F-CMs below; worst = largest
+        "fcm_minus_best_non_adaptive_per_run": _dist(margin, "min"),  # negative: F-CMs below
+        "concept_acc_lacked_mean": float(np.nanmean(lacked)) if lacked else float("nan"),
+        "concept_acc_lacked_min": float(np.nanmin(lacked)) if lacked else float("nan"),
+        "median_task_accuracy": median,
+        "tasks_per_method": counts,
+        "best_non_adaptive": best,
+    }
+    central = "Centralised, full labels"
+    rows = [tm for tm in task_mean.values() if "F-CMs" in tm]
+    out["task_gap_to_centralised"] = _dist(
+        [100 * (tm[central] - tm["F-CMs"]) for tm in rows if central in tm], "max"
+    )
+    if best:
+        out["task_fcm_minus_best_non_adaptive"] = _dist(
+            [100 * (tm["F-CMs"] - tm[best]) for tm in rows if best in tm], "min"
+        )
+        out["task_fcm_minus_best_non_adaptive_per_task"] = _dist(
+            [100 * (tm["F-CMs"] - max(tm[m] for m in present if m in tm)) for tm in rows], "min"
+        )
+    return out
+
+
+def render(s: dict[str, Any]) -> str:
+    """The distributions as markdown."""
+    lines = [
+        "| quantity (points) | over | n | median | mean | 10th pct (bad side) | worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = s.get("best_non_adaptive")
+    for key, label, over in (
+        ("gap_to_centralised", "centralised - F-CMs", "runs (task, seed)"),
+        ("task_gap_to_centralised", "centralised - F-CMs", "tasks (mean of seeds)"),
+        ("fcm_minus_best_non_adaptive_per_run", "F-CMs - best FedAvg of that run", "runs"),
+        ("task_fcm_minus_best_non_adaptive_per_task", "F-CMs - best FedAvg of that task", "tasks"),
+        ("task_fcm_minus_best_non_adaptive", f"F-CMs - {best}", "tasks"),
+    ):
+        d = s.get(key)
+        if d:
+            lines.append(
+                f"| {label} | {over} | {d['n']} | {d['median']:+.2f} | {d['mean']:+.2f} "
+                f"| {d['p10']:+.2f} | {d['worst']:+.2f} |"
+            )
+    lines.append(
+        f"\nlacked-concept accuracy of F-CMs (per run): mean {s['concept_acc_lacked_mean']:.3f}, "
+        f"min {s['concept_acc_lacked_min']:.3f}\n\n| method | tasks | median task acc over tasks |"
+        "\n|---|---|---|"
+    )
+    for method, value in s["median_task_accuracy"].items():
+        lines.append(f"| {method} | {s['tasks_per_method'][method]} | {value:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--first", type=int, default=0, help="index of the first task")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *DIAGNOSTICS]
+    )
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--n-train", type=int, default=300, help="examples per client")
+    parser.add_argument("--n-test", type=int, default=1000)
+    parser.add_argument("--override", nargs="*", default=[], help="extra overrides, all methods")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", default=None, help="write raw results (JSON) here")
+    parser.add_argument("--summary", nargs="*", default=None, help="only summarise saved JSON")
+    parser.add_argument("--quick", action="store_true", help="2 tiny tasks, 1 seed (seconds)")
+    args = parser.parse_args()
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    if args.summary is not None:
+        for path in args.summary:
+            for key, by_method in json.loads(Path(path).read_text()).items():
+                results.setdefault(key, {}).update(by_method)
+        print(render(summary(results)))
+        return
+    sizes = {"rounds": args.rounds, "n_train": args.n_train, "n_test": args.n_test}
+    tasks, seeds = range(args.first, args.first + args.tasks), args.seeds
+    if args.quick:
+        sizes, tasks, seeds = {"rounds": 6, "n_train": 60, "n_test": 200}, range(2), [0]
+    jobs = [
+        (i, m, s, sizes["rounds"], args.override, sizes["n_train"], sizes["n_test"])
+        for i in tasks for s in seeds for m in args.methods
+    ]  # fmt: skip
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for (i, method, seed, *_), row, took in pool.map(_job, jobs):
+            results.setdefault(f"task{i}-seed{seed}", {})[method] = row
+            print(f"task {i} | seed {seed} | {method} | {took:.0f}s (under load) | "
+                  f"{json.dumps({k: round(v, 4) for k, v in row.items()})}", flush=True)  # fmt: skip
+            if args.out:
+                Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(render(summary(results)))
+
+
+if __name__ == "__main__":
+    main()
