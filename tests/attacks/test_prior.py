@@ -211,14 +211,33 @@ def test_curves_put_each_scale_on_its_own_axis() -> None:
     assert set(panels[("central", "share")]) == {"accuracy"} and ("central", "loss") in panels
 
 
-def test_tabdiff_prior_rows_follow_the_public_marginals() -> None:
+def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
     """Goliath's prior rows come from the agreed preprocessing alone (quantiles, category
-    frequencies): a large draw has the training split's category frequencies and medians."""
+    frequencies): a large draw has the training split's category frequencies and medians; the
+    scorer's prior draws are made with the client's partition and batch plan unavailable."""
+    import flowerbed.attacks.goliath.scoring as gs
+    import flowerbed.clients.workloads.tabdiff as td
     from flowerbed.attacks.goliath.attack import TabularInversion
     from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
 
     cfg = load_experiment("tabdiff-german-mixed", ["engine=inline", "workload.params.hidden=16",
-                                                   "workload.params.layers=1"])  # fmt: skip
+                                                   "workload.params.layers=1",
+                                                   "workload.params.protocol=fedsgd",
+                                                   "workload.params.batch_size=8"])  # fmt: skip
+    scorer = gs.TruthScorer(cfg)
+    sent = {k: v.detach() for k, v in scorer.workload.model.named_parameters()}
+
+    def no_data(*a, **k):
+        raise RuntimeError("client data read while the prior is made")
+
+    with monkeypatch.context() as mp:
+        for owner, name in ((td.TabDiff, "load_partition"), (gs, "round_plan"),
+                            (td, "client_row_ids")):  # fmt: skip
+            mp.setattr(owner, name, no_data)
+        guesses = scorer.prior_guesses(0, 1, sent, 8)
+    truth = scorer.truth(0, 1, sent)
+    level = np.mean([scorer.score_against(truth, g)["success"] for g in guesses])
+    assert 0.3 < level < 0.75, level  # the marginal level, not the client's own rows (~1)
     attack = TabularInversion(cfg, GOLIATH)
     know = attack.knowledge({k: v.detach() for k, v in attack.workload.model.named_parameters()})
     rows = prior_rows(know, 4000, seed=1).frame
