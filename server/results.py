@@ -219,6 +219,8 @@ def _family(key: str, values: list[float]) -> str:
     """The axis a metric is drawn on: its unit's (by name), ``share`` for values in [-1, 1]
     (accuracies, success, prior, advantage), else its own."""
     for unit, marks in UNITS:
+        if key.endswith("per_s"):  # a rate, not a duration
+            break
         if any(key.endswith(m) if m.startswith("_") else m in key for m in marks):
             return unit
     if values and all(-1.0 <= v <= 1.0 for v in values):

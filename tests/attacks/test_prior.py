@@ -203,12 +203,14 @@ def test_curves_put_each_scale_on_its_own_axis() -> None:
 
     history = [{"round": 1, "scope": "attack", "psnr": 30.0, "success": 0.5, "prior": 0.1},
                {"round": 1, "scope": "attack", "psnr": 20.0, "success": 1.0, "prior": 0.1},
-               {"round": 1, "scope": "central", "accuracy": 0.9, "loss": 2.3}]  # fmt: skip
+               {"round": 1, "scope": "central", "accuracy": 0.9, "loss": 2.3},
+               {"round": 1, "scope": "train", "round_s": 3.0, "rows_per_s": 700.0}]  # fmt: skip
     panels = {(scope, family): lines for scope, family, lines in curve_panels(history)}
     assert set(panels[("attack", "share")]) == {"success", "prior"}
     assert set(panels[("attack", "dB")]) == {"psnr"}
     assert panels[("attack", "dB")]["psnr"] == [(1, 25.0)]  # two clients of a round: their mean
     assert set(panels[("central", "share")]) == {"accuracy"} and ("central", "loss") in panels
+    assert set(panels[("train", "seconds")]) == {"round_s"} and ("train", "rows_per_s") in panels
 
 
 def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
