@@ -26,6 +26,17 @@ def test_advantage_is_zero_at_the_prior_one_at_full_recovery() -> None:
     assert advantage(0.5, 0.0) == 0.5 and advantage(1.0, 1.0) == 0.0
 
 
+def test_target_clients_must_be_clients_of_the_run() -> None:
+    from flowerbed.clients.core.errors import ConfigError
+
+    cfg = load_experiment("quickstart", ["attack.name=dlg", "clients.num=4",
+                                         "attack.params.target_clients=[0,1,2,3]"])  # fmt: skip
+    assert cfg["attack"]["params"]["target_clients"] == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match=r"target_clients: \[4\] not a client .*0\.\.3"):
+        load_experiment("quickstart", ["attack.name=dlg", "clients.num=4",
+                                       "attack.params.target_clients=[0,4]"])  # fmt: skip
+
+
 # -- (a) an attack below the prior: advantage <= 0; the prior-keeping attacker lands at the prior --
 def _fedsgd_update(seed: int, batch: int = 8):
     """quickstart (tabular MLP on Adult) with FedSGD on ``batch`` rows: client 0's round-1 update
