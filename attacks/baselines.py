@@ -17,7 +17,8 @@ budget):
 * ``inverting-gradients`` — cosine distance, Adam on signed gradients, box [0, 1] on one-hots,
   step decay at 3/8, 5/8, 7/8 of the budget, one restart.
 * ``tableak`` — cosine + softmax/sigmoid structural priors + pooled restarts (median+softmax).
-* ``random-baseline`` — each cell from the empirical marginal (TabLeak's ``all_empirical``).
+* ``random-baseline`` — each cell from the public marginal (TabLeak's ``all_empirical``): the
+  prior every score is measured above (``attacks.prior``; no prior-keeping, it is the prior).
 * ``ORACLE`` — Goliath's row step given the true latents: an upper bound, not an attack (the
   latents come from the scorer), so it is run by ``flowerbed.apps.attack_eval`` only, never registered.
 
@@ -43,6 +44,7 @@ from flowerbed.attacks.goliath import (
     decode,
     with_config,
 )
+from flowerbed.attacks.goliath.knowledge import prior_rows
 from flowerbed.attacks.inversion import SETTINGS, InversionSettings, with_budget
 from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
@@ -108,7 +110,7 @@ def model_loss_observer(strategy: Any, cfg: dict[str, Any], writer: Any, method:
         model_loss_of(cfg), method, with_budget(settings, p, cfg["seed"]), name
     )
     return AttackObserver(strategy, writer, attack, ClassifierScorer(cfg), p["target_clients"],
-                          rounds=p["rounds"])  # fmt: skip
+                          rounds=p["rounds"], keep_prior_guess=method != "random")  # fmt: skip
 
 
 def _register(name: str, description: str, base: InversionConfig) -> None:
@@ -135,17 +137,15 @@ _register("tableak", "TabLeak adapted (softmax/sigmoid priors, pooled restarts)"
 
 
 class RandomRows(TabularInversion):
-    """Each cell drawn from the public empirical marginal; ignores the update."""
+    """Each cell drawn from the public marginals (``goliath.knowledge.prior_rows``: the agreed
+    preprocessing's quantiles and category frequencies); ignores the update."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg, GOLIATH)
-        data = self.workload.prep
-        table = self.workload.table
-        self.marginals = data.encode(table.train)  # public marginals (the attacker's prior)
         self.seed = int(cfg["seed"])
 
     def reconstruct(self, know: Knowledge, target: dict, batch: int) -> Reconstruction:
-        return random_reconstruction(know, batch, self.marginals, self.seed)
+        return prior_rows(know, batch, self.seed)
 
 
 @ATTACKS.register("random-baseline", "Draws from the public prior, ignoring the update (floor)")
@@ -160,7 +160,7 @@ class RandomBaseline:
             return model_loss_observer(strategy, cfg, writer, "random", InversionSettings(),
                                        "random-baseline")  # fmt: skip
         return AttackObserver(strategy, writer, RandomRows(cfg), TruthScorer(cfg),
-                              p["target_clients"], rounds=p["rounds"])  # fmt: skip
+                              p["target_clients"], rounds=p["rounds"], keep_prior_guess=False)  # fmt: skip
 
 
 @ATTACKS.register("analytic-fc", "Analytic input recovery through a fully connected first layer")

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.prior import advantage
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
@@ -191,6 +192,9 @@ def attack_release(
         "tee_flop_fraction": rel.tee_flop_fraction,
         "attacker_samples": float(len(y_q)),
     }
+    # the prior: what the attacker's own data gives without the release (the black-box bound)
+    out |= {"success": out["surrogate_accuracy"], "prior": bb,
+            "advantage": advantage(out["surrogate_accuracy"], bb)}  # fmt: skip
     if rel.exposed is not None and not rel.keep_last_layer_secret:
         exposed = load_state(rel.exposed, hidden)
         out["exposed_accuracy"] = accuracy(exposed, *test)

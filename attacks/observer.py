@@ -7,24 +7,39 @@ ground truth reaches only the scorer, called after the attack has returned. Both
 - ``attack.invert(sent, reply, num_examples) -> reconstruction`` and
   ``attack.pool(sent, reconstructions) -> reconstruction | None`` (multi-round aggregation);
 - ``scorer.score(partition_id, server_round, sent, reconstruction) -> metrics``, with a headline
-  ``success`` in [0, 1] (higher = more leaked; for tabular rows, TabLeak's cell accuracy).
+  ``success`` in [0, 1] (higher = more leaked; for tabular rows, TabLeak's cell accuracy), the
+  prior-only reconstruction's ``prior`` and the ``advantage`` above it (``attacks.prior``);
+  ``scorer.illustrate(round, [(partition_id, sent, reconstruction)], run_dir)`` draws them.
 
-The observer attacks the target clients' replies in the rounds listed in ``rounds`` (every round
-when empty), so a trained model can be attacked (``attack.params.rounds=[1, 5, 10]``). It logs each
-score under the ``attack`` scope of metrics.jsonl and keeps, in the summary, the mean over all
-attacked replies (``attack.success``) and per attacked round (``attack.r<round>.success``).
+An attack that can guess from public knowledge (``attacks.prior.PriorGuessing``) runs inside
+``PriorKeeping``: it keeps its prior guess where that matches the update better by its own
+objective. The observer attacks every target client's reply in the rounds listed in ``rounds``
+(every round when empty), so a trained model can be attacked (``attack.params.rounds=[1, 5,
+10]``). It logs each score under the ``attack`` scope of metrics.jsonl, appends one line per
+(round, attacked client) to ``attacks.jsonl`` in the run directory (``round``, ``partition``,
+``success``, ``prior``, ``advantage`` and the scorer's other metrics), and keeps, in the summary,
+the mean over all attacked replies of every metric (``attack.success``, ``attack.prior``,
+``attack.advantage``, ...) and per attacked round of the headline three
+(``attack.r<round>.success`` / ``.prior`` / ``.advantage``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from flowerbed.attacks.prior import keep_prior
 from flowerbed.clients.core.wrapper import StrategyWrapper
+
+ATTACKS_FILE = "attacks.jsonl"
+HEADLINE = ("success", "prior", "advantage")  # also kept per attacked round in the summary
 
 
 class Attack(Protocol):
@@ -45,9 +60,11 @@ class AttackObserver(StrategyWrapper):
 
     def __init__(self, inner: Any, writer: Any, attack: Attack, scorer: Scorer,
                  targets: list[int], aggregate: bool = False,
-                 rounds: list[int] | None = None) -> None:  # fmt: skip
+                 rounds: list[int] | None = None, keep_prior_guess: bool = True) -> None:  # fmt: skip
         super().__init__(inner)
-        self.writer, self.attack, self.scorer = writer, attack, scorer
+        seed = int(getattr(scorer, "cfg", {}).get("seed", 0))
+        self.writer, self.scorer = writer, scorer
+        self.attack = keep_prior(attack, seed, keep_prior_guess)
         self.targets = set(targets)
         self.aggregate = aggregate
         self.rounds = set(rounds or ())
@@ -68,6 +85,7 @@ class AttackObserver(StrategyWrapper):
         if self.rounds and server_round not in self.rounds:
             return self.inner.aggregate_train(server_round, replies)
         sent = as_tensors(self._sent)
+        shown: list[tuple[Any, dict, Any]] = []
         for reply in replies:
             if reply.has_error():
                 continue
@@ -79,26 +97,61 @@ class AttackObserver(StrategyWrapper):
                 sent, as_tensors(reply.content["arrays"]), int(metrics["num-examples"])
             )
             self.history.setdefault(pid, []).append(rec)
-            self._score(server_round, pid, sent, rec, "")
+            record = self._score(server_round, pid, sent, rec, "")
+            shown.append((pid, sent, rec))
             if self.aggregate and len(self.history[pid]) > 1:
                 pooled = self.attack.pool(sent, self.history[pid])
                 if pooled is not None:
-                    self._score(server_round, pid, sent, pooled, "agg_")
+                    record |= self._score(server_round, pid, sent, pooled, "agg_")
+            self._record(server_round, pid, record)
+        self._illustrate(server_round, shown)
         return self.inner.aggregate_train(server_round, replies)
 
-    def _score(self, rnd: int, pid: int, sent: dict, rec: Any, prefix: str) -> None:
+    def _score(self, rnd: int, pid: Any, sent: dict, rec: Any, prefix: str) -> dict[str, float]:
+        """Score one reconstruction, log it, update the summary's means; the prefixed scores."""
         scores = self.scorer.score(pid, rnd, sent, rec)
         scores["seconds"] = rec.seconds
-        self.scores.append({"prefix": prefix, "round": rnd, **scores})
-        self.writer.log(rnd, "attack", {f"{prefix}{k}": v for k, v in scores.items()})
-        mine = [s for s in self.scores if s["prefix"] == prefix]
-        this_round = [s["success"] for s in mine if s["round"] == rnd]
-        self.writer.set_final(f"attack.{prefix}success", _mean([s["success"] for s in mine]))
-        self.writer.set_final(f"attack.r{rnd}.{prefix}success", _mean(this_round))
-        if "accuracy" in scores:  # tabular rows: TabLeak's name for the same number
-            accuracies = [s["accuracy"] for s in mine]
+        if hasattr(rec, "kept_prior"):
+            scores["kept_prior"] = float(rec.kept_prior)
+        scores = {f"{prefix}{k}": float(v) for k, v in scores.items()}
+        self.scores.append({"round": rnd, **scores})
+        self.writer.log(rnd, "attack", scores)
+        for key in scores:
+            values = [s[key] for s in self.scores if key in s]
+            self.writer.set_final(f"attack.{key}", _mean(values))
+        for key in (f"{prefix}{h}" for h in HEADLINE):
+            values = [s[key] for s in self.scores if s["round"] == rnd and key in s]
+            if values:
+                self.writer.set_final(f"attack.r{rnd}.{key}", _mean(values))
+        if f"{prefix}accuracy" in scores:  # tabular rows: TabLeak's name for the same number
+            accuracies = [s[f"{prefix}accuracy"] for s in self.scores if f"{prefix}accuracy" in s]
             self.writer.set_final(f"attack.{prefix}cell_accuracy", _mean(accuracies))
+        return scores
+
+    def _run_dir(self) -> Path | None:
+        run_dir = getattr(self.writer, "run_dir", None)
+        return None if run_dir is None else Path(run_dir)
+
+    def _record(self, rnd: int, pid: Any, scores: dict[str, float]) -> None:
+        """One line of ``attacks.jsonl``: a (round, attacked client) and every score of it."""
+        run_dir = self._run_dir()
+        if run_dir is None:
+            return
+        members = list(pid) if isinstance(pid, tuple) else None
+        line = {"round": rnd, "partition": members[0] if members else int(pid)}
+        if members:
+            line["members"] = members
+        line |= {k: (v if math.isfinite(v) else None) for k, v in scores.items()}
+        with (run_dir / ATTACKS_FILE).open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+    def _illustrate(self, rnd: int, shown: list[tuple[Any, dict, Any]]) -> None:
+        """Let the scorer (the one holding ground truth) draw this round's reconstructions."""
+        run_dir = self._run_dir()
+        if shown and run_dir is not None and hasattr(self.scorer, "illustrate"):
+            self.scorer.illustrate(rnd, shown, run_dir)
 
 
 def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")

@@ -130,6 +130,11 @@ class ModelLoss:
     last_bias: str | None = None
     #: public prior draws in model space (tables: per-feature marginals); None = uniform in the box
     prior: Callable[[int, torch.Generator], torch.Tensor] | None = None
+    #: the best guess of an input from public knowledge alone, model space (images: the public
+    #: mean image); None = a prior draw (``draw``). What leakage is measured above.
+    guess: Callable[[int, torch.Generator], torch.Tensor] | None = None
+    #: public class frequencies (labels guessed from public knowledge); None = uniform
+    class_prior: torch.Tensor | None = None
 
     def loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """Mean cross-entropy of a batch; ``y`` holds class indices or class probabilities."""
@@ -151,6 +156,36 @@ class ModelLoss:
         s = self.schema
         u = torch.rand(n, s.dim, generator=generator, dtype=s.low.dtype)
         return (s.low + u * (s.high - s.low)).reshape(n, *s.shape)
+
+
+def prior_guess_inputs(contract: ModelLoss, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` inputs guessed from public knowledge alone: ``contract.guess`` or prior draws."""
+    if contract.guess is not None:
+        return contract.guess(n, generator).reshape(n, *contract.schema.shape)
+    return contract.draw(n, generator)
+
+
+def prior_guess_labels(contract: ModelLoss, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` labels drawn from the public class frequencies (uniform without them)."""
+    k = contract.schema.num_classes
+    probs = contract.class_prior if contract.class_prior is not None else torch.ones(k)
+    return torch.multinomial(probs.double() / probs.double().sum(), n, replacement=True,
+                             generator=generator)  # fmt: skip
+
+
+def class_frequencies(labels: np.ndarray, classes: int) -> torch.Tensor:
+    """Public class frequencies of a label vector."""
+    return torch.from_numpy(np.bincount(labels, minlength=classes) / max(len(labels), 1))
+
+
+def mean_image(images: torch.Tensor) -> Callable[[int, torch.Generator], torch.Tensor]:
+    """The public mean image, repeated (the MSE-optimal constant guess of an image)."""
+    mean = images.double().mean(0).float()
+
+    def guess(n: int, generator: torch.Generator) -> torch.Tensor:
+        return mean.expand(n, *mean.shape).clone()
+
+    return guess
 
 
 def marginal_prior(

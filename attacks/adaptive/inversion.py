@@ -48,8 +48,9 @@ from flowerbed.attacks.goliath.knowledge import (
     observed_target,
 )
 from flowerbed.attacks.goliath.objective import match_loss, simulate
-from flowerbed.attacks.goliath.optimisation import invert
+from flowerbed.attacks.goliath.optimisation import invert, rows_score
 from flowerbed.attacks.observer import AttackObserver, as_tensors
+from flowerbed.attacks.prior import PriorKeeping, keep_prior
 from flowerbed.clients.defenses import (
     GaussianNoise,
     Mechanism,
@@ -219,6 +220,13 @@ class DefenseAwareInversion(TabularInversion):
         seen.append(Observation(server_round, sent, target, examples))
         del seen[: -max(self.average_rounds, 1)]
 
+    def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Reconstruction) -> float:  # fmt: skip
+        """The defense-aware objective for ``rec``'s rows: matched through the defenses' view."""
+        know = self.knowledge(sent)
+        target = observed_target(know, sent, reply)
+        aware = replace(know, view=self.view_for(target))
+        return rows_score(aware, target, rec.num, rec.cat, self.icfg, self.icfg.seed)
+
     def invert_latest(self, members: tuple[int, ...]) -> Reconstruction:
         """Invert the latest observation of ``members`` (averaged with earlier ones under DP noise)."""
         seen = self.history[members]
@@ -299,7 +307,8 @@ class DefenseAwareObserver(AttackObserver):
     ) -> None:  # fmt: skip
         super().__init__(inner, writer, attack, scorer, targets, aggregate=False, rounds=rounds)
         self.adaptive = attack
-        self.unaware = unaware
+        seed = int(scorer.cfg["seed"]) if hasattr(scorer, "cfg") else 0
+        self.unaware = None if unaware is None else keep_prior(unaware, seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -307,6 +316,7 @@ class DefenseAwareObserver(AttackObserver):
         replies = list(replies)
         sent = as_tensors(self._sent)
         attacked = not self.rounds or server_round in self.rounds
+        shown: list[tuple[Any, dict, Any]] = []
         for reply in replies:
             if reply.has_error():
                 continue
@@ -319,8 +329,15 @@ class DefenseAwareObserver(AttackObserver):
             if not attacked:
                 continue
             key: Any = members[0] if len(members) == 1 else members
+            record: dict[str, float] = {}
             if self.unaware is not None and len(members) == 1:
                 rec = self.unaware.invert(sent, observed, examples)
-                self._score(server_round, key, sent, rec, "unaware_")
-            self._score(server_round, key, sent, self.adaptive.invert_latest(members), "")
+                record |= self._score(server_round, key, sent, rec, "unaware_")
+            rec = self.adaptive.invert_latest(members)
+            if isinstance(self.attack, PriorKeeping):
+                rec = self.attack.keep(sent, observed, examples, rec)
+            record = self._score(server_round, key, sent, rec, "") | record
+            shown.append((key, sent, rec))
+            self._record(server_round, key, record)
+        self._illustrate(server_round, shown)
         return self.inner.aggregate_train(server_round, replies)

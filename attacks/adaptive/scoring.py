@@ -1,7 +1,8 @@
 """Ground truth for the defense-aware attacks, for the scorer only: a secure-aggregation group's rows.
 
 A reconstruction of a group aggregate is scored against the union of the group members' batches of
-that round (TabLeak cell accuracy after Hungarian matching over all N x B rows).
+that round (TabLeak cell accuracy after Hungarian matching over all N x B rows), the prior-only
+reconstruction (N x B rows from the public marginals) beside it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,15 @@ def union(truths: list[Truth]) -> Truth:
 class GroupScorer(TruthScorer):
     """TruthScorer whose ``partition_id`` may be a tuple: the members of an aggregate."""
 
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
+    def truth_of(
+        self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor]
+    ) -> Truth:
         if isinstance(partition_id, tuple):
-            truth = union([self.truth(p, server_round, sent) for p in partition_id])
-            out = self.score_against(truth, rec)
+            return union([self.truth(p, server_round, sent) for p in partition_id])
+        return super().truth_of(partition_id, server_round, sent)
+
+    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
+        out = super().score(partition_id, server_round, sent, rec)
+        if isinstance(partition_id, tuple):
             out["group_size"] = float(len(partition_id))
-            return out
-        return super().score(partition_id, server_round, sent, rec)
+        return out

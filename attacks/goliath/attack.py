@@ -16,8 +16,9 @@ from flowerbed.attacks.goliath.knowledge import (
     Knowledge,
     Reconstruction,
     observed_target,
+    prior_rows,
 )
-from flowerbed.attacks.goliath.optimisation import invert
+from flowerbed.attacks.goliath.optimisation import invert, rows_score
 from flowerbed.clients.workloads.tabdiff import TabDiff
 
 
@@ -38,6 +39,16 @@ class TabularInversion:
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
         know = self.knowledge(sent)
         return self.reconstruct(know, observed_target(know, sent, reply), num_examples)
+
+    def prior_guess(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int, seed: int) -> Reconstruction:  # fmt: skip
+        """Rows from the public prior alone (``knowledge.prior_rows``); the update is not read."""
+        return prior_rows(self.knowledge(sent), num_examples, seed)
+
+    def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Reconstruction) -> float:  # fmt: skip
+        """The engine's objective for ``rec``'s rows against this update (lower = better)."""
+        know = self.knowledge(sent)
+        return rows_score(know, observed_target(know, sent, reply), rec.num, rec.cat, self.icfg,
+                          self.icfg.seed)  # fmt: skip
 
     def pool(self, sent: dict[str, torch.Tensor], recs: list[Reconstruction]) -> Reconstruction | None:  # fmt: skip
         """Multi-round Goliath (FedAvg: the same rows are seen again every round)."""

@@ -123,6 +123,31 @@ def decode(know: Knowledge, num: torch.Tensor, cat: torch.Tensor) -> pd.DataFram
     return know.prep.decode(num.double().numpy(), codes_t.numpy())
 
 
+def prior_rows(know: Knowledge, batch: int, seed: int) -> Reconstruction:
+    """Rows from the public prior alone: each numeric cell from the agreed preprocessing's quantile
+    function, each category from its public frequency (``TablePreprocessor.frequencies``;
+    uniform without them), independently; the update is not read (TabLeak's random baseline)."""
+    gen = torch.Generator().manual_seed(int(seed) % 2**63)
+    prep, spec = know.prep, know.spec
+    num = torch.zeros(batch, spec.n_num, dtype=torch.float64)
+    if spec.n_num and prep.quantile is not None:  # a normal draw through the quantile function,
+        z = torch.randn(batch, spec.n_num, generator=gen, dtype=torch.float64).clamp(-BOUND, BOUND)
+        values = prep.quantile.inverse_transform(z.numpy())  # ... re-encoded: ties land on their
+        num = torch.from_numpy(prep.quantile.transform(values))  # own normal-space value
+    blocks = []
+    for c, k in zip(prep.categorical, spec.cat_sizes, strict=True):
+        freq = (prep.frequencies or {}).get(c)
+        probs = (
+            torch.tensor(freq, dtype=torch.float64) if freq else torch.ones(k, dtype=torch.float64)
+        )
+        codes = torch.multinomial(probs / probs.sum(), batch, replacement=True, generator=gen)
+        blocks.append(torch.nn.functional.one_hot(codes, k).double())
+    cat = torch.cat(blocks, 1) if blocks else torch.zeros(batch, 0, dtype=torch.float64)
+    rec = Reconstruction(num.float(), cat.float(), None, None, float("nan"))
+    rec.frame = decode(know, rec.num, rec.cat)
+    return rec
+
+
 #: Goliath's own settings; the baselines are other settings of the same engine
 GOLIATH = InversionConfig()
 

@@ -237,3 +237,27 @@ def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstructio
     rec.frame = decode(know, rec.num, rec.cat)
     rec.seconds = time.perf_counter() - start
     return rec
+
+
+def rows_score(know: Knowledge, target: dict[str, torch.Tensor], num: torch.Tensor,
+               cat: torch.Tensor, cfg: InversionConfig, seed: int = 0) -> float:  # fmt: skip
+    """The engine's own objective for given rows (no ground truth): the hard-projected gradient
+    match with the latents fitted to these rows (timesteps by grid search where the engine's loop
+    does one, noise and masks by a quarter of its Adam budget, the rows frozen), so that rows from
+    any source are compared on equal terms."""
+    torch.set_num_threads(1)
+    batch = len(num)
+    steps = local_steps(know.protocol, batch)
+    v = Variables(know.spec, steps, batch, cfg, torch.Generator().manual_seed(seed))
+    v.set_num(num.float())
+    v.set_cat(cat.float())
+    mixed = know.spec.regime == "mixed"
+    lat_vars = [v.a, v.e] + ([v.l] if mixed else [])
+    if cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:  # as the engine's own loop
+        _t_grid_search(know, v, target, cfg)
+    opt = torch.optim.Adam(lat_vars, lr=cfg.lr * 0.5)
+    for _ in range(max(cfg.iterations // 4, 1)):
+        _step(opt, _objective(know, v, target, cfg), lat_vars, cfg.sign)
+    if mixed:
+        _project_masks(know, v)
+    return _hard_score(know, v, target, cfg)

@@ -15,7 +15,8 @@ import torch
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, server_view
 from flowerbed.attacks.inversion.optimisation import invert_optimised
-from flowerbed.clients.model_loss import ModelLoss
+from flowerbed.attacks.inversion.simulate import distance, simulate
+from flowerbed.clients.model_loss import ModelLoss, prior_guess_inputs, prior_guess_labels
 from flowerbed.clients.workloads import WORKLOADS
 
 METHODS = ("analytic", "optimised", "random")
@@ -50,6 +51,27 @@ class ModelLossAttack:
         return Recovered(x, y, float("nan"), self.contract.decode(x),
                          time.perf_counter() - start, self.name)  # fmt: skip
 
+    def prior_guess(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int, seed: int) -> Recovered:  # fmt: skip
+        """Inputs and labels from public knowledge alone (``guess_from_prior``)."""
+        return guess_from_prior(self.contract, num_examples, seed, self.name)
+
+    def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Recovered) -> float:  # fmt: skip
+        """The attack's objective (its update distance, no prior term) for ``rec``."""
+        view = server_view(self.contract, sent, reply, len(rec.x))
+        dtype = next(iter(view.params.values())).dtype
+        with torch.enable_grad():
+            sim = simulate(self.contract, view.params, rec.x.to(dtype), rec.y, create_graph=False)
+        return float(distance(sim, view.update, self.settings.objective).detach())
+
     def pool(self, sent: dict[str, torch.Tensor], recs: list[Recovered]) -> Recovered | None:
         """No multi-round pooling: each round's examples are drawn afresh."""
         return None
+
+
+def guess_from_prior(contract: ModelLoss, n: int, seed: int, method: str = "prior") -> Recovered:
+    """What a server guesses from public knowledge alone: ``contract.guess`` (images: the public
+    mean image) or prior draws (tables: per-feature marginals), labels from the class prior."""
+    gen = torch.Generator().manual_seed(int(seed) % 2**63)
+    x = prior_guess_inputs(contract, n, gen)
+    y = prior_guess_labels(contract, n, gen)
+    return Recovered(x, y, float("nan"), contract.decode(x), 0.0, method)

@@ -5,19 +5,26 @@ Images: per-image MSE and PSNR in the model's input space ([0, 1]) after optimal
 (Hungarian on MSE); an image counts as recovered at PSNR >= ``PSNR_RECOVERED`` dB; also the share of
 reconstructions whose nearest training image (over every client's training images) is the true
 one. Tables: TabLeak's per-cell accuracy of the decoded rows (numeric cells within 0.319 x the
-column's std in the dataset's train split). Both: label accuracy on the matched pairs.
+column's std in the dataset's train split). Both: label accuracy on the matched pairs. Beside them,
+the prior-only reconstruction (``attacks.prior``: the public mean image or marginal draws, labels
+from the class prior) on the same examples; per attacked round a picture of true vs reconstructed
+images (``attack_r<round>.png``) or rows (``attack_r<round>.md``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from flowerbed.attacks.inversion.attack import guess_from_prior
 from flowerbed.attacks.inversion.knowledge import Recovered
-from flowerbed.attacks.metrics import tableak_accuracy
+from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
+from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
+from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
 from flowerbed.clients.datasets import load_table
 from flowerbed.clients.workloads import WORKLOADS, Examples
 
@@ -68,8 +75,43 @@ class ClassifierScorer:
             self._pool = torch.cat(parts).reshape(sum(len(p) for p in parts), -1).double()
         return self._pool
 
+    def prior_guesses(self, partition_id: int, server_round: int, batch: int) -> list[Recovered]:
+        """The prior-only reconstructions (the attacker's ``guess_from_prior`` on the public
+        contract), seeded per reply."""
+        seed = self.cfg["seed"]
+        return [guess_from_prior(self.contract, batch, prior_seed(seed, partition_id, server_round, d))
+                for d in range(PRIOR_DRAWS)]  # fmt: skip
+
     def score(self, partition_id: int, server_round: int, sent: dict[str, torch.Tensor], rec: Recovered) -> dict[str, float]:  # fmt: skip
-        return self.score_against(self.truth(partition_id, server_round), rec)
+        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``)."""
+        guesses = self.prior_guesses(partition_id, server_round, len(rec.x))
+        truth = self.truth(partition_id, server_round)
+        prior = prior_scores(lambda g: self.score_against(truth, g), guesses)
+        return with_prior(self.score_against(truth, rec), prior)
+
+    def illustrate(self, server_round: int, items: list[tuple[int, dict[str, torch.Tensor], Recovered]],
+                   run_dir: Path) -> None:  # fmt: skip
+        """``attack_r<round>.png`` (images) or ``.md`` (rows): truth vs matched reconstruction."""
+        shown = []
+        title = f"{self.cfg['experiment']}: round {server_round}, true vs reconstructed"
+        for pid, _, rec in items:
+            truth = self.truth(pid, server_round)
+            if self.kind == "image":
+                res = image_scores(truth.x, rec.x)
+                note = f"PSNR {res['psnr']:.1f} dB, recovered {res['recovered']:.2f}"
+                shown.append(Shown(f"partition {pid}", _planes(truth.x), _planes(rec.x[res["perm"]]),
+                                   note))  # fmt: skip
+            else:
+                rows = self.contract.decode(truth.x)
+                res = tableak_accuracy(rows, rec.decoded, self.numeric, self.categorical, self.stds)
+                matched = rec.decoded.reset_index(drop=True).iloc[res["perm"]]
+                note = f"cell accuracy {res['accuracy']:.3f} over {len(rows)} rows"
+                shown.append(Shown(f"partition {pid}", rows, matched, note))
+        if self.kind == "image":
+            image_grid(Path(run_dir) / f"attack_r{server_round}.png", title, shown)
+        else:
+            rows_markdown(Path(run_dir) / f"attack_r{server_round}.md", title, shown, self.numeric,
+                          self.stds, TOLERANCE)  # fmt: skip
 
     def score_against(self, truth: Examples, rec: Recovered, identify: bool = True) -> dict[str, float]:  # fmt: skip
         """``success`` = recovered images (PSNR) or TabLeak cell accuracy; label accuracy."""
@@ -97,3 +139,8 @@ class ClassifierScorer:
         nearest = torch.cdist(r, pool).argmin(1)
         true_idx = torch.cdist(t, pool).argmin(1)  # the true image's own position in the pool
         return float((nearest == true_idx).double().mean())
+
+
+def _planes(x: torch.Tensor) -> np.ndarray:
+    """(B, C, H, W) or (B, H, W) model-space images -> (B, C*H, W) in [0, 1], for drawing."""
+    return x.detach().reshape(len(x), -1, x.shape[-1]).double().clamp(0, 1).numpy()

@@ -275,6 +275,7 @@ def resolve(
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
+        _check_targets(cfg)
     for i, defense in enumerate(cfg["defenses"]):
         cls = components.defenses.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
@@ -318,6 +319,18 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
     if isinstance(node, dict) and isinstance(default, dict):
         return any(k not in default or value != default[k] for k, value in node.items())
     return node is not None and node != default
+
+
+def _check_targets(cfg: dict[str, Any]) -> None:
+    """An attack's ``target_clients`` must name clients of the run (else nothing is attacked)."""
+    targets = cfg["attack"]["params"].get("target_clients")
+    n = cfg["clients"]["num"]
+    bad = [int(t) for t in targets or () if not 0 <= int(t) < n]
+    if bad:
+        raise ConfigError(
+            f"attack.params.target_clients: {bad} not a client of this run "
+            f"(allowed: 0..{n - 1}, clients.num={n})"
+        )
 
 
 def _check_reads(

@@ -23,6 +23,9 @@ class TablePreprocessor:
     categorical: tuple[str, ...]
     categories: dict[str, tuple[str, ...]]
     quantile: QuantileTransformer | None
+    #: per categorical column, the category frequencies of the split it was fitted on (public
+    #: statistics of the schema, like the quantiles: the attacker's prior over categories)
+    frequencies: dict[str, tuple[float, ...]] | None = None
 
     @classmethod
     def fit(
@@ -42,7 +45,12 @@ class TablePreprocessor:
                 random_state=0,
             )
             quantile.fit(frame[list(schema.numeric)].to_numpy(np.float64))
-        return cls(tuple(schema.numeric), categorical, categories, quantile)
+        frequencies = {}
+        for c in categorical:
+            codes = pd.Categorical(frame[c].astype(str), categories=categories[c]).codes
+            counts = np.bincount(codes[codes >= 0], minlength=len(categories[c]))
+            frequencies[c] = tuple(float(x) for x in counts / max(counts.sum(), 1))
+        return cls(tuple(schema.numeric), categorical, categories, quantile, frequencies)
 
     @property
     def cat_sizes(self) -> tuple[int, ...]:

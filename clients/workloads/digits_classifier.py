@@ -31,6 +31,8 @@ from flowerbed.clients.model_loss import (
     InputSchema,
     LocalTraining,
     ModelLoss,
+    class_frequencies,
+    mean_image,
 )
 from flowerbed.clients.workloads import (
     WORKLOADS,
@@ -142,10 +144,14 @@ class DigitsClassifier(ClassifierWorkload):
 
     # -- public knowledge (model-loss contract) --------------------------------------------------
     def model_loss(self) -> ModelLoss:
-        """The network, cross-entropy, images in [0, 1]^(1x8x8), pixel scaling, the protocol."""
+        """The network, cross-entropy, images in [0, 1]^(1x8x8), pixel scaling, the protocol; the
+        public guess is the mean image and the class frequencies of the held-out split (the
+        server's own evaluation data, no client's)."""
         dim = int(np.prod(SHAPE))
         schema = InputSchema(SHAPE, 10, torch.zeros(dim), torch.ones(dim), "image")
         n_layers = len(self._model())
         first = ("1.weight", "1.bias") if self.params.model == "mlp" else None
+        public = digits_split()[1]
         return ModelLoss(self._model(), schema, self.training, decode_images, first,
-                         f"{n_layers - 1}.bias")  # fmt: skip
+                         f"{n_layers - 1}.bias", guess=mean_image(public.x),
+                         class_prior=class_frequencies(public.y.numpy(), 10))  # fmt: skip

@@ -26,6 +26,7 @@ from flowerbed.clients.model_loss import (
     InputSchema,
     LocalTraining,
     ModelLoss,
+    class_frequencies,
     marginal_prior,
 )
 from flowerbed.clients.workloads import (
@@ -202,7 +203,8 @@ class TabularMLP(ClassifierWorkload):
         )  # fmt: skip
         last = 2 * len(self.params.hidden)
         return ModelLoss(self._model(), schema, self.training, data.decode, ("0.weight", "0.bias"),
-                         f"{last}.bias", marginal_prior(x, data.blocks))  # fmt: skip
+                         f"{last}.bias", marginal_prior(x, data.blocks),
+                         class_prior=class_frequencies(data.y_train, self.num_classes))  # fmt: skip
 
 
 def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:
