@@ -57,10 +57,13 @@ bare_server.main(grid, Context(run_id=1, node_id=1, node_config={}, state=Record
 
 class PeakMemory:
     """Peak of the summed RSS of every process carrying ``TAG=tag``, and their CPU seconds
-    (user + system, the last value seen of each process), sampled in a thread."""
+    (user + system, the last value seen of each process), sampled in a thread. With ``pss``
+    also the peak of their summed PSS (shared pages split between the processes sharing them:
+    the sum is what the arm costs the machine)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, pss: bool = False, every_s: float = 0.1) -> None:
         self.tag, self.peak, self._done = tag, 0, threading.Event()
+        self.pss, self.peak_pss, self.every_s = pss, 0, every_s
         self.cpu: dict[int, float] = {}
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -78,17 +81,23 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._done.is_set():
-            total = 0
+            total = total_pss = 0
             for proc in psutil.process_iter(["pid"]):
                 try:
                     if proc.environ().get(TAG) == self.tag:
-                        total += proc.memory_info().rss
+                        if self.pss:
+                            info = proc.memory_full_info()
+                            total_pss += info.pss
+                        else:
+                            info = proc.memory_info()
+                        total += info.rss
                         times = proc.cpu_times()
                         self.cpu[proc.pid] = times.user + times.system
                 except (psutil.Error, OSError):
                     continue
             self.peak = max(self.peak, total)
-            time.sleep(0.1)
+            self.peak_pss = max(self.peak_pss, total_pss)
+            time.sleep(self.every_s)
 
 
 def run_flowerbed(args: argparse.Namespace, work: Path) -> dict:
@@ -128,7 +137,9 @@ def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
     run_config = f"num-server-rounds={args.rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64"
     with LocalSuperLink(extra_env={TAG: tag}) as link:
         link.ready(timeout=300)
-        command = link.flwr_run(BARE, run_config, {"num": args.clients, "cpus": 1})
+        command = link.flwr_run(
+            BARE, run_config, {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
+        )
         if link.spawn(command, subprocess.DEVNULL).wait() != 0:
             raise RuntimeError("the bare app's flwr run failed")
 

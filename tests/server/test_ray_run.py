@@ -170,7 +170,9 @@ def test_clients_read_the_drivers_bytes_not_its_path(tmp_path, cluster):
         pytest.fail("the file actor outlived its host")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"]
+)
 def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, signum):
     exp = _experiment(tmp_path, rounds=100000)
     before = _actors()
