@@ -64,6 +64,8 @@ class PeakMemory:
     def __init__(self, tag: str, pss: bool = False, every_s: float = 0.1) -> None:
         self.tag, self.peak, self._done = tag, 0, threading.Event()
         self.pss, self.peak_pss, self.every_s = pss, 0, every_s
+        #: at the sample of the peak PSS (or RSS): process kind -> (count, RSS, PSS)
+        self.at_peak: dict[str, list[int]] = {}
         self.cpu: dict[int, float] = {}
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -82,22 +84,45 @@ class PeakMemory:
     def _sample(self) -> None:
         while not self._done.is_set():
             total = total_pss = 0
+            kinds: dict[str, list[int]] = {}
             for proc in psutil.process_iter(["pid"]):
                 try:
                     if proc.environ().get(TAG) == self.tag:
-                        if self.pss:
-                            info = proc.memory_full_info()
-                            total_pss += info.pss
-                        else:
-                            info = proc.memory_info()
-                        total += info.rss
+                        info = proc.memory_full_info() if self.pss else proc.memory_info()
+                        pss = getattr(info, "pss", 0)
+                        total, total_pss = total + info.rss, total_pss + pss
+                        entry = kinds.setdefault(_kind(proc), [0, 0, 0])
+                        entry[0], entry[1], entry[2] = (
+                            entry[0] + 1,
+                            entry[1] + info.rss,
+                            entry[2] + pss,
+                        )
                         times = proc.cpu_times()
                         self.cpu[proc.pid] = times.user + times.system
                 except (psutil.Error, OSError):
                     continue
+            if (total_pss if self.pss else total) > (self.peak_pss if self.pss else self.peak):
+                self.at_peak = kinds
             self.peak = max(self.peak, total)
             self.peak_pss = max(self.peak_pss, total_pss)
             time.sleep(self.every_s)
+
+
+def _kind(proc: psutil.Process) -> str:
+    """A short name for what a process is: ``ray::ClientAppActor``, ``flwr-simulation``,
+    ``flowerbed.apps.cli``, ``raylet``..."""
+    cmd = proc.cmdline()
+    if not cmd:
+        return proc.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    if "-m" in cmd[:-1]:
+        return cmd[cmd.index("-m") + 1]
+    for part in cmd[:3]:
+        name = Path(part).name
+        if not name.startswith("python"):
+            return name
+    return proc.name()
 
 
 def run_flowerbed(args: argparse.Namespace, work: Path) -> dict:

@@ -56,7 +56,7 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
         subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
         wall = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
-    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall,
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
             "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
             if link.spawn(command, subprocess.DEVNULL).wait() != 0:
                 raise RuntimeError("the bare app's flwr run failed")
         wall = time.perf_counter() - start
-    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall}
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak}
 
 
 def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict]:
@@ -100,6 +100,10 @@ def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict
                 f"{bare['wall_s']:.0f} s; load average {result['load']}",
                 flush=True,
             )
+            for name in ("flowerbed", "bare"):
+                kinds = sorted(result[name]["kinds"].items(), key=lambda kv: -kv[1][2])
+                parts = [f"{k} x{c} {pss / 2**20:.0f}" for k, (c, _rss, pss) in kinds]
+                print(f"  {name} at its peak, PSS MiB by process: {', '.join(parts)}", flush=True)
     return rows
 
 

@@ -176,8 +176,12 @@ def test_clients_read_the_drivers_bytes_not_its_path(tmp_path, cluster):
 def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, signum):
     exp = _experiment(tmp_path, rounds=100000)
     before = _actors()
+    # the address as an option, or as the config key (SIGTERM's run)
+    where = (
+        [f"simulation.ray_address={cluster}"] if signum == signal.SIGTERM else ["--ray", cluster]
+    )
     proc = subprocess.Popen(
-        _cli(str(exp), "--ray", cluster, "--out", str(tmp_path / "run")),
+        _cli(str(exp), *where, "--out", str(tmp_path / "run")),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
