@@ -176,12 +176,16 @@ def test_clients_read_the_drivers_bytes_not_its_path(tmp_path, cluster):
 def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, signum):
     exp = _experiment(tmp_path, rounds=100000)
     before = _actors()
-    # the address as an option, or as the config key (SIGTERM's run)
-    where = (
-        [f"simulation.ray_address={cluster}"] if signum == signal.SIGTERM else ["--ray", cluster]
-    )
+    # the address as an option, as the config key (SIGTERM's run), or found by `auto` in the
+    # user's environment (SIGINT's run: Ray reads RAY_ADDRESS; the engine's own processes have
+    # a private Ray temp dir, so `auto` is resolved before they start)
+    where = {
+        signal.SIGINT: ["--ray", "auto"],
+        signal.SIGTERM: [f"simulation.ray_address={cluster}"],
+    }.get(signum, ["--ray", cluster])
+    env = dict(os.environ, RAY_ADDRESS=cluster) if signum == signal.SIGINT else None
     proc = subprocess.Popen(
-        _cli(str(exp), *where, "--out", str(tmp_path / "run")),
+        _cli(str(exp), *where, "--out", str(tmp_path / "run")), env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
