@@ -139,12 +139,19 @@ def raw_engine(experiment: str, overrides: list[str], engine: str | None) -> str
     """The engine a config asks for, read without resolving it (which imports the registries)."""
     if engine is not None:
         return engine
-    from flowerbed.clients.core.config import load_base, parse_overrides
+    return str(raw_setting(experiment, overrides, "engine") or "simulation")
 
+
+def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
+    """A key of a config (overrides first, then the preset or file), read without resolving it."""
+    from flowerbed.clients.core.config import dotted_get, load_base, parse_overrides
+
+    missing = object()
     for layer in (parse_overrides(overrides), load_base(experiment)):
-        if "engine" in layer:
-            return str(layer["engine"])
-    return "simulation"
+        value = dotted_get(layer, dotted, missing)
+        if value is not missing:
+            return value
+    return None
 
 
 def execute(
@@ -314,6 +321,14 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="show Flower's log (also in RUN_DIR/flower.log)")
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="simulation engine: run the ClientApp actors on this Ray cluster (auto | HOST:PORT)",
+        ),
+    ] = None,
 ) -> None:
     """Run one experiment and print its summary table."""
     from flowerbed.apps.progress import RunProgress
@@ -323,17 +338,26 @@ def run(
         forced["deployment"] = {"superlink": superlink}
         if root_certificates is not None:
             forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
+    if ray is not None:
+        forced["simulation"] = {"ray_address": ray}
     overrides = overrides or []
     with RunProgress(console) as progress, contextlib.ExitStack() as stack:
         progress.add_task(Path(experiment).stem, total=None)
         progress.status("checking the config and the data…")
         wanted = raw_engine(experiment, overrides, engine)
+        address = ray or raw_setting(experiment, overrides, "simulation.ray_address")
         early: dict[str, Any] = {}
-        if wanted == "simulation":  # the SuperLink boots while the config and data are checked
+        if wanted == "simulation" and address:  # connects while the config and data are checked
+            from flowerbed.server.ray_cluster import RayCluster
+
+            early["cluster"] = stack.enter_context(RayCluster(str(address)))
+        elif wanted == "simulation":  # the SuperLink boots while the config and data are checked
             from flowerbed.server.engines.simulation import LocalSuperLink
 
             early["superlink"] = stack.enter_context(LocalSuperLink())
         cfg = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
+        if "cluster" in early:  # a wrong address or a cluster too small: before anything starts
+            early["cluster"].check_fits(cfg["clients"]["resources"])
         progress.update(
             progress.task_ids[0], total=cfg["rounds"],
             description=f"{cfg['experiment']} [{cfg['engine']}]",

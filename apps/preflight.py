@@ -33,7 +33,23 @@ def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> 
             ) from None
     WORKLOADS.get(cfg["workload"]["name"])(cfg)
     check_superlink(cfg)
+    check_ray_address(cfg)
     return cfg
+
+
+def check_ray_address(cfg: dict[str, Any]) -> None:
+    """``simulation.ray_address`` has an allowed form and goes with the simulation engine."""
+    from flowerbed.server.ray_cluster import check_address
+
+    address = cfg["simulation"]["ray_address"]
+    if not address:
+        return
+    check_address(address)
+    if cfg["engine"] != "simulation":
+        raise ConfigError(
+            f"simulation.ray_address runs the simulation engine on a Ray cluster; it does not "
+            f"apply to engine '{cfg['engine']}' (use engine=simulation, or unset it)"
+        )
 
 
 def check_superlink(cfg: dict[str, Any]) -> None:

@@ -57,10 +57,15 @@ bare_server.main(grid, Context(run_id=1, node_id=1, node_config={}, state=Record
 
 class PeakMemory:
     """Peak of the summed RSS of every process carrying ``TAG=tag``, and their CPU seconds
-    (user + system, the last value seen of each process), sampled in a thread."""
+    (user + system, the last value seen of each process), sampled in a thread. With ``pss``
+    also the peak of their summed PSS (shared pages split between the processes sharing them:
+    the sum is what the arm costs the machine)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, pss: bool = False, every_s: float = 0.1) -> None:
         self.tag, self.peak, self._done = tag, 0, threading.Event()
+        self.pss, self.peak_pss, self.every_s = pss, 0, every_s
+        #: at the sample of the peak PSS (or RSS): process kind -> (count, RSS, PSS)
+        self.at_peak: dict[str, list[int]] = {}
         self.cpu: dict[int, float] = {}
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -78,17 +83,46 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._done.is_set():
-            total = 0
+            total = total_pss = 0
+            kinds: dict[str, list[int]] = {}
             for proc in psutil.process_iter(["pid"]):
                 try:
                     if proc.environ().get(TAG) == self.tag:
-                        total += proc.memory_info().rss
+                        info = proc.memory_full_info() if self.pss else proc.memory_info()
+                        pss = getattr(info, "pss", 0)
+                        total, total_pss = total + info.rss, total_pss + pss
+                        entry = kinds.setdefault(_kind(proc), [0, 0, 0])
+                        entry[0], entry[1], entry[2] = (
+                            entry[0] + 1,
+                            entry[1] + info.rss,
+                            entry[2] + pss,
+                        )
                         times = proc.cpu_times()
                         self.cpu[proc.pid] = times.user + times.system
                 except (psutil.Error, OSError):
                     continue
+            if (total_pss if self.pss else total) > (self.peak_pss if self.pss else self.peak):
+                self.at_peak = kinds
             self.peak = max(self.peak, total)
-            time.sleep(0.1)
+            self.peak_pss = max(self.peak_pss, total_pss)
+            time.sleep(self.every_s)
+
+
+def _kind(proc: psutil.Process) -> str:
+    """A short name for what a process is: ``ray::ClientAppActor``, ``flwr-simulation``,
+    ``flowerbed.apps.cli``, ``raylet``..."""
+    cmd = proc.cmdline()
+    if not cmd:
+        return proc.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    if "-m" in cmd[:-1]:
+        return cmd[cmd.index("-m") + 1]
+    for part in cmd[:3]:
+        name = Path(part).name
+        if not name.startswith("python"):
+            return name
+    return proc.name()
 
 
 def run_flowerbed(args: argparse.Namespace, work: Path) -> dict:
@@ -128,7 +162,9 @@ def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
     run_config = f"num-server-rounds={args.rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64"
     with LocalSuperLink(extra_env={TAG: tag}) as link:
         link.ready(timeout=300)
-        command = link.flwr_run(BARE, run_config, {"num": args.clients, "cpus": 1})
+        command = link.flwr_run(
+            BARE, run_config, {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
+        )
         if link.spawn(command, subprocess.DEVNULL).wait() != 0:
             raise RuntimeError("the bare app's flwr run failed")
 

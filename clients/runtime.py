@@ -10,15 +10,19 @@ are recreated for every message and any of them may be sampled next.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
+import tempfile
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from flowerbed.clients.core.files import content_key
+from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -57,8 +61,8 @@ class _Entry:
 _ENTRIES: OrderedDict[str, _Entry] = OrderedDict()
 
 
-def _entry(config_json: str) -> _Entry:
-    cfg = _client_config(config_json)
+def _entry(config_json: str, file_store: str = "") -> _Entry:
+    cfg = _client_config(config_json, file_store)
     key = content_key(cfg)
     if key in _ENTRIES:
         _ENTRIES.move_to_end(key)
@@ -71,11 +75,31 @@ def _entry(config_json: str) -> _Entry:
 
 
 @functools.lru_cache(maxsize=16)
-def _client_config(config_json: str) -> dict[str, Any]:
-    """The config as a client sees it: where the server writes results plays no part."""
+def _client_config(config_json: str, file_store: str = "") -> dict[str, Any]:
+    """The config as a client sees it: where the server writes results plays no part, and on a
+    Ray cluster (``file_store``) the files it names are the driver's, fetched once per process."""
     cfg = json.loads(config_json)
     cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
-    return cfg
+    return _with_shipped_files(cfg, file_store) if file_store else cfg
+
+
+def _with_shipped_files(cfg: dict[str, Any], file_store: str) -> dict[str, Any]:
+    """``cfg`` pointing at local copies of the files held by the run's Ray actor ``file_store``
+    (``namespace/name``): a cluster node need not share the driver's filesystem.
+
+    Copies are content-addressed under the temp dir, so the actors of one node share them.
+    """
+    import ray
+
+    namespace, name = file_store.split("/", 1)
+    files = ray.get(ray.get_actor(name, namespace=namespace).files.remote())
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    into = (
+        Path(tempfile.gettempdir()) / f"flowerbed-shipped-{os.getuid()}" / digest.hexdigest()[:24]
+    )
+    return localise(cfg, files, into)
 
 
 def message_config(msg: Message) -> dict[str, Any]:
@@ -86,7 +110,9 @@ def message_config(msg: Message) -> dict[str, Any]:
 
 
 def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
-    entry = _entry(str(msg.content["config"][CONFIG_KEY]))
+    entry = _entry(
+        str(msg.content["config"][CONFIG_KEY]), str(context.run_config.get(FILE_STORE_KEY) or "")
+    )
     partition_id = int(context.node_config[PARTITION_KEY])
     num_partitions = int(context.node_config.get("num-partitions", entry.cfg["clients"]["num"]))
     config = message_config(msg)

@@ -40,15 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowerbed.clients.core.config import dotted_get, to_yaml
+from flowerbed.clients.core.config import to_yaml
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.files import localise, shipped_files
 from flowerbed.server.ray_reaper import Reaper
 from flowerbed.server.sweep import append_row, cell_dir, error_row, run_cell
 
 LOCAL = "local"
 ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
-#: config keys that name a file on the driver; the file's bytes travel with the cell
-FILE_KEYS = ("dataset.path", "workload.params.table_path")
 #: environment passed from the driver to every worker (same kernels on every machine)
 PASSED_ENV = ("ATEN_CPU_CAPABILITY",)
 POLL_S = 0.5
@@ -79,36 +78,6 @@ class RayOptions:
 
 
 # ---- worker side -------------------------------------------------------------------------------
-
-
-def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = cfg
-    for part in parents:
-        node = node[part]
-    node[last] = value
-
-
-def referenced_files(cfg: dict[str, Any]) -> list[str]:
-    """The paths in ``cfg`` (``FILE_KEYS``) that name a file on this machine."""
-    paths = (dotted_get(cfg, key) for key in FILE_KEYS)
-    return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
-
-
-def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
-    """A copy of ``cfg`` whose file paths point at private copies of the shipped ``files``.
-
-    Each copy keeps its file name (formats are chosen by suffix; errors name the file).
-    """
-    cfg = copy.deepcopy(cfg)
-    for i, key in enumerate(FILE_KEYS):
-        path = dotted_get(cfg, key)
-        if isinstance(path, str) and path in files:
-            local = into / "files" / str(i) / Path(path).name
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(files[path])
-            _set(cfg, key, str(local))
-    return cfg
 
 
 def run_remote_cell(
@@ -278,7 +247,7 @@ def run_cells_on_ray(
         task = ray.remote(
             num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
         )(run_remote_cell)
-        refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in referenced_files(c)}
+        refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in shipped_files(c)}
         queue = list(reversed(todo))
         running: dict[Any, tuple[Cell, float]] = {}
 
@@ -294,7 +263,7 @@ def run_cells_on_ray(
                     if options.gpus_per_cell > 0:  # the workload sees its GPU (Workload.device)
                         cfg = copy.deepcopy(cfg)
                         cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
-                    files = {p: refs[p] for p in referenced_files(cfg)}
+                    files = {p: refs[p] for p in shipped_files(cfg)}
                     ref = task.options(name=f"cell-{cell['id']}").remote(
                         make_grid, cell, cfg, files
                     )

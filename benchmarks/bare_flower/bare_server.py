@@ -1,4 +1,5 @@
-"""Bare ServerApp: FedAvg over every connected node, central evaluation, a line per round."""
+"""Bare ServerApp: FedAvg over the connected nodes (all, or ``fraction`` of them each round),
+central evaluation, a line per round."""
 
 import time
 
@@ -31,7 +32,12 @@ def main(grid: Grid, context: Context) -> None:
         last[0] = now
         return MetricRecord({"accuracy": accuracy})
 
-    strategy = FedAvg(min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=nodes)
+    fraction = float(context.run_config.get("fraction", 1.0))  # of the nodes, each round
+    least = max(1, round(fraction * nodes))
+    strategy = FedAvg(
+        fraction_train=fraction, fraction_evaluate=fraction, min_train_nodes=least,
+        min_evaluate_nodes=least, min_available_nodes=nodes,
+    )  # fmt: skip
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(context.run_config["num-server-rounds"]),

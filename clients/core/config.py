@@ -115,6 +115,15 @@ class DeploymentConfig:
 
 
 @dataclass
+class SimulationConfig:
+    """Where the ``simulation`` engine's ClientApp actors run: a private local Ray instance
+    (unset), or an existing Ray cluster (``auto``, ``HOST:PORT``), with ``clients.resources``
+    per actor either way."""
+
+    ray_address: str | None = None
+
+
+@dataclass
 class ExperimentConfig:
     experiment: str = "quickstart"
     description: str = ""
@@ -129,6 +138,7 @@ class ExperimentConfig:
     defenses: list[ComponentConfig] = field(default_factory=list)
     output: OutputConfig = field(default_factory=OutputConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
 
 
 def configs_dir() -> Path:

@@ -6,6 +6,7 @@ path; keys built with :func:`content_key` change when any referenced file's byte
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -57,3 +58,50 @@ def content_key(cfg: dict[str, Any]) -> str:
     """``cfg`` as canonical JSON plus the digest of every file it references."""
     digests = {str(p): file_digest(p) for p in referenced_files(cfg)}
     return json.dumps({"cfg": cfg, "files": digests}, sort_keys=True, default=os.fspath)
+
+
+# ---- files that travel with a config to machines without the driver's filesystem --------------
+
+#: run-config key naming the Ray actor that holds a run's input files (simulation on a cluster)
+FILE_STORE_KEY = "ray-files"
+#: config keys that name an input file; a Ray worker gets the file's bytes, not the path
+SHIPPED_KEYS = ("dataset.path", "workload.params.table_path")
+
+
+def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def shipped_files(cfg: dict[str, Any]) -> list[str]:
+    """The paths in ``cfg`` (:data:`SHIPPED_KEYS`) that name a file on this machine."""
+    paths = (_lookup(cfg, key) for key in SHIPPED_KEYS)
+    return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
+
+
+def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
+    """A copy of ``cfg`` whose file paths point at private copies of the shipped ``files``.
+
+    Each copy keeps its file name (formats are chosen by suffix; errors name the file). A copy
+    already in ``into`` is kept: callers name ``into`` after the files' content.
+    """
+    cfg = copy.deepcopy(cfg)
+    for i, key in enumerate(SHIPPED_KEYS):
+        path = _lookup(cfg, key)
+        if isinstance(path, str) and path in files:
+            local = into / "files" / str(i) / Path(path).name
+            if not local.is_file():  # written whole (another process may read it at once)
+                local.parent.mkdir(parents=True, exist_ok=True)
+                partial = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+                partial.write_bytes(files[path])
+                os.replace(partial, local)
+            *parents, last = key.split(".")
+            node = cfg
+            for part in parents:
+                node = node[part]
+            node[last] = str(local)
+    return cfg

@@ -17,41 +17,38 @@ import pandas as pd
 from flowerbed.clients.core.errors import ConfigError
 
 
-def _iid_shards(n: int, num_partitions: int) -> list[np.ndarray]:
-    """Contiguous shards, the first ``n % num_partitions`` one row longer."""
-    return np.array_split(np.arange(n), num_partitions)
-
-
-def _dirichlet_shards(
-    labels: np.ndarray, num_partitions: int, alpha: float, seed: int
-) -> list[np.ndarray]:
-    """Per class (in sorted order), split its positions by one Dirichlet(alpha) draw."""
-    rng = np.random.default_rng(seed)
-    concentration = np.full(num_partitions, float(alpha))
-    shards: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
-    for label in np.unique(labels):
-        positions = np.nonzero(labels == label)[0]
-        fractions = np.cumsum(rng.dirichlet(concentration))
-        cuts = (fractions * len(positions)).astype(int)[:-1]
-        for shard, piece in zip(shards, np.split(positions, cuts), strict=True):
-            shard.append(piece)
-    return [np.concatenate(pieces) for pieces in shards]
+def _iid_bounds(n: int, num_partitions: int, partition_id: int) -> tuple[int, int]:
+    """Shard ``partition_id`` of ``np.array_split(np.arange(n), num_partitions)``: contiguous
+    shards, the first ``n % num_partitions`` one row longer."""
+    size, extra = divmod(n, num_partitions)
+    start = partition_id * size + min(partition_id, extra)
+    return start, start + size + (partition_id < extra)
 
 
 @functools.lru_cache(maxsize=4)
-def _assignment(
-    codes: bytes, num_partitions: int, kind: str, alpha: float, seed: int
-) -> tuple[np.ndarray, ...]:
-    """Sorted row ids of every partition (the whole split is one computation)."""
+def _dirichlet_cuts(
+    codes: bytes, num_partitions: int, alpha: float, seed: int
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """The seeded row order and, per class (in sorted order), its positions in that order with the
+    cut points of one Dirichlet(alpha) draw (``num_partitions + 1`` of them, from 0 to the class
+    size): what every partition of the split is sliced from, without building any of them."""
     labels = np.frombuffer(codes, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))
-    if kind == "iid":
-        shards = _iid_shards(len(labels), num_partitions)
-    elif kind == "dirichlet":
-        shards = _dirichlet_shards(labels[order], num_partitions, alpha, seed)
-    else:
-        raise ConfigError(f"unknown partitioner '{kind}' (allowed: iid, dirichlet)")
-    return tuple(np.sort(order[shard]) for shard in shards)
+    ordered = labels[order]
+    rng = np.random.default_rng(seed)
+    concentration = np.full(num_partitions, float(alpha))
+    classes = []
+    for label in np.unique(ordered):
+        positions = np.nonzero(ordered == label)[0]
+        fractions = np.cumsum(rng.dirichlet(concentration))
+        cuts = (fractions * len(positions)).astype(int)[:-1]
+        classes.append((positions, np.concatenate([[0], cuts, [len(positions)]])))
+    return order, classes
+
+
+@functools.lru_cache(maxsize=4)
+def _order(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(n)
 
 
 def partition_indices(
@@ -62,9 +59,20 @@ def partition_indices(
     alpha: float = 0.5,
     seed: int = 0,
 ) -> np.ndarray:
-    """Row positions (into ``labels``) held by one client."""
+    """Row positions (into ``labels``) held by one client, sorted.
+
+    Only this client's rows are built: a process serving a few sampled clients out of 100,000
+    holds the seeded row order (and, for Dirichlet, each class's cut points), not 100,000 arrays.
+    """
     if not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id {partition_id} outside [0, {num_partitions})")
+    if kind == "iid":
+        order = _order(len(labels), int(seed))
+        start, stop = _iid_bounds(len(labels), num_partitions, partition_id)
+        return np.sort(order[start:stop])
+    if kind != "dirichlet":
+        raise ConfigError(f"unknown partitioner '{kind}' (allowed: iid, dirichlet)")
     codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
-    shards = _assignment(codes.tobytes(), num_partitions, kind, float(alpha), int(seed))
-    return shards[partition_id].copy()
+    order, classes = _dirichlet_cuts(codes.tobytes(), num_partitions, float(alpha), int(seed))
+    pieces = [positions[cuts[partition_id] : cuts[partition_id + 1]] for positions, cuts in classes]
+    return np.sort(order[np.concatenate(pieces)])

@@ -10,6 +10,7 @@ included. Progress is read from the run's ``metrics.jsonl`` and Flower's log whi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from flowerbed.clients.core.config import encode_config, to_yaml
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.files import FILE_STORE_KEY, shipped_files
 from flowerbed.server.processes import (
     Reaper,
     app_manifest,
@@ -31,6 +34,7 @@ from flowerbed.server.processes import (
     tagged_processes,
     wait_for_port,
 )
+from flowerbed.server.ray_cluster import RayCluster
 from flowerbed.server.results import atomic_write, read_history
 
 #: (text in Flower's log, what the run is doing from then on); {n} = number of virtual clients
@@ -47,11 +51,39 @@ def run_simulation(
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     superlink: LocalSuperLink | None = None,
+    cluster: RayCluster | None = None,
 ) -> dict[str, Any]:
     """Run a resolved config on Ray through ``flwr run``; returns the summary.
 
     ``superlink``: a :class:`LocalSuperLink` started earlier (by default one is started here).
+    With ``simulation.ray_address`` the ClientApp actors run on that Ray cluster (``cluster``: a
+    :class:`~flowerbed.server.ray_cluster.RayCluster` connecting since earlier, by default one
+    is started here), with a SuperLink of its own that points Flower's Ray backend at it.
     """
+    run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
+    with contextlib.ExitStack() as stack:
+        address = cfg["simulation"]["ray_address"]
+        if address:
+            cluster = cluster or stack.enter_context(RayCluster(address))
+            if on_status is not None:
+                on_status(f"connecting to the Ray cluster at {address}…")
+            run_config += f" {FILE_STORE_KEY}='{_on_cluster(cluster, cfg)}'"
+            gcs = cluster.ready()["gcs"]
+            superlink = stack.enter_context(LocalSuperLink({"RAY_ADDRESS": gcs}))
+        return _run(cfg, run_dir, run_config, on_round, on_status, superlink)
+
+
+def _on_cluster(cluster: RayCluster, cfg: dict[str, Any]) -> str:
+    """Check the cluster can host the run's clients and hand it their files; returns the name of
+    the actor that holds them."""
+    cluster.check_fits(cfg["clients"]["resources"])
+    return cluster.serve(shipped_files(cfg))
+
+
+def _run(
+    cfg: dict[str, Any], run_dir: Path, run_config: str, on_round, on_status,  # noqa: ANN001
+    superlink: LocalSuperLink | None,
+) -> dict[str, Any]:  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(cfg))
     log_path = run_dir / "flower.log"
@@ -64,7 +96,6 @@ def run_simulation(
             seen_round[0] = _report_progress(run_dir, seen_round[0], on_round)
         return seen
 
-    run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
     code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status, superlink)
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
@@ -98,6 +129,11 @@ class _Phases:
 
 def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell=None) -> None:  # noqa: ANN001
     """All cells in one ``flwr run``: the ServerApp loops over them on one Ray cluster."""
+    if any(cfg["simulation"]["ray_address"] for cfg in cfgs):
+        raise ConfigError(
+            "simulation.ray_address is for one run (flowerbed run); a sweep runs its cells on a "
+            "cluster with flowerbed sweep --ray ADDRESS"
+        )
     atomic_write(out / "todo.json", json.dumps([[c, f] for c, f in zip(cells, cfgs, strict=True)]))
     seen_rows = [0]
 

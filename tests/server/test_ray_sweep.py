@@ -2,12 +2,12 @@
 interrupts, SIGKILL of the driver then --resume, and a two-node loopback cluster.
 
 One local Ray instance (2 CPUs, one pretend GPU) serves the module; tests that need their own
-(a killed driver, a two-node cluster) start it in processes they stop by PID.
+(a killed driver) start it in processes they stop by PID; the two-node loopback cluster is
+``conftest.two_nodes``.
 """
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,10 +24,10 @@ import yaml
 
 from flowerbed.apps.inline import inline_grid
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.processes import free_port, stop_process_tree
 from flowerbed.server.ray_reaper import Reaper
 from flowerbed.server.ray_sweep import RayOptions, localise, run_remote_cell
 from flowerbed.server.sweep import cell_config, cells_of, finished_ids, load_sweep, run_sweep
+from tests.server.conftest import ray_root as _ray_root
 
 SWEEP = {
     "name": "tiny",
@@ -38,11 +38,6 @@ SWEEP = {
     "report": {"rows": "seed", "columns": "workload.params.lr", "value": "central.accuracy"},
 }
 TIMING = ("wall_s", "time.round_s")
-
-
-def _ray_root() -> str | None:
-    """Ray's socket paths are length-limited: keep its directories short (RAY_TMPDIR or /tmp)."""
-    return os.environ.get("RAY_TMPDIR") or None
 
 
 @pytest.fixture(scope="module")
@@ -285,42 +280,6 @@ def test_resume_works_across_executors(tmp_path, local_ray):
     ids = [row["id"] for row in _rows(out)]
     assert len(ids) == len(set(ids)) == 6
     assert sorted(ids) == sorted(cell["id"] for cell in cells_of(sweep))
-
-
-@pytest.fixture
-def two_nodes(tmp_path):
-    """A loopback Ray cluster: a head and a second node (1 CPU each, own custom resource)."""
-    temp = Path(tempfile.mkdtemp(prefix="fb2-", dir=_ray_root()))
-    port = free_port()
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-              "--dashboard-agent-listen-port"]  # fmt: skip
-    head = [ray_bin, "start", "--head", "--port", str(port), "--temp-dir", str(temp),
-            "--include-dashboard", "false", "--disable-usage-stats", *common, str(free_port()),
-            "--resources", '{"head_node": 1}']  # fmt: skip
-    second = [ray_bin, "start", "--address", f"127.0.0.1:{port}", *common, str(free_port()),
-              "--resources", '{"second_node": 1}']  # fmt: skip
-    procs = []
-    try:
-        with (tmp_path / "head.log").open("w") as log:
-            procs.append(subprocess.Popen(head, stdout=log, stderr=subprocess.STDOUT))
-        _wait_for(tmp_path / "head.log", "Ray runtime started", procs[0])
-        with (tmp_path / "second.log").open("w") as log:
-            procs.append(subprocess.Popen(second, stdout=log, stderr=subprocess.STDOUT))
-        _wait_for(tmp_path / "second.log", "Ray runtime started", procs[1])
-        yield f"127.0.0.1:{port}"
-    finally:
-        for proc in reversed(procs):
-            stop_process_tree(proc.pid)
-            proc.wait()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.3)
 
 
 def test_two_node_cluster_places_cells_on_both_nodes(tmp_path, two_nodes):

@@ -1,0 +1,126 @@
+"""Memory per virtual client at scale: flowerbed's simulation engine against the bare Flower app
+(``benchmarks/bare_flower``) with the same clients, sampling and rounds, on one machine.
+
+    python -m benchmarks.scale_memory                    # 10,000 and 100,000 clients at 1 %
+    python -m benchmarks.scale_memory --clients 10000 --pairs 2
+    python -m benchmarks.scale_memory --quick            # 100 clients at 5 %, one pair
+
+Both arms train the quickstart MLP on UCI Adult with FedAvg on ``fraction`` of the clients per
+round (training and evaluation), with central evaluation after every round:
+
+- flowerbed: ``flowerbed run quickstart clients.num=N clients.fraction=F`` (the CLI, its
+  pre-flight child, the SuperLink, ``flwr-simulation`` and every Ray process it starts);
+- bare: ``flower-superlink --simulation`` + ``flwr run benchmarks/bare_flower`` with
+  ``num-supernodes=N`` and ``fraction=F`` (the same process tree, started by this script).
+
+Memory is the peak over the run of the summed RSS, and of the summed PSS (each shared page split
+between its sharers, so the sum is what the arm costs the machine), of every process the arm
+started (found by an inherited environment tag, sampled every 0.5 s). Arms run in pairs,
+alternating which goes first; the load average is printed with each pair, since the machine's
+load changes timings (memory much less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks.bare_flower_overhead import BARE, TAG, PeakMemory
+from flowerbed.clients.datasets import data_dir
+from flowerbed.server.engines.simulation import LocalSuperLink
+
+GIB = 2**30
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
+    tag = uuid.uuid4().hex
+    out = work / f"fb-{tag[:8]}"
+    command = [
+        sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", f"rounds={rounds}",
+        f"clients.num={clients}", f"clients.fraction={fraction}", "output.plots=false",
+        "--out", str(out),
+    ]  # fmt: skip
+    with PeakMemory(tag, pss=True, every_s=0.5) as memory:
+        start = time.perf_counter()
+        subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
+        wall = time.perf_counter() - start
+    summary = json.loads((out / "summary.json").read_text())
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
+            "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
+
+
+def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
+    tag = uuid.uuid4().hex
+    run_config = (
+        f"num-server-rounds={rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64 "
+        f"fraction={fraction}"
+    )
+    with PeakMemory(tag, pss=True, every_s=0.5) as memory:
+        start = time.perf_counter()
+        with LocalSuperLink(extra_env={TAG: tag}) as link:
+            link.ready(timeout=300)
+            command = link.flwr_run(
+                BARE, run_config, {"num": clients, "resources": {"cpus": 1, "gpus": 0}}
+            )
+            if link.spawn(command, subprocess.DEVNULL).wait() != 0:
+                raise RuntimeError("the bare app's flwr run failed")
+        wall = time.perf_counter() - start
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak}
+
+
+def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fb-scale-") as tmp:
+        for pair in range(pairs):
+            arms = [("bare", bare_arm), ("flowerbed", flowerbed_arm)]
+            before = load_average()
+            result = {
+                name: fn(clients, fraction, rounds, Path(tmp))
+                for name, fn in arms[:: 1 if pair % 2 else -1]
+            }
+            result["load"] = f"{before} -> {load_average()}"
+            rows.append(result)
+            fb, bare = result["flowerbed"], result["bare"]
+            print(
+                f"{clients} clients at {fraction:g}, {rounds} rounds, pair {pair + 1}: peak RSS "
+                f"{fb['rss'] / GIB:.2f} vs {bare['rss'] / GIB:.2f} GiB (x{fb['rss'] / bare['rss']:.2f}), "
+                f"peak PSS {fb['pss'] / GIB:.2f} vs {bare['pss'] / GIB:.2f} GiB "
+                f"(x{fb['pss'] / bare['pss']:.2f}); wall {fb['wall_s']:.0f} vs "
+                f"{bare['wall_s']:.0f} s; load average {result['load']}",
+                flush=True,
+            )
+            for name in ("flowerbed", "bare"):
+                kinds = sorted(result[name]["kinds"].items(), key=lambda kv: -kv[1][2])
+                parts = [f"{k} x{c} {pss / 2**20:.0f}" for k, (c, _rss, pss) in kinds]
+                print(f"  {name} at its peak, PSS MiB by process: {', '.join(parts)}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--fraction", type=float, default=0.01)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="100 clients at 5 %%, 1 round")
+    args = parser.parse_args()
+    if args.quick:
+        args.clients, args.fraction, args.rounds, args.pairs = [100], 0.05, 1, 1
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    for clients in args.clients:
+        measure(clients, args.fraction, args.rounds, args.pairs)
+
+
+if __name__ == "__main__":
+    main()
