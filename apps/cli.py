@@ -517,6 +517,21 @@ def sweep(
     out.print(f"sweep directory: {out_path}", soft_wrap=True)
 
 
+@app.command(
+    "superexec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def superexec(
+    ctx: typer.Context,
+    warm_module: Annotated[
+        list[str] | None, typer.Option(help="also import this module before forking (repeat)")
+    ] = None,
+) -> None:
+    """Flower's SuperExec (any flower-superexec flag) with warm, forked ClientApp processes."""
+    from flowerbed.apps.superexec import WARM_MODULES, run
+
+    run(ctx.args, (*WARM_MODULES, *(warm_module or [])))
+
+
 deploy_app = typer.Typer(
     no_args_is_help=True, help="A loopback federation (SuperLink + SuperNodes)."
 )
