@@ -264,6 +264,7 @@ def report_crash(request: dict[str, Any], reason: str) -> int:
                 node_config={}, state=RecordDict(), run_config={},
             )  # fmt: skip
             push_message(client, reply, context)
+            log(INFO, "sent the error reply of message %s: %s", message.metadata.message_id, reason)
         push_task_output(client, None, SubStatus.FAILED, reason)
     finally:
         client.close()

@@ -136,3 +136,34 @@ def test_a_failing_fork_falls_back_to_flowers_subprocess(tmp_path, monkeypatch):
     executor = WarmExecutor(Gone(), fallback=cold)  # type: ignore[arg-type]
     assert executor.launch(_spec(1, "a" * 64)).status == "accepted"
     assert cold.calls == [1]
+
+
+def test_a_fab_is_unpacked_and_verified_once_then_reused_while_its_bytes_match(
+    tmp_path, monkeypatch
+):
+    import hashlib
+
+    import flwr.cli.install
+    from flwr.cli.build import build_fab_from_disk
+
+    from flowerbed.apps.superexec import INSTALLED_MARK, install_once
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    fab = build_fab_from_disk(Path(__file__).resolve().parents[2] / "benchmarks" / "bare_flower")
+    first = install_once(fab, skip_prompt=True)
+    assert (first / "bare_client.py").is_file()
+    assert (first / INSTALLED_MARK).read_text() == hashlib.sha256(fab).hexdigest()
+    calls = []
+    flower_install = flwr.cli.install.install_from_fab
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return flower_install(*args, **kwargs)
+
+    monkeypatch.setattr(flwr.cli.install, "install_from_fab", counted)
+    assert install_once(fab, skip_prompt=True) == first
+    assert calls == []  # same bytes: Flower's unpack + verify skipped
+    # a mark that names other bytes (another FAB with the same 8-hex prefix): Flower's install
+    (first / INSTALLED_MARK).write_text("0" * 64)
+    assert install_once(fab, skip_prompt=True) == first
+    assert calls == [1]

@@ -132,6 +132,7 @@ def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tm
     assert time.monotonic() - started < 120 + 60, "the run waited for the reply's timeout"
     log = (Path(federation["dir"]) / "superexec0.log").read_text()
     assert f"ClientApp process {killed[0]} was killed by signal 9" in log
+    assert "sent the error reply of message" in log, log[-3000:]
 
 
 def test_serverapp_failure_is_one_line_and_nonzero(federation, tmp_path):
