@@ -544,6 +544,9 @@ def deploy_up(
     nodes: Annotated[int, typer.Option(help="number of SuperNodes (partition ids 0..N-1)")] = 2,
     insecure: Annotated[bool, typer.Option(help="no TLS and no SuperNode authentication")] = False,
     directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
+    superexec: Annotated[
+        str, typer.Option(help="warm (flowerbed superexec, forked ClientApps) | flower")
+    ] = "warm",
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
     from flowerbed.server.deploy import RegistrationError, up
@@ -551,7 +554,7 @@ def deploy_up(
     if nodes < 1:
         fail("--nodes must be >= 1")
     try:
-        state = up(nodes, directory, insecure=insecure)
+        state = up(nodes, directory, insecure=insecure, superexec=superexec)
     except (ConfigError, RegistrationError) as exc:
         fail(str(exc))
         return

@@ -30,7 +30,6 @@ import hashlib
 import importlib
 import json
 import os
-import random
 import select
 import signal
 import socket
@@ -206,8 +205,8 @@ def _task_child(run: Any, request: dict[str, Any], sender: socket.socket) -> int
 
 
 def _fresh_random_state() -> None:
-    """What a new interpreter would have: OS-seeded ``random`` and NumPy global state."""
-    random.seed()
+    """What a new interpreter would have: OS-seeded NumPy global state (``random`` reseeds
+    itself after a fork)."""
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()

@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy
 import psutil
 import pytest
 from flwr.supercore.constant import TaskType
@@ -19,7 +20,7 @@ def record_task(request: dict) -> int:
     """A zygote task for these tests: write what this process is, or die like a crashing app."""
     if request.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
-    out = {"pid": os.getpid(), "random": random.random()}
+    out = {"pid": os.getpid(), "random": random.random(), "numpy": numpy.random.random()}
     Path(request["out"]).write_text(json.dumps(out))
     return 0
 
@@ -35,7 +36,8 @@ def _wait_for(path: Path, timeout: float = 30) -> dict:
 
 @pytest.fixture
 def zygote():
-    z = Zygote(["json"], task="tests.apps.test_superexec:record_task")
+    numpy.random.random()  # NumPy seeds its global state at first use: let the zygote have used it
+    z = Zygote(["numpy"], task="tests.apps.test_superexec:record_task")
     z.start()
     yield z
     z.close()
@@ -52,8 +54,10 @@ def test_each_task_is_a_fresh_forked_process_and_a_crash_stays_in_its_own(zygote
     pids = [pid for pid, _ in seen]
     assert len({*pids, crashed, zygote.pid, os.getpid()}) == 6
     assert all(out["pid"] == pid for pid, out in seen)
-    # each child's random state is its own (OS-seeded), not a copy of the zygote's
+    # each child's random state is its own (OS-seeded), not a copy of the zygote's: Python
+    # reseeds `random` after a fork, NumPy's global state is reseeded by the zygote's child
     assert len({out["random"] for _, out in seen}) == 3
+    assert len({out["numpy"] for _, out in seen}) == 3
     time.sleep(1.5)  # the zygote reaps its children every 0.5 s
     zombies = [c for c in psutil.Process(zygote.pid).children() if c.pid in pids]
     assert not zombies

@@ -31,6 +31,13 @@ def _flower_procs(directory) -> list[psutil.Process]:
     return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # ended (or a zombie) since it was listed
+        return []
+
+
 def _gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.Process]:
     """Those of ``procs`` still running (not zombies) after up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -65,7 +72,8 @@ def _refused(cmd: list[str], directory, name: str) -> str:
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     from flowerbed.apps.inline import run_inline
 
-    overrides = ["clients.num=2", "rounds=1", f"deployment.dir={federation['dir']}"]
+    # 2 rounds: later messages start from the workload and partition the zygote built
+    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
     run_dir = tmp_path / "deployed"
     summary = run_deployment(cfg, run_dir)
@@ -373,8 +381,8 @@ def test_kill_9_of_flowerbed_run_or_the_superexec_leaves_no_process(tmp_path):
         )  # fmt: skip
         deadline, flwr_cli = time.monotonic() + 300, []
         while not flwr_cli and time.monotonic() < deadline and cli.poll() is None:
-            kids = psutil.Process(cli.pid).children(recursive=True)
-            flwr_cli = [p for p in kids if "flwr" in " ".join(p.cmdline()[:2])]
+            flwr_cli = [p for p in psutil.Process(cli.pid).children(recursive=True)
+                        if "flwr" in " ".join(_cmdline(p)[:2])]  # fmt: skip
             time.sleep(0.2)
         assert flwr_cli, "flowerbed run did not start the flwr CLI"
         cli.send_signal(signal.SIGKILL)
