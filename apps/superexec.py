@@ -103,15 +103,22 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
     done: set[int] = set()
     reader = sock.makefile("r", encoding="utf-8")
     sock.sendall(b'{"ready": true}\n')
-    while True:
-        ready, _, _ = select.select([sock, notes], [], [], 0.5)
-        if notes in ready:
-            kind, *args = json.loads(notes.recv(MAX_NOTE_BYTES))
+
+    def read_notes() -> None:
+        while True:
+            try:
+                kind, *args = json.loads(notes.recv(MAX_NOTE_BYTES, socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return
             if kind == "done":
                 done.add(int(args[0]))
             elif runtime is not None:
                 _prepare(runtime, args)
-        _reap(children, done)
+
+    while True:
+        ready, _, _ = select.select([sock, notes], [], [], 0.5)
+        read_notes()
+        _reap(children, done, read_notes)
         if sock not in ready:
             continue
         line = reader.readline()
@@ -151,8 +158,12 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _reap(children: dict[int, dict[str, Any]], done: set[int]) -> None:
-    """Collect ended children; report the tasks of those that crashed."""
+def _reap(children: dict[int, dict[str, Any]], done: set[int], read_notes: Any) -> None:
+    """Collect ended children; report the tasks of those that crashed.
+
+    A child says ``done`` before it exits, so once its exit is seen its note is waiting:
+    the notes are read again before a child without one counts as crashed.
+    """
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -160,6 +171,8 @@ def _reap(children: dict[int, dict[str, Any]], done: set[int]) -> None:
             return
         if pid == 0:
             return
+        if pid not in done:
+            read_notes()
         request = children.pop(pid, None)
         if request is None or pid in done:
             done.discard(pid)
