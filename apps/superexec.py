@@ -512,20 +512,24 @@ class WarmExecutor:
 
 
 def run(flower_args: Sequence[str], modules: Sequence[str] = WARM_MODULES) -> None:
-    """``flower-superexec FLOWER_ARGS`` with :class:`WarmExecutor` as its subprocess executor."""
+    """``flower-superexec FLOWER_ARGS`` with :class:`WarmExecutor` as its subprocess executor.
+
+    Flower parses the arguments first (a bad flag costs no zygote) and builds its executor before
+    it starts a thread, so the zygote is forked from a single-threaded process; with Flower's
+    telemetry on (a thread by then) it starts from a fresh interpreter instead.
+    """
     import flwr.supercore.superexec.run_superexec as flower_run
     from flwr.supercore.cli.flower_superexec import flower_superexec
 
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
-    zygote = Zygote(modules)
-    zygote.start()  # now, while this process has a single thread
     original = flower_run.get_executor
 
     def get_executor(executor_type: ExecutorType, *args: Any, **kwargs: Any) -> Any:
-        if executor_type == ExecutorType.SUBPROCESS:
-            return WarmExecutor(zygote)
-        zygote.close()
-        return original(executor_type, *args, **kwargs)
+        if executor_type != ExecutorType.SUBPROCESS:
+            return original(executor_type, *args, **kwargs)
+        zygote = Zygote(modules)
+        zygote.start()
+        return WarmExecutor(zygote)
 
     flower_run.get_executor = get_executor
     sys.argv = ["flower-superexec", *flower_args]

@@ -103,6 +103,7 @@ def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
         log = (Path(federation["dir"]) / f"superexec{i}.log").read_text()
         assert "(flowerbed.apps.client_app:app): warm" in log, log[-2000:]
         assert "Start `flwr-clientapp` process" not in log, log[-2000:]
+        assert "before it replied" not in log, log[-2000:]  # no child counted as crashed
 
 
 def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tmp_path):
