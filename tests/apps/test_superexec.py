@@ -86,6 +86,9 @@ class _Recorder:
         self.calls.append(spec.task_id)
         return LaunchResult.accepted()
 
+    def reconcile(self) -> None:
+        pass
+
 
 def _install(home: Path, fab_hash: str, clientapp: str, ships: str | None = None) -> None:
     app_dir = home / "apps" / f"pub.app.1.0.0.{fab_hash[:8]}"
@@ -171,3 +174,25 @@ def test_a_fab_is_unpacked_and_verified_once_then_reused_while_its_bytes_match(
     (first / INSTALLED_MARK).write_text("0" * 64)
     assert install_once(fab, skip_prompt=True) == first
     assert calls == [1]
+
+
+def test_a_dead_zygote_is_started_again_from_a_fresh_interpreter(zygote, tmp_path):
+    """The SuperExec has threads by then, so the new zygote is not forked from it."""
+    import threading
+
+    executor = WarmExecutor(zygote, fallback=_Recorder())  # type: ignore[arg-type]
+    first = zygote.pid
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.2)
+    busy = threading.Event()
+    helper = threading.Thread(target=busy.wait)  # like Flower's health and monitor threads
+    helper.start()
+    try:
+        executor.reconcile()
+    finally:
+        busy.set()
+        helper.join()
+    assert zygote.alive() and zygote.pid != first
+    assert "flowerbed.apps.superexec" in " ".join(psutil.Process(zygote.pid).cmdline())
+    pid = zygote.request({"out": str(tmp_path / "after.json")})
+    assert _wait_for(tmp_path / "after.json")["pid"] == pid
