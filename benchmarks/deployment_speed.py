@@ -6,7 +6,7 @@ SuperNodes (TLS + SuperNode auth), submitted the same way (``flwr run --stream``
 
 * ``flowerbed``: ``flowerbed deploy up``'s federation: every SuperNode runs ``--isolation
   process`` beside a ``flowerbed superexec`` (warm zygote, one forked child per message), and
-  flowerbed's ServerApp polls for replies every 0.1 s;
+  flowerbed's ServerApp polls for replies every 0.2 s;
 * ``bare``: the same federation with ``superexec="flower"``: every SuperNode starts Flower's own
   ``flower-superexec`` (one ``flwr-clientapp`` interpreter per message), Flower's Grid polls
   every 3 s.

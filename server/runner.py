@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -28,7 +29,7 @@ from flowerbed.strategies import STRATEGIES
 
 SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
 #: how often a deployed ServerApp asks the SuperLink for replies (Flower's Grid: every 3 s)
-REPLY_POLL_S = 0.1
+REPLY_POLL_S = 0.2
 
 
 class OrderedGrid(Grid):
@@ -198,13 +199,19 @@ def poll_replies(
     """Flower's ``send_and_receive`` with a short poll: push, then pull every ``poll_s``.
 
     Flower's own Grid sleeps 3 s between two pulls; on a deployment a reply is then seen up to
-    3 s after it arrived, twice a round. One pull is one small request to the SuperLink.
+    3 s after it arrived, twice a round. One pull is one small request to the SuperLink; a pull
+    the SuperLink answers with a server error (its SQLite locked under load) is tried again.
     """
     pending = set(grid.push_messages(messages))
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
     while pending:
-        got = list(grid.pull_messages(pending))
+        try:
+            got = list(grid.pull_messages(pending))
+        except httpx.HTTPStatusError as exc:  # a busy SuperLink's SQLite: "database is locked"
+            if exc.response.status_code < 500:
+                raise
+            got = []
         replies += got
         pending -= {m.metadata.reply_to_message_id for m in got}
         if not pending or (deadline is not None and time.monotonic() >= deadline):
