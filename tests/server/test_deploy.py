@@ -113,6 +113,9 @@ def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tm
     import threading
 
     superexec = psutil.Process(federation["processes"]["superexec0"]["pid"])
+    deadline = time.monotonic() + 300
+    while not superexec.children() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the SuperExec forks its zygote once Flower has parsed its flags
     zygote = superexec.children()[0]
     killed: list[int] = []
 
@@ -390,7 +393,7 @@ def test_kill_9_of_flowerbed_run_or_the_superexec_leaves_no_process(tmp_path):
         assert not _gone(flwr_cli), "the flwr CLI outlived a killed flowerbed run"
 
         superexec = psutil.Process(state["processes"]["superexec0"]["pid"])
-        below = superexec.children(recursive=True)
+        below = superexec.children(recursive=True)  # up for a run already: its zygote is forked
         assert below, "the SuperExec has no zygote"
         superexec.send_signal(signal.SIGKILL)
         assert not _gone(below), "the zygote outlived its SuperExec"
