@@ -541,6 +541,21 @@ def sweep(
     out.print(f"sweep directory: {out_path}", soft_wrap=True)
 
 
+@app.command(
+    "superexec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def superexec(
+    ctx: typer.Context,
+    warm_module: Annotated[
+        list[str] | None, typer.Option(help="also import this module before forking (repeat)")
+    ] = None,
+) -> None:
+    """Flower's SuperExec (any flower-superexec flag) with warm, forked ClientApp processes."""
+    from flowerbed.apps.superexec import WARM_MODULES, run
+
+    run(ctx.args, (*WARM_MODULES, *(warm_module or [])))
+
+
 deploy_app = typer.Typer(
     no_args_is_help=True, help="A loopback federation (SuperLink + SuperNodes)."
 )
@@ -553,6 +568,9 @@ def deploy_up(
     nodes: Annotated[int, typer.Option(help="number of SuperNodes (partition ids 0..N-1)")] = 2,
     insecure: Annotated[bool, typer.Option(help="no TLS and no SuperNode authentication")] = False,
     directory: Annotated[Path, DEPLOY_DIR] = Path(".flowerbed/deploy"),
+    superexec: Annotated[
+        str, typer.Option(help="warm (flowerbed superexec, forked ClientApps) | flower")
+    ] = "warm",
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
     from flowerbed.server.deploy import RegistrationError, up
@@ -560,7 +578,7 @@ def deploy_up(
     if nodes < 1:
         fail("--nodes must be >= 1")
     try:
-        state = up(nodes, directory, insecure=insecure)
+        state = up(nodes, directory, insecure=insecure, superexec=superexec)
     except (ConfigError, RegistrationError) as exc:
         fail(str(exc))
         return

@@ -1,15 +1,25 @@
-"""Deployment speed: flowerbed's quickstart vs a bare Flower app on the same loopback federation.
+"""Deployment speed: flowerbed's quickstart on its federation vs a bare Flower app on Flower's.
 
 Both arms train the same MLP (Adult, [64, 32], SGD lr 0.05 momentum 0.9, batch 64, one local
-epoch, FedAvg over every node, central evaluation) on one ``flowerbed deploy up`` federation (TLS
-+ SuperNode auth, N SuperNodes, one ``flwr-clientapp`` process per message) and are submitted
-the same way (``flwr run --stream``). Runs are interleaved (flowerbed, bare, flowerbed, ...) so
+epoch, FedAvg over every node, federated + central evaluation) on a loopback federation of N
+SuperNodes (TLS + SuperNode auth), submitted the same way (``flwr run --stream``):
+
+* ``flowerbed``: ``flowerbed deploy up``'s federation: every SuperNode runs ``--isolation
+  process`` beside a ``flowerbed superexec`` (warm zygote, one forked child per message), and
+  flowerbed's ServerApp polls for replies every 0.2 s;
+* ``bare``: the same federation with ``superexec="flower"``: every SuperNode starts Flower's own
+  ``flower-superexec`` (one ``flwr-clientapp`` interpreter per message), Flower's Grid polls
+  every 3 s.
+
+Both federations are up at once and runs alternate (flowerbed, bare, bare, flowerbed, ...), so
 machine load hits both arms alike. Per-round time is what each ServerApp measures between two
-central evaluations; peak memory is the peak of the summed RSS of every process of the
-federation (SuperLink, SuperNodes, SuperExecs, ServerApp and ClientApp processes) and the
-submitting ``flwr`` CLI, sampled every 0.25 s.
+central evaluations. Memory is the peak over the run of the summed PSS (proportional set size:
+pages a forked child shares with its zygote count once, split between them) of every process of
+that arm's federation and of the submitting ``flwr`` CLI, sampled every 0.5 s; the summed RSS is
+printed beside it.
 
     python benchmarks/deployment_speed.py --nodes 2 8 --pairs 2 --rounds 3
+    python benchmarks/deployment_speed.py --quick      # 2 SuperNodes, 1 pair, 2 rounds
 """
 
 from __future__ import annotations
@@ -35,12 +45,13 @@ from flowerbed.server.processes import bin_path, flower_env
 BARE_APP = Path(__file__).resolve().parent / "bare_flower"
 
 
-class PeakRss:
-    """Peak of the summed RSS of some root processes and all their descendants."""
+class PeakMemory:
+    """Peak of the summed PSS (and of the summed RSS) of root processes and their descendants."""
 
     def __init__(self, roots: list[int]) -> None:
         self.roots = roots
         self.peak = 0
+        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -48,23 +59,25 @@ class PeakRss:
         me = psutil.Process()
         while not self._stop.is_set():
             procs = set()
-            for pid in [*self.roots, me.pid]:
+            for pid in self.roots:
                 try:
                     root = psutil.Process(pid)
                     procs |= {root, *root.children(recursive=True)}
                 except psutil.NoSuchProcess:
                     pass
-            procs.discard(me)  # the benchmark process itself is neither arm
-            total = 0
+            procs |= set(me.children(recursive=True))  # this arm's flwr CLI
+            pss = rss = 0
             for proc in procs:
                 try:
-                    total += proc.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.25)
+                    info = proc.memory_full_info()
+                except psutil.Error:
+                    continue
+                pss += getattr(info, "pss", info.rss)
+                rss += info.rss
+            self.peak, self.peak_rss = max(self.peak, pss), max(self.peak_rss, rss)
+            self._stop.wait(0.5)
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
@@ -101,25 +114,32 @@ def bare_arm(state: dict, rounds: int, out: Path) -> list[float]:
 
 def measure(nodes: int, pairs: int, rounds: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"fb-speed-{nodes}-"))
-    state = deploy.up(nodes, work / "fed")
-    roots = [p["pid"] for p in state["processes"].values()]
+    feds = {"flowerbed": work / "fed-warm", "bare": work / "fed-flower"}
+    states: dict[str, dict] = {}
     arms: dict[str, dict[str, list[float]]] = {
-        a: {"round_s": [], "peak_mb": []} for a in ("flowerbed", "bare")
+        a: {"round_s": [], "peak_mb": [], "peak_rss_mb": []} for a in feds
     }
     try:
+        states["flowerbed"] = deploy.up(nodes, feds["flowerbed"], superexec="warm")
+        states["bare"] = deploy.up(nodes, feds["bare"], superexec="flower")
         for pair in range(pairs):
             for arm in ("flowerbed", "bare") if pair % 2 == 0 else ("bare", "flowerbed"):
-                with PeakRss(roots) as rss:
+                state = states[arm]
+                roots = [p["pid"] for p in state["processes"].values()]
+                with PeakMemory(roots) as mem:
                     if arm == "flowerbed":
                         times = flowerbed_arm(state, nodes, rounds, work)
                     else:
                         times = bare_arm(state, rounds, work)
                 arms[arm]["round_s"] += times
-                arms[arm]["peak_mb"].append(rss.peak / 2**20)
-                print(f"nodes={nodes} pair={pair} {arm}: rounds {[round(t, 1) for t in times]} s, "
-                      f"peak {rss.peak / 2**20:.0f} MB", flush=True)  # fmt: skip
+                arms[arm]["peak_mb"].append(mem.peak / 2**20)
+                arms[arm]["peak_rss_mb"].append(mem.peak_rss / 2**20)
+                print(f"nodes={nodes} pair={pair} {arm}: rounds {[round(t, 2) for t in times]} s, "
+                      f"peak PSS {mem.peak / 2**20:.0f} MB (RSS {mem.peak_rss / 2**20:.0f} MB), "
+                      f"load {psutil.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     finally:
-        deploy.down(work / "fed")
+        for directory in feds.values():
+            deploy.down(directory)
     fb, bare = arms["flowerbed"], arms["bare"]
     return {
         "nodes": nodes,
@@ -128,6 +148,8 @@ def measure(nodes: int, pairs: int, rounds: int) -> dict:
         "ratio": statistics.median(fb["round_s"]) / statistics.median(bare["round_s"]),
         "flowerbed_peak_mb": max(fb["peak_mb"]),
         "bare_peak_mb": max(bare["peak_mb"]),
+        "flowerbed_peak_rss_mb": max(fb["peak_rss_mb"]),
+        "bare_peak_rss_mb": max(bare["peak_rss_mb"]),
         "load_avg": psutil.getloadavg()[0],
     }
 
@@ -137,14 +159,18 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--pairs", type=int, default=2, help="interleaved (flowerbed, bare) pairs")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 SuperNodes, 1 pair, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.pairs, args.rounds = [2], 1, 2
     rows = [measure(n, args.pairs, args.rounds) for n in args.nodes]
-    print("| SuperNodes | flowerbed s/round | bare Flower s/round | ratio | peak RSS flowerbed | "
-          "peak RSS bare | load avg |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| SuperNodes | flowerbed s/round | bare Flower s/round | ratio | peak PSS flowerbed | "
+          "peak PSS bare | peak RSS flowerbed / bare | load avg |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['nodes']} | {r['flowerbed_round_s']:.1f} | {r['bare_round_s']:.1f} | "
+        print(f"| {r['nodes']} | {r['flowerbed_round_s']:.2f} | {r['bare_round_s']:.2f} | "
               f"**{r['ratio']:.2f}** | {r['flowerbed_peak_mb']:.0f} MB | {r['bare_peak_mb']:.0f} MB | "
+              f"{r['flowerbed_peak_rss_mb']:.0f} / {r['bare_peak_rss_mb']:.0f} MB | "
               f"{r['load_avg']:.1f} |")  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ class _Entry:
 
 
 _ENTRIES: OrderedDict[str, _Entry] = OrderedDict()
+#: config texts this process has set up a partition for (a cheap test before ``_entry``)
+_BUILT: set[str] = set()
 
 
 def _entry(config_json: str, file_store: str = "") -> _Entry:
@@ -109,18 +112,50 @@ def message_config(msg: Message) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != CONFIG_KEY}
 
 
+#: called with (config JSON, partition id, number of partitions) when this process had to build a
+#: config's workload or partition; the warm SuperExec's zygote uses it to build them once itself,
+#: so that every later forked child starts with them (``apps/superexec.py``)
+on_built: Callable[[str, int, int], None] | None = None
+
+
+def prepare(config_json: str, partition_id: int, num_partitions: int) -> None:
+    """Build and keep a config's workload and one partition in this process."""
+    _entry(config_json).partition(partition_id, num_partitions)
+
+
+def warm_up() -> None:
+    """Pay torch's first-optimizer-step cost now (it imports ~800 modules, seconds).
+
+    One thread, as every client trains with one; a process that forks afterwards hands its
+    children a torch that is ready to train.
+    """
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(2, 2)
+    for optimizer in (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                      torch.optim.Adam(model.parameters())):  # fmt: skip
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(
+            model(torch.zeros(4, 2)), torch.zeros(4).long()
+        ).backward()
+        optimizer.step()
+
+
 def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
-    entry = _entry(
-        str(msg.content["config"][CONFIG_KEY]), str(context.run_config.get(FILE_STORE_KEY) or "")
-    )
+    config_json = str(msg.content["config"][CONFIG_KEY])
+    known = config_json in _BUILT
+    entry = _entry(config_json, str(context.run_config.get(FILE_STORE_KEY) or ""))
     partition_id = int(context.node_config[PARTITION_KEY])
     num_partitions = int(context.node_config.get("num-partitions", entry.cfg["clients"]["num"]))
     config = message_config(msg)
     config[PARTITION_KEY] = partition_id
+    known = known and (partition_id, num_partitions) in entry.partitions
     try:
         data = entry.partition(partition_id, num_partitions)
     except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
         raise _client_error(partition_id, exc) from exc
+    _BUILT.add(config_json)
+    if not known and on_built is not None:
+        on_built(config_json, partition_id, num_partitions)
     return entry.cfg, entry.workload, config, data
 
 

@@ -44,6 +44,8 @@ CONNECTION = "flowerbed"
 SUPERNODE_MAX_WAIT_S = 600
 #: what ``flwr supernode register`` says for a key the SuperLink already holds
 ALREADY_REGISTERED = "already in use"
+#: who executes a SuperNode's ClientApps: flowerbed's warm SuperExec, or Flower's own
+SUPEREXECS = ("warm", "flower")
 
 
 # ---- certificates and keys ---------------------------------------------------------------------
@@ -281,6 +283,8 @@ def supernode_command(
     cmd = [bin_path("flower-supernode"), "--superlink", state["address"],
            "--port", str(state["node_ports"][index]), "--max-wait-time", str(max_wait_s),
            "--node-config", f"partition-id={index} num-partitions={state['nodes']}"]  # fmt: skip
+    if state.get("superexec", "flower") == "warm":  # its SuperExec is ours, a separate process
+        cmd += ["--isolation", "process"]
     if insecure:
         return [*cmd, "--insecure"]
     ca = root_certificates or Path(state["dir"]) / "certs" / "ca.crt"
@@ -288,6 +292,18 @@ def supernode_command(
     if key is not None:
         cmd += ["--auth-supernode-private-key", str(key)]
     return cmd
+
+
+def superexec_command(state: dict[str, Any], index: int) -> list[str]:
+    """``flowerbed superexec`` for SuperNode ``index``'s runtime API (loopback, plain HTTP).
+
+    The flags are Flower's ``flower-superexec`` flags; ``--parent-pid`` ties it to its SuperNode,
+    as the SuperExec a SuperNode starts itself is tied (it exits when the node is gone).
+    """
+    node = state["processes"][f"supernode{index}"]["pid"]
+    return [bin_path("flowerbed"), "superexec", "--insecure",
+            "--runtime-api-address", f"127.0.0.1:{state['node_ports'][index]}",
+            "--parent-pid", str(node)]  # fmt: skip
 
 
 def flwr(
@@ -302,13 +318,22 @@ def _alive(state: dict[str, Any]) -> dict[str, bool]:
 
 
 def up(
-    nodes: int, directory: Path, insecure: bool = False, port: int | None = None
+    nodes: int,
+    directory: Path,
+    insecure: bool = False,
+    port: int | None = None,
+    superexec: str = "warm",
 ) -> dict[str, Any]:
     """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state.
 
+    ``superexec="warm"``: each SuperNode runs with ``--isolation process`` beside its own
+    ``flowerbed superexec`` (warm, forked ClientApp processes); ``"flower"``: each SuperNode
+    starts Flower's ``flower-superexec`` itself (one ``flwr-clientapp`` process per message).
     A directory that held a federation before keeps its certificates, keys and SuperLink state
     (``state.db``): keys already registered stay registered.
     """
+    if superexec not in SUPEREXECS:
+        raise ConfigError(f"superexec must be one of {', '.join(SUPEREXECS)}, got '{superexec}'")
     directory = directory.resolve()
     if _state_path(directory).is_file():
         old = load_state(directory)
@@ -326,7 +351,7 @@ def up(
     state: dict[str, Any] = {
         "dir": str(directory), "nodes": nodes, "insecure": insecure, "port": port,
         "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)],
-        "processes": {},
+        "processes": {}, "superexec": superexec,
     }  # fmt: skip
     env = flower_env(directory)
     env["FLWR_HOME"] = str(directory / "flwr")
@@ -351,6 +376,11 @@ def up(
             cmd = supernode_command(state, i, None if insecure else node_keys[i], insecure)
             state["processes"][f"supernode{i}"] = _spawn(cmd, env, directory / f"supernode{i}.log")
             _save(state)
+            if superexec == "warm":
+                state["processes"][f"superexec{i}"] = _spawn(
+                    superexec_command(state, i), env, directory / f"superexec{i}.log"
+                )
+                _save(state)
     except BaseException:
         down(directory)
         raise

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -21,10 +23,13 @@ from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, build_defenses, dense_bytes
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.server.federation import grid_engine
 from flowerbed.server.results import ResultsWriter
 from flowerbed.strategies import STRATEGIES
 
 SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
+#: how often a deployed ServerApp asks the SuperLink for replies (Flower's Grid: every 3 s)
+REPLY_POLL_S = 0.2
 
 
 class OrderedGrid(Grid):
@@ -73,7 +78,10 @@ class OrderedGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
         messages = list(messages)
-        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        if grid_engine(self.inner) == "deployment":
+            replies = poll_replies(self.inner, messages, timeout)
+        else:
+            replies = list(self.inner.send_and_receive(messages, timeout=timeout))
         failed = [r for r in replies if r.has_error()]
         missing = len(messages) - len(replies)
         if messages and messages[0].metadata.message_type.startswith("train"):
@@ -183,6 +191,33 @@ def _check_unique(partitions: dict[int, int]) -> None:
                 "(give each SuperNode its own --node-config 'partition-id=I num-partitions=N')"
             )
         seen[partition] = node
+
+
+def poll_replies(
+    grid: Grid, messages: list[Message], timeout: float | None, poll_s: float = REPLY_POLL_S
+) -> list[Message]:
+    """Flower's ``send_and_receive`` with a short poll: push, then pull every ``poll_s``.
+
+    Flower's own Grid sleeps 3 s between two pulls; on a deployment a reply is then seen up to
+    3 s after it arrived, twice a round. One pull is one small request to the SuperLink; a pull
+    the SuperLink answers with a server error (its SQLite locked under load) is tried again.
+    """
+    pending = set(grid.push_messages(messages))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        try:
+            got = list(grid.pull_messages(pending))
+        except httpx.HTTPStatusError as exc:  # a busy SuperLink's SQLite: "database is locked"
+            if exc.response.status_code < 500:
+                raise
+            got = []
+        replies += got
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(poll_s)
+    return replies
 
 
 def _round_of(msg: Message) -> int:

@@ -22,7 +22,14 @@ from flowerbed.clients.core.config import encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.deploy import CONNECTION, cli_error, load_state, write_connection
 from flowerbed.server.federation import ERROR_MARKER
-from flowerbed.server.processes import app_dir, bin_path, flower_env
+from flowerbed.server.processes import (
+    Reaper,
+    app_dir,
+    bin_path,
+    flower_env,
+    private_home,
+    stop_group,
+)
 from flowerbed.server.results import (
     METRICS_MARKER,
     SUMMARY_MARKER,
@@ -70,8 +77,14 @@ def run_deployment(
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Submit ``cfg`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results."""
-    home = Path(tempfile.mkdtemp(prefix="fb-deploy-"))
+    """Submit ``cfg`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results.
+
+    The ``flwr`` CLI runs in its own process group under a :class:`Reaper`: however this process
+    ends (an error, Ctrl-C, ``kill -9``), the CLI does not outlive it.
+    """
+    home = private_home("fb-deploy-")
+    reaper = Reaper(home)
+    proc: subprocess.Popen | None = None
     try:
         _connection(cfg, home / "flwr")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,8 +99,10 @@ def run_deployment(
         log_path = run_dir / "flower.log"
         with log_path.open("w") as log:
             proc = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            reaper.watch(proc.pid)
             stream = _Stream(on_round)
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -96,6 +111,9 @@ def run_deployment(
                 stream.feed(line)
             proc.wait()
     finally:
+        if proc is not None and proc.poll() is None:
+            stop_group(proc.pid)
+        reaper.done()
         shutil.rmtree(home, ignore_errors=True)
     if stream.error is not None or stream.summary is None:
         kept = Path(tempfile.gettempdir()) / f"flowerbed-{run_dir.name}-flower.log"

@@ -118,6 +118,28 @@ def test_quickstart_over_compose_equals_inline(stack, tmp_path):
          "/app/runs/deployed-2/summary.json"], capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert _metrics(json.loads(listing)) == _metrics(inline)
+    # the nodes' SuperExecs are flowerbed's warm ones: after the first message of this FAB
+    # (installed by Flower's flwr-clientapp), messages ran in forked children
+    for node in (0, 1):
+        log = stack.compose("logs", "--no-color", f"superexec-clientapp-{node}")
+        assert "(flowerbed.apps.client_app:app): warm" in log, log[-3000:]
+
+
+def test_plain_flwr_run_works_against_the_stack(stack, tmp_path):
+    """``flwr run . <connection> --stream``, Flower's own CLI, on the compose federation."""
+    from flowerbed.server.deploy import write_connection
+    from flowerbed.server.processes import bin_path, flower_env
+
+    write_connection(tmp_path / "flwr", f"127.0.0.1:{stack.port}", stack.export / "ca.crt")
+    env = flower_env(tmp_path)
+    env["FLWR_HOME"] = str(tmp_path / "flwr")
+    done = subprocess.run(
+        [bin_path("flwr"), "run", str(ROOT), "flowerbed", "--stream",
+         "--run-config", "overrides='rounds=1 clients.num=2'"],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "FLOWERBED-SUMMARY " in done.stdout, done.stdout[-3000:]
 
 
 def test_files_belong_to_the_images_user_and_port_is_local(stack):

@@ -12,16 +12,40 @@ import pytest
 from flowerbed.server import deploy
 from flowerbed.server.engines.deployment import DeploymentError, run_deployment
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.processes import flower_env, process_identity, stop_process_tree
+from flowerbed.server.processes import (
+    flower_env,
+    process_identity,
+    stop_process_tree,
+    tagged_processes,
+)
 
 
 def _flower_procs(directory) -> list[psutil.Process]:
-    found = []
+    """Flower's processes naming ``directory``, and every process tagged with it (``deploy up``
+    starts all of them with ``FLOWERBED_OWNER=<dir>``: SuperExecs, zygotes, forked ClientApps)."""
+    found = tagged_processes(str(Path(directory).resolve()))
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
         if "flower-super" in cmd and str(directory) in cmd:
             found.append(proc)
-    return found
+    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # ended (or a zombie) since it was listed
+        return []
+
+
+def _gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.Process]:
+    """Those of ``procs`` still running (not zombies) after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    return alive
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +72,8 @@ def _refused(cmd: list[str], directory, name: str) -> str:
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     from flowerbed.apps.inline import run_inline
 
-    overrides = ["clients.num=2", "rounds=1", f"deployment.dir={federation['dir']}"]
+    # 2 rounds: later messages start from the workload and partition the zygote built
+    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
     run_dir = tmp_path / "deployed"
     summary = run_deployment(cfg, run_dir)
@@ -69,6 +94,56 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     assert {k: v for k, v in summary["metrics"].items() if not k.startswith(timing)} == {
         k: v for k, v in inline["metrics"].items() if not k.startswith(timing)
     }
+
+
+def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
+    """Every message of a flowerbed run went to a child of its node's zygote, none to a fresh
+    ``flwr-clientapp`` interpreter (runs after the quickstart test on this federation)."""
+    for i in range(2):
+        log = (Path(federation["dir"]) / f"superexec{i}.log").read_text()
+        assert "(flowerbed.apps.client_app:app): warm" in log, log[-2000:]
+        assert "Start `flwr-clientapp` process" not in log, log[-2000:]
+        assert "before it replied" not in log, log[-2000:]  # no child counted as crashed
+
+
+def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tmp_path):
+    """SIGKILL the first forked ClientApp of node 0: that node's reply is an error (sent by its
+    zygote at once, not after Flower's heartbeat timeout), the run finishes its rounds."""
+    import signal
+    import threading
+
+    superexec = psutil.Process(federation["processes"]["superexec0"]["pid"])
+    deadline = time.monotonic() + 300
+    while not superexec.children() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the SuperExec forks its zygote once Flower has parsed its flags
+    zygote = superexec.children()[0]
+    killed: list[int] = []
+
+    def kill_first_child() -> None:
+        deadline = time.monotonic() + 600
+        while not killed and time.monotonic() < deadline:
+            for child in zygote.children():
+                child.send_signal(signal.SIGKILL)
+                killed.append(child.pid)
+                break
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_first_child, daemon=True)
+    killer.start()
+    cfg = load_experiment(
+        "quickstart",
+        ["clients.num=2", "rounds=2", "engine=deployment", f"deployment.dir={federation['dir']}",
+         f"output.dir={tmp_path}", "output.plots=false", "clients.timeout_s=120"],
+    )  # fmt: skip
+    summary = run_deployment(cfg, tmp_path / "crash")
+    killer.join(timeout=1)
+    assert killed, "no forked ClientApp was seen"
+    log = (Path(federation["dir"]) / "superexec0.log").read_text()
+    assert f"ClientApp process {killed[0]} was killed by signal 9" in log
+    # the zygote's reporter sent the error reply (no wait for Flower's heartbeat expiry)
+    assert "sent the error reply of message" in log, log[-3000:]
+    assert summary["failures"] == 1, summary
+    assert len(summary["failures_per_round"]) == 2
 
 
 def test_serverapp_failure_is_one_line_and_nonzero(federation, tmp_path):
@@ -292,3 +367,36 @@ def test_run_against_an_unreachable_superlink_is_one_line_exit_2(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "could not connect to the SuperLink" in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_kill_9_of_flowerbed_run_or_the_superexec_leaves_no_process(tmp_path):
+    """``kill -9`` of ``flowerbed run`` ends its ``flwr`` CLI; ``kill -9`` of a SuperExec ends its
+    zygote and forked ClientApps; ``deploy down`` ends the rest (only processes started here)."""
+    import signal
+
+    state = deploy.up(1, tmp_path / "fed", insecure=True)
+    try:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "clients.num=1",
+             "rounds=20", f"deployment.dir={state['dir']}", f"output.dir={tmp_path}",
+             "--engine", "deployment"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline, flwr_cli = time.monotonic() + 300, []
+        while not flwr_cli and time.monotonic() < deadline and cli.poll() is None:
+            flwr_cli = [p for p in psutil.Process(cli.pid).children(recursive=True)
+                        if "flwr" in " ".join(_cmdline(p)[:2])]  # fmt: skip
+            time.sleep(0.2)
+        assert flwr_cli, "flowerbed run did not start the flwr CLI"
+        cli.send_signal(signal.SIGKILL)
+        cli.wait()
+        assert not _gone(flwr_cli), "the flwr CLI outlived a killed flowerbed run"
+
+        superexec = psutil.Process(state["processes"]["superexec0"]["pid"])
+        below = superexec.children(recursive=True)  # up for a run already: its zygote is forked
+        assert below, "the SuperExec has no zygote"
+        superexec.send_signal(signal.SIGKILL)
+        assert not _gone(below), "the zygote outlived its SuperExec"
+    finally:
+        deploy.down(tmp_path / "fed")
+    assert not _gone(_flower_procs(tmp_path / "fed"))
