@@ -19,6 +19,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flowerbed.clients.core.files import content_key
+from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -75,6 +76,7 @@ def _client_config(config_json: str) -> dict[str, Any]:
     """The config as a client sees it: where the server writes results plays no part."""
     cfg = json.loads(config_json)
     cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
+    load_plugins(cfg.get("plugins", []))  # outside code, before any registry lookup
     return cfg
 
 

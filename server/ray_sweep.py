@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import logging
 import os
@@ -42,8 +43,9 @@ from typing import Any
 
 from flowerbed.clients.core.config import dotted_get, to_yaml
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.plugins import is_path
+from flowerbed.server.cells import append_row, cell_dir, error_row, run_cell
 from flowerbed.server.ray_reaper import Reaper
-from flowerbed.server.sweep import append_row, cell_dir, error_row, run_cell
 
 LOCAL = "local"
 ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
@@ -90,9 +92,26 @@ def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def referenced_files(cfg: dict[str, Any]) -> list[str]:
-    """The paths in ``cfg`` (``FILE_KEYS``) that name a file on this machine."""
-    paths = (dotted_get(cfg, key) for key in FILE_KEYS)
+    """The paths in ``cfg`` (``FILE_KEYS``, plugin files) that name a file on this machine."""
+    paths = [dotted_get(cfg, key) for key in FILE_KEYS]
+    paths += [p for p in cfg.get("plugins", []) if is_path(p)]
     return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
+
+
+def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> list[Any]:
+    """The top-level packages of the cells' module plugins (entry-point packages included: the
+    resolved config names their modules); Ray ships them to the workers (``py_modules``), so a
+    cluster needs only flowerbed installed."""
+    packages: dict[str, Any] = {}
+    for _, cfg in todo:
+        for spec in cfg.get("plugins", []):
+            top = spec.split(".")[0]
+            if is_path(spec) or top == "flowerbed" or top in packages:
+                continue
+            module = importlib.import_module(top)
+            if getattr(module, "__path__", None) is not None and getattr(module, "__file__", None):
+                packages[top] = module  # a regular package (a single-file module stays put)
+    return list(packages.values())
 
 
 def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
@@ -101,6 +120,13 @@ def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[s
     Each copy keeps its file name (formats are chosen by suffix; errors name the file).
     """
     cfg = copy.deepcopy(cfg)
+    plugins = cfg.get("plugins", [])
+    for i, spec in enumerate(plugins):
+        if spec in files:  # a plugin file: same name, so the same module (content hash)
+            local = into / "plugins" / str(i) / Path(spec).name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(files[spec])
+            plugins[i] = str(local)
     for i, key in enumerate(FILE_KEYS):
         path = dotted_get(cfg, key)
         if isinstance(path, str) and path in files:
@@ -160,9 +186,12 @@ def install_cell(out: Path, cell: Cell, files: dict[str, bytes]) -> None:
     os.replace(staging, target)
 
 
-def _runtime_env() -> dict[str, Any]:
+def _runtime_env(py_modules: list[Any] | None = None) -> dict[str, Any]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-    return {"env_vars": env} if env else {}
+    runtime_env: dict[str, Any] = {"env_vars": env} if env else {}
+    if py_modules:
+        runtime_env["py_modules"] = py_modules
+    return runtime_env
 
 
 @contextlib.contextmanager
@@ -279,6 +308,8 @@ def run_cells_on_ray(
             num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
         )(run_remote_cell)
         refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in referenced_files(c)}
+        shipped = plugin_packages(todo)
+        runtime_env = {"runtime_env": _runtime_env(shipped)} if shipped else {}
         queue = list(reversed(todo))
         running: dict[Any, tuple[Cell, float]] = {}
 
@@ -295,7 +326,7 @@ def run_cells_on_ray(
                         cfg = copy.deepcopy(cfg)
                         cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
                     files = {p: refs[p] for p in referenced_files(cfg)}
-                    ref = task.options(name=f"cell-{cell['id']}").remote(
+                    ref = task.options(name=f"cell-{cell['id']}", **runtime_env).remote(
                         make_grid, cell, cfg, files
                     )
                     running[ref] = (cell, time.monotonic())

@@ -69,8 +69,11 @@ def run_deployment(
     cfg: dict[str, Any],
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Submit ``cfg`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results."""
+    if on_status is not None:
+        on_status("submitting to the SuperLink…")
     home = Path(tempfile.mkdtemp(prefix="fb-deploy-"))
     try:
         _connection(cfg, home / "flwr")

@@ -10,11 +10,13 @@ included. Progress is read from the run's ``metrics.jsonl`` and Flower's log whi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +41,14 @@ PHASES = [
     ("Starting Flower Simulation", "starting Ray ({n} virtual clients)…"),
     ("Initial global evaluation", "round 1/{rounds}: Ray is starting its client workers…"),
 ]
+
+
+@contextlib.contextmanager
+def boot() -> Iterator[Callable[..., dict[str, Any]]]:
+    """The engine with its SuperLink started now (it boots while the CLI checks the config);
+    the SuperLink is stopped when the block ends."""
+    with LocalSuperLink() as link:
+        yield functools.partial(run_simulation, superlink=link)
 
 
 def run_simulation(
