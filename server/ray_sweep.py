@@ -27,15 +27,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import io
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,11 +101,11 @@ def referenced_files(cfg: dict[str, Any]) -> list[str]:
     return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
 
 
-def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> list[Any]:
-    """The top-level packages of the cells' module plugins (entry-point packages included: the
-    resolved config names their modules); Ray ships them to the workers (``py_modules``), so a
-    cluster needs only flowerbed installed."""
-    packages: dict[str, Any] = {}
+def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> dict[str, Path]:
+    """``{name: folder}`` of the top-level packages of the cells' module plugins (entry-point
+    packages included: the resolved config names their modules). They travel to the workers with
+    the cells, so a cluster needs only flowerbed installed."""
+    packages: dict[str, Path] = {}
     for _, cfg in todo:
         for spec in cfg.get("plugins", []):
             top = spec.split(".")[0]
@@ -110,8 +113,35 @@ def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> list[Any]:
                 continue
             module = importlib.import_module(top)
             if getattr(module, "__path__", None) is not None and getattr(module, "__file__", None):
-                packages[top] = module  # a regular package (a single-file module stays put)
-    return list(packages.values())
+                packages[top] = Path(module.__file__).parent  # a single-file module stays put
+    return packages
+
+
+def zipped(folder: Path) -> bytes:
+    """A package folder as zip bytes (caches left out)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, Path(folder.name) / path.relative_to(folder))
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def importable(packages: dict[str, bytes], into: Path) -> Iterator[None]:
+    """The shipped plug-in packages unpacked under ``into``, first on ``sys.path`` for the block."""
+    if not packages:
+        yield
+        return
+    root = into / "packages"
+    for data in packages.values():
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            archive.extractall(root)
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
 
 
 def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
@@ -138,16 +168,23 @@ def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[s
 
 
 def run_remote_cell(
-    make_grid: Callable[[int], Any], cell: Cell, cfg: dict[str, Any], files: dict[str, Any]
+    make_grid: Callable[[int], Any],
+    cell: Cell,
+    cfg: dict[str, Any],
+    files: dict[str, Any],
+    packages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The body of a cell's Ray task: ``{"row": ..., "files": {relative path: bytes}}``.
 
-    ``files`` maps a path named in ``cfg`` to the object ref of its bytes.
+    ``files`` maps a path named in ``cfg`` to the object ref of its bytes, ``packages`` a plug-in
+    package's name to the ref of its zipped folder.
     """
     import ray
 
     shipped = dict(zip(files, ray.get(list(files.values())), strict=True))
-    with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp:
+    packages = packages or {}
+    zips = dict(zip(packages, ray.get(list(packages.values())), strict=True))
+    with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp, importable(zips, Path(tmp)):
         run_dir = Path(tmp) / "run"
         local = localise(cfg, shipped, Path(tmp))
         row = run_cell(make_grid(local["clients"]["num"]), cell, local, run_dir)
@@ -186,12 +223,9 @@ def install_cell(out: Path, cell: Cell, files: dict[str, bytes]) -> None:
     os.replace(staging, target)
 
 
-def _runtime_env(py_modules: list[Any] | None = None) -> dict[str, Any]:
+def _runtime_env() -> dict[str, Any]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-    runtime_env: dict[str, Any] = {"env_vars": env} if env else {}
-    if py_modules:
-        runtime_env["py_modules"] = py_modules
-    return runtime_env
+    return {"env_vars": env} if env else {}
 
 
 @contextlib.contextmanager
@@ -308,8 +342,7 @@ def run_cells_on_ray(
             num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
         )(run_remote_cell)
         refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in referenced_files(c)}
-        shipped = plugin_packages(todo)
-        runtime_env = {"runtime_env": _runtime_env(shipped)} if shipped else {}
+        packages = {name: ray.put(zipped(folder)) for name, folder in plugin_packages(todo).items()}
         queue = list(reversed(todo))
         running: dict[Any, tuple[Cell, float]] = {}
 
@@ -326,8 +359,8 @@ def run_cells_on_ray(
                         cfg = copy.deepcopy(cfg)
                         cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
                     files = {p: refs[p] for p in referenced_files(cfg)}
-                    ref = task.options(name=f"cell-{cell['id']}", **runtime_env).remote(
-                        make_grid, cell, cfg, files
+                    ref = task.options(name=f"cell-{cell['id']}").remote(
+                        make_grid, cell, cfg, files, packages
                     )
                     running[ref] = (cell, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
