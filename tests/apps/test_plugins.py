@@ -120,3 +120,23 @@ def test_deploy_up_on_loopback_gives_the_inline_metrics(plugin_site, inline_metr
     finally:
         cli(plugin_site, "deploy", "down", "--dir", str(federation))
     assert deployed == inline_metrics
+
+
+def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tmp_path):
+    """A ClientApp gets only the resolved config: it imports ``plugins`` before any lookup."""
+    plugin = tmp_path / "halve.py"
+    plugin.write_text(
+        "from flowerbed.clients.defenses import DEFENSES, Defense\n\n\n"
+        "@DEFENSES.register('halve', 'the update halved')\nclass Halve(Defense):\n    pass\n"
+    )
+    script = (
+        "import json, sys\n"
+        "from flowerbed.clients.runtime import _client_config\n"
+        "from flowerbed.clients.defenses import DEFENSES\n"
+        "_client_config(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
+        "print(DEFENSES.origin('halve'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(plugin)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip() == f"plugin {plugin}"
