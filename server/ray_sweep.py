@@ -7,9 +7,11 @@ each result under ``out/cells/<id>`` and appends its row (fsynced) as it arrives
 works across executors and a killed driver loses no finished cell.
 
 Workers need nothing but the installed package: the resolved config travels with the task, a file
-the config names (``dataset.path``, ``workload.params.table_path``) travels as bytes through the
-object store to a private copy with the same name, and the Grid factory
-(``flowerbed.apps.inline.inline_grid``) is pickled by reference.
+the config names (``dataset.path``, ``workload.params.table_path``, a plugin file) travels as bytes
+through the object store to a private copy with the same name, the folder of each plug-in
+package the config names (entry-point packages included) travels zipped and is unpacked on the
+task's ``sys.path``, and the Grid factory (``flowerbed.apps.inline.inline_grid``) is pickled by
+reference.
 
 A cell's metrics do not depend on where or when it ran: the inline engine is a function of the
 config, and the driver's ``ATEN_CPU_CAPABILITY`` (if set) is passed to the workers so that

@@ -140,3 +140,32 @@ def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tm
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.strip() == f"plugin {plugin}"
+
+
+def test_new_writes_a_package_per_kind_and_refuses_bad_input(plugin_site, tmp_path):
+    for kind, group in (("workload", "workloads"), ("strategy", "strategies")):
+        done = cli(plugin_site, "new", kind, f"my-{kind}", "--dir", str(tmp_path / kind))
+        assert done.returncode == 0, done.stderr
+        pyproject = (tmp_path / kind / "pyproject.toml").read_text()
+        assert f'[project.entry-points."flowerbed.{group}"]' in pyproject
+        assert f'my-{kind} = "flowerbed_my_{kind}.my_{kind}:My{kind.capitalize()}"' in pyproject
+        assert (tmp_path / kind / "tests" / f"test_my_{kind}.py").is_file()
+    bad = cli(plugin_site, "new", "defense", "Clip_Noise", "--dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "lower-case" in bad.stderr and not (tmp_path / "bad").exists()
+    taken = cli(plugin_site, "new", "workload", "again", "--dir", str(tmp_path / "workload"))
+    assert taken.returncode == 2 and "not empty" in taken.stderr
+    kind = cli(plugin_site, "new", "gizmo", "x", "--dir", str(tmp_path / "g"))
+    assert kind.returncode == 2 and "allowed: workload, attack, defense, strategy" in kind.stderr
+
+
+def test_the_scaffolds_claim_test_fails_on_the_skeleton_and_passes_on_the_method(plugin_site):
+    def claim_test(package: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "0]", "tests"],
+            cwd=package, env=plugin_site.env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    skeleton = claim_test(plugin_site.attack_src)  # label-prior is the attack scaffold as written
+    assert skeleton.returncode == 1 and "attack.prior_error" in skeleton.stdout, skeleton.stdout
+    method = claim_test(plugin_site.defense_src)  # clip-noise: the defense scaffold, written
+    assert method.returncode == 0, method.stdout[-2000:]
