@@ -10,9 +10,13 @@ FROM flwr/superexec:${FLWR_VERSION}
 
 ARG TORCH_SPEC="torch==2.13.0"
 ARG PIP_EXTRA_INDEX_URL=""
+# /app/plugins is on PYTHONPATH: docker-compose.yml mounts $FLOWERBED_PLUGINS there, so plug-in
+# packages installed with `pip install --target` (entry points included) and plug-in modules
+# reach the ServerApp and every ClientApp without rebuilding the image (docs/contributing.md)
 ENV FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_UPDATE_CHECK=1 \
-    FLOWERBED_WORKSPACE=/app/runs
+    FLOWERBED_WORKSPACE=/app/runs \
+    PYTHONPATH=/app/plugins
 
 COPY --chown=app:app docker/wheels/ /tmp/wheels/
 COPY --chown=app:app docker/build-ca/ /tmp/build-ca/
@@ -35,6 +39,6 @@ RUN set -eu; \
     PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" python -m pip install --no-cache-dir \
         --disable-pip-version-check --find-links /tmp/wheels . ; \
     cd /app; rm -rf /app/src /tmp/build-ca; \
-    mkdir -p /app/runs /app/certs /app/keys; \
+    mkdir -p /app/runs /app/certs /app/keys /app/plugins; \
     flowerbed list experiments | grep -q quickstart
 WORKDIR /app

@@ -10,7 +10,6 @@ after the progress display is up.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -35,6 +34,8 @@ console = Console(stderr=True)
 out = Console()
 
 KINDS = ("experiments", "workloads", "strategies", "attacks", "defenses", "datasets", "engines")
+#: kinds listed with the workloads they run on
+ATTACHED = ("attacks", "defenses")
 #: frames of an internal error's traceback that are printed (the innermost ones)
 TRACEBACK_FRAMES = 8
 
@@ -155,19 +156,18 @@ def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
 
 
 def execute(
-    cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = False,
-    early: dict[str, Any] | None = None,
-) -> dict:  # fmt: skip
+    cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = False, engine: Any = None
+) -> dict:
     """Run a resolved config on its engine; remove the run directory if the input was at fault.
 
-    ``early``: what was started for the engine before the config was checked (the simulation
-    engine's ``superlink``), passed on if the engine takes it.
+    ``engine``: the engine booted before the config was checked (``apps.engines.booted``); by
+    default the config's engine.
     """
     from flowerbed.apps.engines import get_engine
 
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already exists and is not empty")
-    engine = get_engine(cfg["engine"])
+    engine = engine or get_engine(cfg["engine"])
     if cfg["engine"] == "inline":  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
         _quiet_flower(verbose)
     created = not run_dir.exists()
@@ -189,13 +189,8 @@ def execute(
         if tail is not None:
             tail.flush()
 
-    accepted = inspect.signature(engine).parameters
-    kwargs: dict[str, Any] = {"on_round": on_round}
-    if "on_status" in accepted:
-        kwargs["on_status"] = on_status
-    kwargs.update({k: v for k, v in (early or {}).items() if k in accepted})
     try:
-        summary = engine(cfg, run_dir, **kwargs)
+        summary = engine(cfg, run_dir, on_round=on_round, on_status=on_status)
     except ConfigError:
         _remove(run_dir, created)
         raise
@@ -346,18 +341,13 @@ def run(
         progress.status("checking the config and the data…")
         wanted = raw_engine(experiment, overrides, engine)
         address = ray or raw_setting(experiment, overrides, "simulation.ray_address")
-        early: dict[str, Any] = {}
-        if wanted == "simulation" and address:  # connects while the config and data are checked
-            from flowerbed.server.ray_cluster import RayCluster
+        from flowerbed.apps.engines import ENGINES, booted
 
-            early["cluster"] = stack.enter_context(RayCluster(str(address)))
-        elif wanted == "simulation":  # the SuperLink boots while the config and data are checked
-            from flowerbed.server.engines.simulation import LocalSuperLink
-
-            early["superlink"] = stack.enter_context(LocalSuperLink())
+        # what the engine starts ahead boots while the config is checked: the simulation's
+        # SuperLink, or its connection to a Ray cluster (simulation.ray_address)
+        options = {"ray_address": str(address)} if wanted == "simulation" and address else {}
+        started = stack.enter_context(booted(wanted, **options)) if wanted in ENGINES else None
         cfg = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
-        if "cluster" in early:  # a wrong address or a cluster too small: before anything starts
-            early["cluster"].check_fits(cfg["clients"]["resources"])
         progress.update(
             progress.task_ids[0], total=cfg["rounds"],
             description=f"{cfg['experiment']} [{cfg['engine']}]",
@@ -365,7 +355,8 @@ def run(
         from flowerbed.server.results import default_run_dir
 
         run_dir = out_dir.resolve() if out_dir is not None else default_run_dir(cfg)
-        summary = execute(cfg, run_dir, progress, verbose, early)
+        engine_fn = started if cfg["engine"] == wanted else None
+        summary = execute(cfg, run_dir, progress, verbose, engine_fn)
     out.print(summary_view(summary))
     out.print(f"run directory: {run_dir}", soft_wrap=True)
 
@@ -424,13 +415,22 @@ def list_(
         elif name == "engines":
             for engine_name, (_, _, help_text) in ENGINES.items():
                 table.add_row(engine_name, help_text)
-        elif name in ("attacks", "defenses"):  # with the workloads each one runs on
-            for entry, cls in registries[name].items():
-                table.add_row(entry, cls.description, _runs_on(cls, COMPONENTS.workloads))
-        else:
-            for entry, cls in registries[name].items():
-                table.add_row(entry, cls.description)
+        else:  # attacks and defenses with the workloads each one runs on; every entry's origin
+            registry = registries[name]
+            for entry, cls in registry.items():
+                runs_on = [_runs_on(cls, COMPONENTS.workloads)] if name in ATTACHED else []
+                table.add_row(entry, _described(registry, entry, cls), *runs_on)
+            table.caption = "entries marked 'from: ...' come from outside flowerbed (their origin)"
+            table.caption_justify = "left"
         out.print(table)
+
+
+def _described(registry: Any, entry: str, cls: type) -> str:
+    """The description, and for an entry from outside flowerbed where it comes from."""
+    from flowerbed.clients.core.registry import BUILTIN
+
+    origin = registry.origin(entry)
+    return cls.description if origin == BUILTIN else f"{cls.description} (from: {origin})"
 
 
 def _runs_on(cls: type, workloads: Any) -> str:
@@ -450,6 +450,21 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     if not path.is_file():
         fail(f"no summary.json in {run_dir} (not a finished run directory)")
     out.print(summary_view(json.loads(path.read_text())))
+
+
+@app.command()
+def new(
+    kind: Annotated[str, typer.Argument(help="workload | attack | defense | strategy")],
+    name: Annotated[str, typer.Argument(help="its registration name, e.g. clip-noise")],
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="where to write it (default ./flowerbed-NAME)")
+    ] = None,
+) -> None:
+    """Write an installable plug-in package: module, entry point, claim test, README."""
+    from flowerbed.apps.scaffold import new_package
+
+    root = new_package(kind, name, directory)
+    out.print(f"wrote {root}: pip install -e {root} && flowerbed list", soft_wrap=True)
 
 
 class _SweepCommand(TyperCommand):

@@ -17,6 +17,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed.clients.core.config import decode_config
+from flowerbed.server.cells import run_cells
 from flowerbed.server.experiment import load_experiment, resolve
 from flowerbed.server.federation import (
     ERROR_MARKER,
@@ -27,7 +28,6 @@ from flowerbed.server.federation import (
 )
 from flowerbed.server.results import default_run_dir
 from flowerbed.server.runner import run_experiment
-from flowerbed.server.sweep import run_cells
 
 app = ServerApp()
 

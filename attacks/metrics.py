@@ -77,11 +77,3 @@ def cell_entropy(num_runs: np.ndarray, cat_probs_runs: list[np.ndarray]) -> np.n
         p = probs.mean(0).clip(1e-12, 1)
         cols.append(-(p * np.log(p)).sum(-1)[:, None] / np.log(max(p.shape[-1], 2)))
     return np.concatenate(cols, 1) if cols else np.zeros((0, 0))
-
-
-def random_baseline(train: pd.DataFrame, columns: list[str], batch: int, seed: int) -> pd.DataFrame:
-    """TabLeak's ``all_empirical`` floor: each cell drawn independently from its marginal."""
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame(
-        {c: train[c].to_numpy()[rng.integers(0, len(train), batch)] for c in columns}
-    )

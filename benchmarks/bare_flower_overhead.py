@@ -13,7 +13,7 @@ their user + system seconds (steadier than wall time on a loaded machine). Arms 
 alternating which goes first; the ratios are flowerbed / bare, median over pairs.
 
 - inline: ``flowerbed run quickstart --engine inline`` vs the bare ServerApp and ClientApp in one
-  Python process on the same in-process Grid (``flowerbed.server.engines.inline.InlineGrid``);
+  Python process on the same in-process Grid (``flowerbed.apps.inline.InlineGrid``);
 - simulation: ``flowerbed run quickstart`` vs ``flower-superlink --simulation`` + ``flwr run
   benchmarks/bare_flower`` (this script starts and stops that SuperLink; it is counted).
 
@@ -45,7 +45,7 @@ TAG = "FLOWERBED_BENCH_TAG"
 BARE_INLINE = """
 import sys
 from flwr.app import Context, RecordDict
-from flowerbed.server.engines.inline import InlineGrid
+from flowerbed.apps.inline import InlineGrid
 import bare_client, bare_server
 rounds, clients, data = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 config = {"num-server-rounds": rounds, "data-dir": data, "lr": 0.05, "batch-size": 64}

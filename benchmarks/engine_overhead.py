@@ -28,9 +28,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from flowerbed.apps.inline import run_inline
+from flowerbed.apps.inline import InlineGrid, run_inline
 from flowerbed.clients.workloads.tabular_mlp import TabularMLP
-from flowerbed.server.engines.inline import InlineGrid
 from flowerbed.server.experiment import load_experiment
 
 ROUNDS = 5

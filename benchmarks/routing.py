@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowerbed.apps.client_app import app as client_app  # noqa: E402
+from flowerbed.apps.inline import InlineGrid  # noqa: E402
 from flowerbed.clients.core.config import load_base, to_json  # noqa: E402
 from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
 from flowerbed.clients.workloads import WORKLOADS  # noqa: E402
@@ -55,7 +56,6 @@ from flowerbed.clients.workloads.routing import (  # noqa: E402
     pool,
     score_router,
 )
-from flowerbed.server.engines.inline import InlineGrid  # noqa: E402
 from flowerbed.server.experiment import load_experiment  # noqa: E402
 from flowerbed.server.runner import OrderedGrid  # noqa: E402
 from flowerbed.strategies import STRATEGIES  # noqa: E402

@@ -24,6 +24,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
+from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
@@ -83,6 +84,7 @@ def _client_config(config_json: str, file_store: str = "") -> dict[str, Any]:
     Ray cluster (``file_store``) the files it names are the driver's, fetched once per process."""
     cfg = json.loads(config_json)
     cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
+    load_plugins(cfg.get("plugins", []))  # outside code, before any registry lookup
     return _with_shipped_files(cfg, file_store) if file_store else cfg
 
 

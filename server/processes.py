@@ -23,8 +23,12 @@ from flowerbed.clients.core.config import configs_dir
 
 
 def app_dir() -> Path:
-    """The Flower App (the project root, where pyproject.toml declares the components)."""
-    return configs_dir().parent
+    """The Flower App (the project root, where pyproject.toml declares the components).
+
+    Found through a real file of ``flowerbed.configs``: the strict editable install
+    (``editable_mode=strict``, for static tools) links each file from a tree under ``build/``.
+    """
+    return (configs_dir() / "__init__.py").resolve().parent.parent
 
 
 def app_manifest(home: Path) -> Path:

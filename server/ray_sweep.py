@@ -7,9 +7,11 @@ each result under ``out/cells/<id>`` and appends its row (fsynced) as it arrives
 works across executors and a killed driver loses no finished cell.
 
 Workers need nothing but the installed package: the resolved config travels with the task, a file
-the config names (``dataset.path``, ``workload.params.table_path``) travels as bytes through the
-object store to a private copy with the same name, and the Grid factory
-(``flowerbed.apps.inline.inline_grid``) is pickled by reference.
+the config names (``dataset.path``, ``workload.params.table_path``, a plugin file) travels as bytes
+through the object store to a private copy with the same name, the folder of each plug-in
+package the config names (entry-point packages included) travels zipped and is unpacked on the
+task's ``sys.path``, and the Grid factory (``flowerbed.apps.inline.inline_grid``) is pickled by
+reference.
 
 A cell's metrics do not depend on where or when it ran: the inline engine is a function of the
 config, and the driver's ``ATEN_CPU_CAPABILITY`` (if set) is passed to the workers so that
@@ -26,15 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import io
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +49,9 @@ from typing import Any
 from flowerbed.clients.core.config import to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import localise, shipped_files
+from flowerbed.clients.core.plugins import is_path
+from flowerbed.server.cells import append_row, cell_dir, error_row, run_cell
 from flowerbed.server.ray_reaper import Reaper
-from flowerbed.server.sweep import append_row, cell_dir, error_row, run_cell
 
 LOCAL = "local"
 ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
@@ -80,17 +87,67 @@ class RayOptions:
 # ---- worker side -------------------------------------------------------------------------------
 
 
+def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> dict[str, Path]:
+    """``{name: folder}`` of the top-level packages of the cells' module plugins (entry-point
+    packages included: the resolved config names their modules). They travel to the workers with
+    the cells, so a cluster needs only flowerbed installed."""
+    packages: dict[str, Path] = {}
+    for _, cfg in todo:
+        for spec in cfg.get("plugins", []):
+            top = spec.split(".")[0]
+            if is_path(spec) or top == "flowerbed" or top in packages:
+                continue
+            module = importlib.import_module(top)
+            if getattr(module, "__path__", None) is not None and getattr(module, "__file__", None):
+                packages[top] = Path(module.__file__).parent  # a single-file module stays put
+    return packages
+
+
+def zipped(folder: Path) -> bytes:
+    """A package folder as zip bytes (caches left out)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, Path(folder.name) / path.relative_to(folder))
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def importable(packages: dict[str, bytes], into: Path) -> Iterator[None]:
+    """The shipped plug-in packages unpacked under ``into``, first on ``sys.path`` for the block."""
+    if not packages:
+        yield
+        return
+    root = into / "packages"
+    for data in packages.values():
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            archive.extractall(root)
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+
+
 def run_remote_cell(
-    make_grid: Callable[[int], Any], cell: Cell, cfg: dict[str, Any], files: dict[str, Any]
+    make_grid: Callable[[int], Any],
+    cell: Cell,
+    cfg: dict[str, Any],
+    files: dict[str, Any],
+    packages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The body of a cell's Ray task: ``{"row": ..., "files": {relative path: bytes}}``.
 
-    ``files`` maps a path named in ``cfg`` to the object ref of its bytes.
+    ``files`` maps a path named in ``cfg`` to the object ref of its bytes, ``packages`` a plug-in
+    package's name to the ref of its zipped folder.
     """
     import ray
 
     shipped = dict(zip(files, ray.get(list(files.values())), strict=True))
-    with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp:
+    packages = packages or {}
+    zips = dict(zip(packages, ray.get(list(packages.values())), strict=True))
+    with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp, importable(zips, Path(tmp)):
         run_dir = Path(tmp) / "run"
         local = localise(cfg, shipped, Path(tmp))
         row = run_cell(make_grid(local["clients"]["num"]), cell, local, run_dir)
@@ -248,6 +305,7 @@ def run_cells_on_ray(
             num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
         )(run_remote_cell)
         refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in shipped_files(c)}
+        packages = {name: ray.put(zipped(folder)) for name, folder in plugin_packages(todo).items()}
         queue = list(reversed(todo))
         running: dict[Any, tuple[Cell, float]] = {}
 
@@ -265,7 +323,7 @@ def run_cells_on_ray(
                         cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
                     files = {p: refs[p] for p in shipped_files(cfg)}
                     ref = task.options(name=f"cell-{cell['id']}").remote(
-                        make_grid, cell, cfg, files
+                        make_grid, cell, cfg, files, packages
                     )
                     running[ref] = (cell, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)

@@ -18,6 +18,7 @@ from flwr.serverapp import Grid
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.errors import ConfigError, RunFailed
+from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, build_defenses, dense_bytes
@@ -332,6 +333,7 @@ def run_experiment(
     The final global model is saved as ``model.npz``; a run that cannot go on raises
     :class:`RunFailed` after writing its one-line cause to ``error.txt``.
     """
+    load_plugins(cfg.get("plugins", []))  # outside code (a Ray worker has not resolved cfg)
     writer = ResultsWriter(run_dir, cfg)
     try:
         return _run(grid, cfg, writer, on_round)

@@ -39,10 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
-import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,8 +54,8 @@ from flowerbed.clients.core.config import (
     validate_structured,
 )
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.server.cells import finished_ids, run_cells
 from flowerbed.server.experiment import resolve
-from flowerbed.server.runner import run_experiment
 from flowerbed.server.sweep_report import ReportConfig, write_outputs
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY
 
@@ -136,16 +133,6 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     return node
 
 
-def label(value: Any) -> str:
-    """Short human label of a grid value (defense lists become ``dp-sgd(noise_multiplier=1)``)."""
-    if isinstance(value, list):
-        return "+".join(label(v) for v in value) or "none"
-    if isinstance(value, dict) and "name" in value:
-        params = ",".join(f"{k}={v}" for k, v in sorted((value.get("params") or {}).items()))
-        return f"{value['name']}({params})" if params else str(value["name"])
-    return str(value)
-
-
 def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost."""
     axes = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
@@ -182,80 +169,6 @@ def cell_config(
     except ConfigError as exc:  # every cell is checked before the first one runs
         values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
         raise ConfigError(f"sweep cell {values}: {exc}") from None
-
-
-def cell_dir(out: Path, cell: dict[str, Any]) -> Path:
-    return out / "cells" / cell["id"]
-
-
-def finished_ids(out: Path) -> set[str]:
-    path = out / "cells.jsonl"
-    done = set()
-    if path.is_file():
-        for raw in path.read_text().splitlines():
-            try:
-                done.add(json.loads(raw)["id"])
-            except (json.JSONDecodeError, KeyError):
-                continue  # a line cut by a crash: that cell runs again
-    return done
-
-
-def append_row(out: Path, row: dict[str, Any]) -> None:
-    path = out / "cells.jsonl"
-    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-    with path.open("a") as fh:
-        fh.write(("\n" if torn else "") + json.dumps(row, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:
-    """The row of a cell that failed (its error on one line)."""
-    return {
-        "id": cell["id"],
-        "params": {k: label(v) for k, v in cell["params"].items()},
-        "status": "error",
-        "error": error,
-        "metrics": {},
-        "wall_s": round(wall_s, 3),
-    }
-
-
-def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included).
-
-    Torch runs single-threaded, as the ClientApp runtime pins it: a cell's numbers do not depend
-    on the process it runs in or on what ran there before (sequential and Ray cells agree).
-    """
-    import torch
-
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    try:
-        summary = run_experiment(grid, cfg, run_dir)
-    except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
-        last = traceback.format_exception_only(exc)[-1].strip()
-        return error_row(cell, last, time.perf_counter() - start)
-    return {
-        "id": cell["id"],
-        "params": {k: label(v) for k, v in cell["params"].items()},
-        "status": "ok",
-        "metrics": summary["metrics"],
-        "failures": summary["failures"],
-        "wall_s": round(time.perf_counter() - start, 3),
-    }
-
-
-def run_cells(
-    grid: Any, todo: list[tuple[dict[str, Any], dict[str, Any]]], out: Path,
-    on_cell: Callable[[dict[str, Any]], None] | None = None,
-) -> None:  # fmt: skip
-    """Run each (cell, config) on one Grid, appending a row per finished cell."""
-    for cell, cfg in todo:
-        row = run_cell(grid, cell, cfg, cell_dir(out, cell))
-        append_row(out, row)
-        if on_cell is not None:
-            on_cell(row)
 
 
 def run_sweep(

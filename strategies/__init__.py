@@ -5,6 +5,6 @@ A strategy entry is a class with a ``Params`` dataclass and ``build(cfg) -> flwr
 
 from flowerbed.clients.core.registry import Registry
 
-STRATEGIES = Registry("strategy", (__name__,))
+STRATEGIES = Registry("strategy", (__name__,), group="flowerbed.strategies")
 
 __all__ = ["STRATEGIES"]

@@ -18,3 +18,12 @@ def inline_cfg(tmp_path):
         return load_experiment(name, ["engine=inline", f"output.dir={tmp_path}", *overrides])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory):
+    """Plug-in packages made by ``flowerbed new`` and installed into a private directory
+    (tests/plugin_fixture.py), built once for every test that runs them."""
+    from tests.plugin_fixture import build
+
+    return build(tmp_path_factory.mktemp("plugins"))

@@ -36,7 +36,8 @@ from flowerbed.clients.core.capabilities import (
 )
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import check_rules, param, plain
-from flowerbed.clients.core.registry import Registry
+from flowerbed.clients.core.plugins import FILE_MODULE_PREFIX, load_plugins, normalise
+from flowerbed.clients.core.registry import BUILTIN, Registry
 
 
 class Engine(enum.StrEnum):
@@ -139,6 +140,10 @@ class ExperimentConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    #: outside code every process imports first: module names or .py paths
+    #: (``flowerbed.clients.core.plugins``); the resolved config adds the module of every component
+    #: that came from outside flowerbed (an entry point), so each process can import it by name
+    plugins: list[str] = field(default_factory=list)
 
 
 def configs_dir() -> Path:
@@ -275,6 +280,8 @@ def resolve(
         raise ConfigError(_one_line(exc, "")) from None
     check_rules(experiment, "")
     cfg: dict[str, Any] = plain(dataclasses.asdict(experiment))
+    cfg["plugins"] = normalise(cfg["plugins"])
+    load_plugins(cfg["plugins"])
     if cfg["clients"]["fraction_evaluate"] is None:
         cfg["clients"]["fraction_evaluate"] = cfg["clients"]["fraction"]
     components.datasets.get(cfg["dataset"]["name"])
@@ -291,7 +298,28 @@ def resolve(
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
         defense["params"] = plain(dataclasses.asdict(params))
         _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
+    _record_outside_modules(cfg, components)
     return cfg
+
+
+def _record_outside_modules(cfg: dict[str, Any], components: Components) -> None:
+    """Add to ``cfg["plugins"]`` the module of each component that came from outside flowerbed
+    (an installed package's entry point), so every process imports it by name: a Ray worker or a
+    container that has the module but not the package's metadata still finds it."""
+    used = [
+        (components.datasets, cfg["dataset"]["name"]),
+        (components.workloads, cfg["workload"]["name"]),
+        (components.strategies, cfg["strategy"]["name"]),
+        *([(components.attacks, cfg["attack"]["name"])] if cfg["attack"]["name"] else []),
+        *((components.defenses, d["name"]) for d in cfg["defenses"]),
+    ]
+    for registry, name in used:
+        if registry.origin(name) == BUILTIN:
+            continue
+        module = registry.get(name).__module__
+        if module != "__main__" and not module.startswith(FILE_MODULE_PREFIX):
+            if module not in cfg["plugins"]:
+                cfg["plugins"].append(module)
 
 
 _UNSET = object()

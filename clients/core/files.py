@@ -78,9 +78,21 @@ def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
 
 
 def shipped_files(cfg: dict[str, Any]) -> list[str]:
-    """The paths in ``cfg`` (:data:`SHIPPED_KEYS`) that name a file on this machine."""
-    paths = (_lookup(cfg, key) for key in SHIPPED_KEYS)
+    """The paths in ``cfg`` (:data:`SHIPPED_KEYS`, plugin files) that name a file on this machine."""
+    from flowerbed.clients.core.plugins import is_path
+
+    paths = [_lookup(cfg, key) for key in SHIPPED_KEYS]
+    paths += [p for p in cfg.get("plugins", []) if is_path(p)]
     return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
+
+
+def _write_once(local: Path, data: bytes) -> None:
+    """``data`` at ``local`` unless already there, written whole (another process may read it)."""
+    if not local.is_file():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+        partial.write_bytes(data)
+        os.replace(partial, local)
 
 
 def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
@@ -90,15 +102,17 @@ def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[s
     already in ``into`` is kept: callers name ``into`` after the files' content.
     """
     cfg = copy.deepcopy(cfg)
+    plugins = cfg.get("plugins", [])
+    for i, spec in enumerate(plugins):
+        if spec in files:  # a plugin file: same name, so the same module (content hash)
+            local = into / "plugins" / str(i) / Path(spec).name
+            _write_once(local, files[spec])
+            plugins[i] = str(local)
     for i, key in enumerate(SHIPPED_KEYS):
         path = _lookup(cfg, key)
         if isinstance(path, str) and path in files:
             local = into / "files" / str(i) / Path(path).name
-            if not local.is_file():  # written whole (another process may read it at once)
-                local.parent.mkdir(parents=True, exist_ok=True)
-                partial = local.with_name(f".{local.name}.{os.getpid()}.tmp")
-                partial.write_bytes(files[path])
-                os.replace(partial, local)
+            _write_once(local, files[path])
             *parents, last = key.split(".")
             node = cfg
             for part in parents:

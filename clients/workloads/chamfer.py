@@ -45,11 +45,6 @@ def make_clustered(
     return centres[labels] + spread * rng.standard_normal((n, d))
 
 
-def make_uniform(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniform points in the unit cube."""
-    return rng.random((n, d))
-
-
 def add_outliers(
     points: np.ndarray, fraction: float, distance: float, rng: np.random.Generator
 ) -> np.ndarray:

@@ -459,12 +459,6 @@ def finetune_report(
     }
 
 
-def fedavg_states(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
-    """Weighted average of state dicts (FedAvg of the fine-tuned weights)."""
-    w = torch.tensor(weights, dtype=torch.float32) / sum(weights)
-    return {k: sum(wi * s[k] for wi, s in zip(w, states, strict=True)) for k in states[0]}
-
-
 # ---------------------------------------------------------------------------------------------
 # 5. registration: clients own skewed, complementary concept coverage; FedAvg
 # ---------------------------------------------------------------------------------------------

@@ -209,15 +209,6 @@ def relative_error(x: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x).all(-1).all(-1), err, torch.full_like(err, math.inf))
 
 
-def inversion_error(
-    a: torch.Tensor, method: str, precision: str, refine: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(median relative error, growth) of ``method`` in ``precision`` on a batch of A matrices."""
-    reference = reference_inverse(a)
-    err = relative_error(invert_unit_lower(a, method, precision, refine), reference)
-    return err.median(), neumann_growth(a).max()
-
-
 # -- 3. the delta rule: recurrent reference and chunked (UT transform) -----------------------------
 
 

@@ -358,17 +358,6 @@ def at_step(trace: PhaseTrace, values: np.ndarray, step: int, half_width: int = 
     return values[max(i - half_width, 0) : i + half_width + 1]
 
 
-def rise_above_recent_minimum(values: np.ndarray, window: int | None = None) -> np.ndarray:
-    """``values[t] - min(values[t - window + 1 : t + 1])`` (all of the past if ``window`` is None):
-    the rise against a rolling baseline, causal."""
-    if window is None:
-        return values - np.minimum.accumulate(values)
-    out = np.empty(len(values))
-    for t in range(len(values)):
-        out[t] = values[t] - values[max(t - window + 1, 0) : t + 1].min()
-    return out
-
-
 @dataclass
 class RiseDetector:
     """Online early warning on a stream of ``log10 tr C``, from the observable alone.

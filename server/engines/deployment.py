@@ -76,12 +76,15 @@ def run_deployment(
     cfg: dict[str, Any],
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Submit ``cfg`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results.
 
     The ``flwr`` CLI runs in its own process group under a :class:`Reaper`: however this process
     ends (an error, Ctrl-C, ``kill -9``), the CLI does not outlive it.
     """
+    if on_status is not None:
+        on_status("submitting to the SuperLink…")
     home = private_home("fb-deploy-")
     reaper = Reaper(home)
     proc: subprocess.Popen | None = None

@@ -11,11 +11,12 @@ included. Progress is read from the run's ``metrics.jsonl`` and Flower's log whi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +44,19 @@ PHASES = [
     ("Starting Flower Simulation", "starting Ray ({n} virtual clients)…"),
     ("Initial global evaluation", "round 1/{rounds}: Ray is starting its client workers…"),
 ]
+
+
+@contextlib.contextmanager
+def boot(ray_address: str | None = None) -> Iterator[Callable[..., dict[str, Any]]]:
+    """The engine with what it needs started now (it boots while the CLI checks the config): its
+    SuperLink, or with ``ray_address`` the connection to that Ray cluster (a wrong address is a
+    ``ConfigError`` before anything runs); stopped when the block ends."""
+    if ray_address:
+        with RayCluster(ray_address) as cluster:
+            yield functools.partial(run_simulation, cluster=cluster)
+        return
+    with LocalSuperLink() as link:
+        yield functools.partial(run_simulation, superlink=link)
 
 
 def run_simulation(

@@ -273,6 +273,7 @@ def test_list_attacks_shows_the_workloads_each_runs_on():
             name = cells[0] or name
             rows[name] = " ".join([rows.get(name, ""), cells[2]])
     assert "on: tabdiff" in rows["goliath"] and "tabular-mlp" not in rows["goliath"]
+    assert "(from:" not in result.output  # flowerbed's own entries carry no origin
     for name in ("dlg", "idlg", "inverting-gradients", "random-baseline"):
         assert all(w in rows[name] for w in ("tabdiff", "tabular-mlp", "digits-classifier")), name
     assert "digits-classifier, tabular-mlp" in rows["analytic-fc"]
@@ -291,7 +292,7 @@ def test_superlink_option_merges_with_other_deployment_overrides(tmp_path, monke
 
     seen = {}
 
-    def capture(cfg, run_dir, on_round=None):
+    def capture(cfg, run_dir, on_round=None, on_status=None):  # the Engine protocol
         seen.update(cfg)
         raise SystemExit(0)
 

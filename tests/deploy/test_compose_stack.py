@@ -6,7 +6,9 @@ the compose stack under its own project name and host port, and checks: TLS + Su
 federation of 2 SuperNodes runs quickstart with the metrics of ``--engine inline``; files the
 images' ``app`` user (uid 49999) needs are its own; port 8000 is published on 127.0.0.1 only;
 after ``down`` and ``up`` the certificates, registered keys and SuperLink state are reused and a
-run still completes. Logs go to ``$FLOWERBED_DOCKER_LOGS`` (default: the test's tmp dir).
+run still completes; plug-in packages made by ``flowerbed new`` (tests/plugin_fixture.py), mounted
+at /app/plugins, run on the stack with the metrics of ``--engine inline``. Logs go to
+``$FLOWERBED_DOCKER_LOGS`` (default: the test's tmp dir).
 """
 
 import json
@@ -23,6 +25,7 @@ from flowerbed.apps.inline import run_inline
 from flowerbed.server.engines.deployment import run_deployment
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.processes import app_dir, free_port
+from tests.plugin_fixture import on_path
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]  # the image build is in the fixture
 ROOT = app_dir()
@@ -38,14 +41,15 @@ def _docker_ready() -> str | None:
 class Stack:
     """One compose project: its name, host port, CA export dir and a log of every command."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, plugins: Path) -> None:
         self.project = f"fbtest{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         self.export = logs / "ca"
         self.log = logs / "compose.log"
         self.env = dict(
-            os.environ, SUPERLINK_PORT=str(self.port), FLOWERBED_CA_EXPORT=str(self.export)
-        )
+            os.environ, SUPERLINK_PORT=str(self.port), FLOWERBED_CA_EXPORT=str(self.export),
+            FLOWERBED_PLUGINS=str(plugins),
+        )  # fmt: skip
 
     def compose(self, *args: str, check: bool = True, timeout: float = 900) -> str:
         cmd = ["docker-compose", "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args]
@@ -67,7 +71,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, plugin_site):
     reason = _docker_ready()
     if reason:
         pytest.skip(reason)
@@ -81,7 +85,9 @@ def stack(tmp_path_factory):
     (logs / "build-images.log").write_text(build.stdout + build.stderr)
     assert build.returncode == 0, build.stderr[-3000:]
     print(f"\nimages built in {time.monotonic() - started:.0f} s; logs in {logs}")
-    stack = Stack(logs)
+    for path in [plugin_site.site, *plugin_site.site.rglob("*")]:  # the images' user reads it
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    stack = Stack(logs, plugin_site.site)
     try:
         stack.compose("up", "-d")
         yield stack
@@ -94,9 +100,10 @@ def _metrics(summary: dict) -> dict:
     return {k: v for k, v in summary["metrics"].items() if not k.startswith("time.")}
 
 
-def _deployed(stack: Stack, out: Path, rounds: int) -> dict:
+def _deployed(stack: Stack, out: Path, rounds: int, *extra: str) -> dict:
     cfg = load_experiment(
-        "quickstart", ["clients.num=2", f"rounds={rounds}", "engine=deployment", f"output.dir={out}"],
+        "quickstart",
+        ["clients.num=2", f"rounds={rounds}", "engine=deployment", f"output.dir={out}", *extra],
         deployment={"superlink": f"127.0.0.1:{stack.port}",
                     "root_certificates": str(stack.export / "ca.crt")},
     )  # fmt: skip
@@ -140,6 +147,18 @@ def test_plain_flwr_run_works_against_the_stack(stack, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
     assert "FLOWERBED-SUMMARY " in done.stdout, done.stdout[-3000:]
+
+
+def test_plugin_packages_mounted_into_the_images_run_like_inline(stack, plugin_site, tmp_path):
+    extra = ["attack.name=label-prior", "defenses=[{name: clip-noise, params: {clip: 0.5}}]"]
+    with on_path(plugin_site):  # this process resolves the config: it needs the packages too
+        summary = _deployed(stack, tmp_path, 1, *extra)
+        inline = run_inline(
+            load_experiment("quickstart", ["clients.num=2", "rounds=1", "engine=inline",
+                                           f"output.dir={tmp_path}/inline", *extra])
+        )  # fmt: skip
+    assert summary["metrics"]["attack.error"] == summary["metrics"]["attack.prior_error"]
+    assert _metrics(summary) == _metrics(inline)
 
 
 def test_files_belong_to_the_images_user_and_port_is_local(stack):

@@ -10,8 +10,7 @@ import pytest
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 
-from flowerbed.apps.inline import run_inline
-from flowerbed.server.engines.inline import InlineGrid
+from flowerbed.apps.inline import InlineGrid, run_inline
 
 
 def test_quickstart_beats_majority_by_five_points(inline_cfg):

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from flwr.serverapp import Grid
 
+from flowerbed.apps.inline import InlineGrid
 from flowerbed.apps.server_app import config_from_run_config
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server import federation
-from flowerbed.server.engines.inline import InlineGrid
 
 
 class Clock:

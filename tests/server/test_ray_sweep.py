@@ -27,6 +27,7 @@ from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.ray_reaper import Reaper
 from flowerbed.server.ray_sweep import RayOptions, localise, run_remote_cell
 from flowerbed.server.sweep import cell_config, cells_of, finished_ids, load_sweep, run_sweep
+from tests.plugin_fixture import on_path
 from tests.server.conftest import ray_root as _ray_root
 
 SWEEP = {
@@ -137,6 +138,48 @@ def test_a_cell_needs_only_the_shipped_bytes(tmp_path, local_ray):
     assert local["dataset"]["path"] != str(csv)
     assert Path(local["dataset"]["path"]).name == "table.csv"
     assert Path(local["dataset"]["path"]).read_bytes() == b"a,b,y\n"
+
+
+def test_plugin_packages_run_as_ray_cells_like_sequential(tmp_path, local_ray, plugin_site):
+    """Packages made by ``flowerbed new`` (tests/plugin_fixture.py), importable in the driver only:
+    Ray ships them to the workers (``py_modules``), cells.csv equals the sequential one."""
+    spec = dict(
+        SWEEP, overrides=[*SWEEP["overrides"][:1], "clients.num=2", "dataset.max_rows=600",
+                          "attack.name=label-prior", "output.plots=false"],
+        grid={"defenses": [[], [{"name": "clip-noise", "params": {"clip": 0.5, "noise": 0.01}}]]},
+    )  # fmt: skip
+    with on_path(plugin_site):
+        sweep = load_sweep(_write(tmp_path, spec))
+        seq = run_sweep(sweep, tmp_path / "seq", inline_grid)
+        par = run_sweep(sweep, tmp_path / "ray", inline_grid, ray=RayOptions())
+    rows = _rows(par)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r.get("error") for r in rows]
+    frames = [pd.read_csv(out / "cells.csv").drop(columns=list(TIMING)) for out in (seq, par)]
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+    assert all(r["metrics"]["attack.error"] == r["metrics"]["attack.prior_error"] for r in rows)
+    assert rows[0]["metrics"]["central.loss"] != rows[1]["metrics"]["central.loss"]
+
+
+def test_a_plugin_file_travels_with_the_cell(tmp_path, local_ray, plugin_site):
+    plugin = tmp_path / "halve.py"
+    plugin.write_text(
+        "from flowerbed.clients.defenses import DEFENSES, Defense, update_mod\n"
+        "from flwr.app import Array, ArrayRecord\n\n\n"
+        "@DEFENSES.register('halve', 'the update halved')\nclass Halve(Defense):\n"
+        "    def mods(self):\n        return [update_mod(lambda s, t, c: ArrayRecord({k: Array("
+        "s[k].numpy() + 0.5 * (t[k].numpy() - s[k].numpy())) for k in t}))]\n"
+    )
+    spec = dict(SWEEP, overrides=[*SWEEP["overrides"], f"plugins=[{plugin}]",
+                                  "defenses=[{name: halve}]"], grid={"seed": [0]})  # fmt: skip
+    with on_path(plugin_site):
+        sweep = load_sweep(_write(tmp_path, spec))
+        cell = cells_of(sweep)[0]
+        cfg = cell_config(sweep, cell, "inline")
+        assert cfg["plugins"] == [str(plugin)]
+        ref = ray.put(plugin.read_bytes())
+        plugin.unlink()  # what a worker without the driver's filesystem sees
+        result = run_remote_cell(inline_grid, cell, cfg, {str(plugin): ref})
+    assert result["row"]["status"] == "ok", result["row"]
 
 
 def test_failed_and_hanging_cells_are_recorded(tmp_path, local_ray):

@@ -9,6 +9,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from flowerbed.apps.client_app import app as client_app
+from flowerbed.apps.inline import InlineGrid
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.runtime import CONFIG_KEY
 from flowerbed.clients.workloads import WORKLOADS
@@ -22,7 +23,6 @@ from flowerbed.clients.workloads.routing import (
     lloyd_stats,
     pool,
 )
-from flowerbed.server.engines.inline import InlineGrid
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import OrderedGrid
 from flowerbed.strategies import STRATEGIES

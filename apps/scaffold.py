@@ -1,0 +1,479 @@
+"""``flowerbed new workload|attack|defense|strategy NAME``: a small installable plug-in package.
+
+The package registers one component through an entry point (``flowerbed.<kind>s``), so once it is
+installed (``pip install -e .``) every flowerbed process finds it: the CLI, the ServerApp, every
+ClientApp, Ray workers. It holds the module (typed ``Params``, ``offers``/``needs``), a claim test
+that fails until the method does what it claims (the skeleton is the method's ablation: identity,
+prior, no learning, FedAvg), and a README. docs/contributing.md walks through it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from flowerbed.clients.core.errors import ConfigError
+
+KINDS = {"workload": "workloads", "attack": "attacks", "defense": "defenses",
+         "strategy": "strategies"}  # fmt: skip
+_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "{kind} '{name}' for flowerbed"
+requires-python = ">=3.11"
+dependencies = ["flowerbed"]
+
+# flowerbed finds the {kind} through this entry point: NAME = "module:Class"
+[project.entry-points."flowerbed.{group}"]
+{name} = "{package}.{module}:{cls}"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+"""
+
+README = """\
+# {dist}: the flowerbed {kind} `{name}`
+
+A flowerbed plug-in: `src/{package}/{module}.py` registers the {kind} `{name}`; the entry point
+in `pyproject.toml` (`flowerbed.{group}`) lets every flowerbed process find it once the package
+is installed.
+
+```bash
+pip install -e .                  # into the environment flowerbed runs in
+flowerbed list {group}            # {name} ... from: {dist} 0.1.0 (entry point)
+pytest                            # the claim test: fails until the method works
+{run_line}
+```
+
+Without installing: name the module in a config, `plugins: [{package}.{module}]` (on
+`PYTHONPATH`), or the file, `plugins: [./src/{package}/{module}.py]`.
+
+What to do: {todo}
+
+The claim test (`tests/test_{module}.py`) runs the method end to end on a tiny case and compares
+it with its ablation; keep it failing on the skeleton and passing on the method, over >= 3 seeds.
+Then break the mechanism by hand (a constant, a no-op) and see the test fail.
+"""
+
+INIT = '"""The flowerbed {kind} `{name}` (registered in `{module}.py`)."""\n'
+
+DEFENSE = '''\
+"""{name}: a flowerbed defense. Its client half is a Flower mod that rewrites the update each
+client sends; a server half (``wrap_strategy`` with ``server_position``) is optional."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ArrayRecord
+
+from flowerbed.clients.core.params import param
+from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
+
+
+@DEFENSES.register("{name}", "TODO: one line for `flowerbed list defenses`")
+class {cls}(Defense):
+    @dataclass
+    class Params:
+        clip: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
+        noise: float = param(0.1, ge=0)
+
+    #: capabilities the workload must offer (flowerbed.clients.core.capabilities.Capability)
+    needs = frozenset()
+
+    def mods(self) -> list[Any]:
+        return [update_mod(self.transform)]
+
+    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: dict[str, Any]) -> ArrayRecord:
+        """What the server receives instead of ``trained`` (``config["partition-id"]`` and
+        ``config["server-round"]`` seed per-client randomness).
+
+        TODO: the method. The skeleton is the identity, so the claim test fails.
+        """
+        return trained
+'''
+
+DEFENSE_TEST = '''\
+"""Claim test of the defense `{name}`: it changes what the server receives (the final global
+model differs from the undefended run's) on every seed. TODO: assert the method's headline
+against the ablation too (an attack's success falls; utility stays within a margin)."""
+
+import numpy as np
+import pytest
+
+from flowerbed.apps.inline import run_inline
+from flowerbed.server.experiment import load_experiment
+
+TINY = ["engine=inline", "rounds=1", "clients.num=2", "dataset.max_rows=600"]
+
+
+def final_model(tmp_path, seed, defenses):
+    cfg = load_experiment(
+        "quickstart", [*TINY, f"seed={{seed}}", f"output.dir={{tmp_path}}", f"defenses={{defenses}}"]
+    )
+    run_dir = run_inline(cfg)["run_dir"]
+    with np.load(f"{{run_dir}}/model.npz") as arrays:
+        return {{k: arrays[k] for k in arrays.files}}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_{module}_changes_what_the_server_receives(tmp_path, seed):
+    plain = final_model(tmp_path / "plain", seed, "[]")
+    defended = final_model(tmp_path / "defended", seed, "[{{name: {name}}}]")
+    gap = max(float(np.abs(plain[k] - defended[k]).max()) for k in plain)
+    assert gap > 1e-6, "the defense left the update unchanged"
+'''
+
+ATTACK = '''\
+"""{name}: a flowerbed attack. An honest-but-curious server wraps its strategy with an observer
+that sees each target client's reply (and the arrays it was sent) before aggregation; the attack
+sees nothing else. Ground truth enters only the scorer, called after the attack has answered.
+
+The skeleton guesses the share of class-1 examples in the target clients' round data; it answers
+with its prior (1 / number of classes), the floor an attack must beat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.wrapper import StrategyWrapper
+
+
+def guess(sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], classes: int) -> float:
+    """The share of class-1 examples in the client's round data, from what the server received.
+
+    TODO: the method (e.g. the output bias's update). The skeleton returns the prior.
+    """
+    return 1.0 / classes
+
+
+class Scorer:
+    """Ground truth: the client's round data, rebuilt from (seed, client, round) after the guess."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from flowerbed.clients.workloads import WORKLOADS
+
+        self.cfg = cfg
+        self.workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+
+    def truth(self, partition_id: int, server_round: int) -> float:
+        data = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
+        labels = self.workload.round_data(data, partition_id, server_round).y
+        return float((labels == 1).float().mean())
+
+
+class Observer(StrategyWrapper):
+    def __init__(self, inner: Any, cfg: dict[str, Any], writer: Any) -> None:
+        super().__init__(inner)
+        self.cfg, self.writer = cfg, writer
+        self.params = cfg["attack"]["params"]
+        self.scorer = Scorer(cfg)
+        self.sent: ArrayRecord | None = None
+        self.errors: list[float] = []
+        self.prior_errors: list[float] = []
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.sent = arrays
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        sent = self.sent.to_torch_state_dict()
+        for reply in replies:
+            if reply.has_error():
+                continue
+            pid = int(reply.content["metrics"]["partition-id"])
+            if pid not in self.params["target_clients"]:
+                continue
+            classes = list(sent.values())[-1].numel()  # public: the output layer's size
+            estimate = guess(sent, reply.content["arrays"].to_torch_state_dict(), classes)
+            truth = self.scorer.truth(pid, server_round)  # after the attack answered
+            self.errors.append(abs(estimate - truth))
+            self.prior_errors.append(abs(1.0 / classes - truth))
+            self.writer.log(server_round, "attack", {{"error": self.errors[-1]}})
+        if self.errors:
+            self.writer.set_final("attack.error", sum(self.errors) / len(self.errors))
+            self.writer.set_final(
+                "attack.prior_error", sum(self.prior_errors) / len(self.prior_errors)
+            )
+        return self.inner.aggregate_train(server_round, replies)
+
+
+@ATTACKS.register("{name}", "TODO: one line for `flowerbed list attacks`")
+class {cls}:
+    @dataclass
+    class Params:
+        target_clients: list[int] = field(default_factory=lambda: [0])  # TODO: your knobs
+
+    #: what the workload must offer: a classifier whose round data the scorer can rebuild
+    needs = frozenset({{Capability.MODEL_LOSS}})
+
+    @classmethod
+    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+        return Observer(strategy, cfg, writer)
+'''
+
+ATTACK_TEST = '''\
+"""Claim test of the attack `{name}`: its error is below its prior's on every seed (the skeleton,
+which answers with the prior, fails)."""
+
+import pytest
+
+from flowerbed.apps.inline import run_inline
+from flowerbed.server.experiment import load_experiment
+
+TINY = ["engine=inline", "rounds=1", "clients.num=2", "dataset.max_rows=600"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_{module}_beats_its_prior(tmp_path, seed):
+    cfg = load_experiment(
+        "quickstart",
+        [*TINY, f"seed={{seed}}", f"output.dir={{tmp_path}}", "attack.name={name}",
+         "workload.params.local_epochs=1", "workload.params.round_examples=8"],
+    )
+    metrics = run_inline(cfg)["metrics"]
+    assert metrics["attack.error"] < metrics["attack.prior_error"] - 0.01
+'''
+
+STRATEGY = '''\
+"""{name}: a flowerbed strategy, a Flower (Message API) strategy built from the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp.strategy import FedAvg
+
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+
+
+class {cls}Strategy(FedAvg):
+    """TODO: the method (override ``aggregate_train``). The skeleton is FedAvg, its ablation."""
+
+    def __init__(self, server_lr: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.server_lr = server_lr
+
+
+@STRATEGIES.register("{name}", "TODO: one line for `flowerbed list strategies`")
+class {cls}:
+    @dataclass
+    class Params:
+        server_lr: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
+
+    @staticmethod
+    def build(cfg: dict[str, Any]) -> FedAvg:
+        clients = cfg["clients"]
+        return {cls}Strategy(
+            cfg["strategy"]["params"]["server_lr"],
+            fraction_train=clients["fraction"], fraction_evaluate=clients["fraction_evaluate"],
+            min_train_nodes=clients["min_clients"], min_evaluate_nodes=clients["min_clients"],
+            min_available_nodes=clients["min_clients"],
+        )
+'''
+
+STRATEGY_TEST = '''\
+"""Claim test of the strategy `{name}`: it reaches a lower central loss than FedAvg, its
+ablation, on every seed (the skeleton, which is FedAvg, fails)."""
+
+import pytest
+
+from flowerbed.apps.inline import run_inline
+from flowerbed.server.experiment import load_experiment
+
+TINY = ["engine=inline", "rounds=2", "clients.num=3", "dataset.max_rows=900"]
+
+
+def loss(tmp_path, seed, strategy):
+    cfg = load_experiment(
+        "quickstart",
+        [*TINY, f"seed={{seed}}", f"output.dir={{tmp_path}}", f"strategy.name={{strategy}}"],
+    )
+    return run_inline(cfg)["metrics"]["central.loss"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_{module}_beats_fedavg(tmp_path, seed):
+    assert loss(tmp_path / "m", seed, "{name}") < loss(tmp_path / "f", seed, "fedavg") - 1e-4
+'''
+
+WORKLOAD = '''\
+"""{name}: a flowerbed workload, top to bottom: data (seeded, generated), model, local step,
+metrics, registration. The skeleton is linear regression on generated data whose local step is
+missing, so the claim test fails until ``local_step`` learns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from flowerbed.clients.core.params import param
+from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.workloads import Workload, WORKLOADS
+
+# -- 1. data -------------------------------------------------------------------------------------
+
+
+def generate_client(experiment_seed: int, seed: int, params: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A client's rows ``y = x @ w* + noise``: its own inputs (``seed``), the experiment's ``w*``."""
+    w_star = np.random.default_rng([experiment_seed, 0]).normal(size=params.features)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(params.samples, params.features))
+    return x, x @ w_star + 0.1 * rng.normal(size=params.samples)
+
+
+# -- 2. model, 3. local step, 4. metrics ---------------------------------------------------------
+
+
+def local_step(w: np.ndarray, x: np.ndarray, y: np.ndarray, lr: float, steps: int) -> np.ndarray:
+    """TODO: the method (e.g. ``steps`` of gradient descent on the squared error)."""
+    return w
+
+
+def mse(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((x @ w - y) ** 2))
+
+
+# -- 5. registration -----------------------------------------------------------------------------
+
+
+@WORKLOADS.register("{name}", "TODO: one line for `flowerbed list workloads`")
+class {cls}(Workload):
+    @dataclass
+    class Params:
+        features: int = param(5, ge=1)  # TODO: your knobs, typed, each with a rule
+        samples: int = param(64, ge=2)
+        lr: float = param(0.1, gt=0)
+        local_steps: int = param(5, ge=1)
+
+    #: what attacks and defenses may rely on (flowerbed.clients.core.capabilities.Capability)
+    offers = frozenset()
+
+    def load_partition(self, partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+        seed = client_seed(self.cfg["seed"], partition_id, 0)
+        return generate_client(self.cfg["seed"], seed, self.params)
+
+    def init_arrays(self) -> ArrayRecord:
+        return ArrayRecord({{"w": Array(np.zeros(self.params.features))}})
+
+    def fit(self, arrays: ArrayRecord, data: Any, config: dict[str, Any], state: Any):
+        x, y = data
+        w = local_step(arrays["w"].numpy(), x, y, self.params.lr, self.params.local_steps)
+        return ArrayRecord({{"w": Array(w)}}), {{"num-examples": len(y), "loss": mse(w, x, y)}}
+
+    def evaluate(self, arrays: ArrayRecord, data: Any, config: dict[str, Any]) -> dict[str, float]:
+        x, y = data
+        return {{"num-examples": len(y), "mse": mse(arrays["w"].numpy(), x, y)}}
+
+    def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
+        x, y = generate_client(self.cfg["seed"], self.cfg["seed"] + 10_000, self.params)
+        return {{"mse": mse(arrays["w"].numpy(), x, y)}}
+
+'''
+
+WORKLOAD_TEST = '''\
+"""Claim test of the workload `{name}`: federated training lowers the central error well below
+the untrained model's on every seed (the skeleton, whose local step does nothing, fails)."""
+
+import pytest
+
+from flowerbed.apps.inline import run_inline
+from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.server.experiment import load_experiment
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_{module}_learns(tmp_path, seed):
+    experiment = tmp_path / "{module}.yaml"
+    experiment.write_text("workload: {{name: {name}}}\\n")
+    cfg = load_experiment(
+        str(experiment),
+        ["engine=inline", "rounds=3", "clients.num=3", f"seed={{seed}}", f"output.dir={{tmp_path}}"],
+    )
+    workload = WORKLOADS.get("{name}")(cfg)
+    untrained = workload.server_evaluate(0, workload.init_arrays())["mse"]
+    trained = run_inline(cfg)["metrics"]["central.mse"]
+    assert trained < 0.5 * untrained
+'''
+
+TEMPLATES = {
+    "defense": (DEFENSE, DEFENSE_TEST, "write `transform` (and a server half if it has one)."),
+    "attack": (ATTACK, ATTACK_TEST, "write `guess` (what the server can infer from a reply)."),
+    "strategy": (STRATEGY, STRATEGY_TEST, "override `aggregate_train` in the strategy class."),
+    "workload": (WORKLOAD, WORKLOAD_TEST, "write `local_step`, then your data and model."),
+}
+RUN_LINES = {
+    "defense": "flowerbed run quickstart --engine inline 'defenses=[{{name: {name}}}]'",
+    "attack": "flowerbed run quickstart --engine inline attack.name={name}",
+    "strategy": "flowerbed run quickstart --engine inline strategy.name={name}",
+    "workload": "echo 'workload: {{name: {name}}}' > {module}.yaml && flowerbed run {module}.yaml --engine inline",
+}
+
+
+def names(kind: str, name: str) -> dict[str, str]:
+    """The names a package for ``name`` uses (distribution, import package, module, class)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"name '{name}' is not allowed: lower-case letters and digits, words joined by '-' "
+            "(e.g. clip-noise)"
+        )
+    module = name.replace("-", "_")
+    cls = "".join(part.capitalize() for part in name.split("-"))
+    return {"kind": kind, "name": name, "group": KINDS[kind], "module": module, "cls": cls,
+            "package": f"flowerbed_{module}", "dist": f"flowerbed-{name}"}  # fmt: skip
+
+
+def new_package(kind: str, name: str, directory: Path | None = None) -> Path:
+    """Write the package for ``kind`` ``name`` into ``directory`` (default ``./flowerbed-NAME``).
+
+    Refuses a directory that exists and is not empty (nothing is overwritten).
+    """
+    values = names(kind, name)
+    root = (directory or Path(values["dist"])).resolve()
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise ConfigError(f"{root} exists and is not empty (choose another --dir)")
+    module_text, test_text, todo = TEMPLATES[kind]
+    values["todo"] = todo
+    values["run_line"] = RUN_LINES[kind].format(**values)
+    files = {
+        "pyproject.toml": PYPROJECT.format(**values),
+        "README.md": README.format(**values),
+        f"src/{values['package']}/__init__.py": INIT.format(**values),
+        f"src/{values['package']}/{values['module']}.py": module_text.format(**values),
+        f"tests/test_{values['module']}.py": test_text.format(**values),
+    }
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root

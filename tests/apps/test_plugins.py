@@ -1,0 +1,171 @@
+"""Plug-ins for real: packages made by ``flowerbed new`` (tests/plugin_fixture.py), installed into
+a private directory on PYTHONPATH, run by the ``flowerbed`` CLI on the inline, simulation and
+deployment (``flowerbed deploy up`` on loopback) engines with the same metrics; ``flowerbed list``
+shows their origin; a name registered twice is one line naming both origins (exit 2); the
+defense acts (clipped and noised updates) and the attack scores exactly its prior. The Ray sweep
+cell is in tests/server/test_ray_sweep.py (its cluster), the docker image in tests/deploy.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from tests.plugin_fixture import on_path
+
+FLOWERBED = str(Path(sys.executable).parent / "flowerbed")
+RUN = [
+    "rounds=1", "clients.num=2", "dataset.max_rows=600", "attack.name=label-prior",
+    "defenses=[{name: clip-noise, params: {clip: 0.5, noise: 0.01}}]",
+]  # fmt: skip
+
+
+def cli(site, *args, cwd=None, timeout=300):
+    return subprocess.run(
+        [FLOWERBED, *args], env={**site.env(), "COLUMNS": "250"}, capture_output=True,
+        text=True, timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+
+
+def run_metrics(site, out: Path, *args: str) -> dict:
+    done = cli(site, "run", "quickstart", *RUN, *args, "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    return {k: v for k, v in summary["metrics"].items() if not k.startswith("time.")}
+
+
+@pytest.fixture(scope="module")
+def inline_metrics(plugin_site, tmp_path_factory):
+    return run_metrics(plugin_site, tmp_path_factory.mktemp("inline") / "run", "--engine", "inline")
+
+
+def test_list_shows_the_packages_origin(plugin_site):
+    done = cli(plugin_site, "list")
+    assert done.returncode == 0, done.stderr
+    lines = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if "│" in line}
+    assert "(from: flowerbed-clip-noise 0.1.0 (entry point))" in lines["clip-noise"]
+    assert "(from: flowerbed-label-prior 0.1.0 (entry point))" in lines["label-prior"]
+    assert "from:" not in lines["topk"]  # flowerbed's own
+
+
+def test_a_name_registered_twice_is_one_line_naming_both(plugin_site, tmp_path):
+    twin = tmp_path / "twin.py"
+    twin.write_text(
+        "from flowerbed.clients.defenses import DEFENSES, Defense\n\n\n"
+        "@DEFENSES.register('clip-noise', 'a second clip-noise')\nclass Twin(Defense):\n    pass\n"
+    )
+    done = cli(plugin_site, "run", "quickstart", "--engine", "inline", f"plugins=[{twin}]",
+               "defenses=[{name: clip-noise}]", "--out", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "defense 'clip-noise' registered twice" in line
+    assert "flowerbed-clip-noise 0.1.0 (entry point)" in line and f"plugin {twin}" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_inline_run_attack_scores_its_prior_and_defense_changes_the_model(
+    plugin_site, inline_metrics, tmp_path
+):
+    assert inline_metrics["attack.error"] == inline_metrics["attack.prior_error"] > 0
+    plain = run_metrics(plugin_site, tmp_path / "plain", "--engine", "inline", "defenses=[]")
+    assert plain["attack.error"] == plain["attack.prior_error"]  # the prior ignores the update
+    assert plain["central.loss"] != inline_metrics["central.loss"]
+
+
+def test_the_defense_clips_and_noises_each_update(plugin_site):
+    with on_path(plugin_site):
+        from flowerbed.clients.defenses import DEFENSES
+
+        cls = DEFENSES.get("clip-noise")
+        assert DEFENSES.origin("clip-noise") == "flowerbed-clip-noise 0.1.0 (entry point)"
+        rng = np.random.default_rng(0)
+        sent = {"w": rng.normal(size=(50, 40)), "b": rng.normal(size=40)}
+        trained = {k: v + rng.normal(size=v.shape) for k, v in sent.items()}  # norm ~ 45
+        records = [ArrayRecord({k: Array(v[k]) for k in v}) for v in (sent, trained)]
+        config = {"partition-id": 1, "server-round": 2}
+        cfg = {"seed": 0}
+
+        def update(clip: float, noise: float) -> np.ndarray:
+            out = cls(cfg, {"clip": clip, "noise": noise}).transform(*records, config)
+            return np.concatenate([(out[k].numpy() - sent[k]).ravel() for k in ("w", "b")])
+
+        clipped = update(0.5, 0.0)
+        full = np.concatenate([(trained[k] - sent[k]).ravel() for k in ("w", "b")])
+        assert np.linalg.norm(clipped) == pytest.approx(0.5, rel=1e-6)
+        assert np.allclose(clipped / 0.5, full / np.linalg.norm(full))  # direction kept
+        noise = update(0.5, 0.2) - clipped
+        assert np.std(noise) == pytest.approx(0.1, rel=0.05)  # noise * clip, per entry
+        assert np.array_equal(update(0.5, 0.2), update(0.5, 0.2))  # seeded per client and round
+        assert np.allclose(update(1e3, 0.0), full)  # below the bound: untouched
+
+
+def test_simulation_engine_gives_the_inline_metrics(plugin_site, inline_metrics, tmp_path):
+    assert run_metrics(plugin_site, tmp_path / "sim", "--engine", "simulation") == inline_metrics
+
+
+def test_deploy_up_on_loopback_gives_the_inline_metrics(plugin_site, inline_metrics, tmp_path):
+    federation = tmp_path / "federation"
+    up = cli(plugin_site, "deploy", "up", "--nodes", "2", "--insecure", "--dir", str(federation))
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        deployed = run_metrics(
+            plugin_site, tmp_path / "dep", "--engine", "deployment",
+            f"deployment.dir={federation}", "deployment.insecure=true",
+        )  # fmt: skip
+    finally:
+        cli(plugin_site, "deploy", "down", "--dir", str(federation))
+    assert deployed == inline_metrics
+
+
+def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tmp_path):
+    """A ClientApp gets only the resolved config: it imports ``plugins`` before any lookup."""
+    plugin = tmp_path / "halve.py"
+    plugin.write_text(
+        "from flowerbed.clients.defenses import DEFENSES, Defense\n\n\n"
+        "@DEFENSES.register('halve', 'the update halved')\nclass Halve(Defense):\n    pass\n"
+    )
+    script = (
+        "import json, sys\n"
+        "from flowerbed.clients.runtime import _client_config\n"
+        "from flowerbed.clients.defenses import DEFENSES\n"
+        "_client_config(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
+        "print(DEFENSES.origin('halve'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(plugin)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip() == f"plugin {plugin}"
+
+
+def test_new_writes_a_package_per_kind_and_refuses_bad_input(plugin_site, tmp_path):
+    for kind, group in (("workload", "workloads"), ("strategy", "strategies")):
+        done = cli(plugin_site, "new", kind, f"my-{kind}", "--dir", str(tmp_path / kind))
+        assert done.returncode == 0, done.stderr
+        pyproject = (tmp_path / kind / "pyproject.toml").read_text()
+        assert f'[project.entry-points."flowerbed.{group}"]' in pyproject
+        assert f'my-{kind} = "flowerbed_my_{kind}.my_{kind}:My{kind.capitalize()}"' in pyproject
+        assert (tmp_path / kind / "tests" / f"test_my_{kind}.py").is_file()
+    bad = cli(plugin_site, "new", "defense", "Clip_Noise", "--dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "lower-case" in bad.stderr and not (tmp_path / "bad").exists()
+    taken = cli(plugin_site, "new", "workload", "again", "--dir", str(tmp_path / "workload"))
+    assert taken.returncode == 2 and "not empty" in taken.stderr
+    kind = cli(plugin_site, "new", "gizmo", "x", "--dir", str(tmp_path / "g"))
+    assert kind.returncode == 2 and "allowed: workload, attack, defense, strategy" in kind.stderr
+
+
+def test_the_scaffolds_claim_test_fails_on_the_skeleton_and_passes_on_the_method(plugin_site):
+    def claim_test(package: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "0]", "tests"],
+            cwd=package, env=plugin_site.env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    skeleton = claim_test(plugin_site.attack_src)  # label-prior is the attack scaffold as written
+    assert skeleton.returncode == 1 and "attack.prior_error" in skeleton.stdout, skeleton.stdout
+    method = claim_test(plugin_site.defense_src)  # clip-noise: the defense scaffold, written
+    assert method.returncode == 0, method.stdout[-2000:]
