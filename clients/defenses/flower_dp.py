@@ -110,7 +110,7 @@ class _AuditProcess:
     """Seeds NumPy's global generator (Flower's DP noise source) for the audit and gives the
     process a task identity where it has none (a Flower Message can only be built inside one; the
     engines set it, a bare call does not), restoring both afterwards. The identity is Flower 1.42
-    internals, as in ``server/engines/inline.py``."""
+    internals, as in ``apps/inline.py``."""
 
     FIELDS = ("_run_id", "_task_id", "_node_id")
 
