@@ -123,7 +123,9 @@ def recovery(seed: int = 0) -> None:
 if __name__ == "__main__":
     import sys
 
-    if "--recovery" in sys.argv:
+    if "--quick" in sys.argv:  # one seed: checks the script runs (CI)
+        main((0,))
+    elif "--recovery" in sys.argv:
         recovery()
     elif "--seeds" in sys.argv:
         main(tuple(int(s) for s in sys.argv[sys.argv.index("--seeds") + 1 :]))

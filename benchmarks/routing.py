@@ -439,7 +439,22 @@ def main() -> None:
     )
     parser.add_argument("--from-json", type=Path, nargs="*", default=None, help="re-print")
     parser.add_argument("--mutants", nargs="*", default=None, help="run mutants (none: all)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.alphas, args.coverages, args.jobs = [0], [1.0], [0.7], 1
+        args.set = [
+            *args.set,
+            "rounds=1",
+            "clients.num=3",
+            "workload.params.n_train=30",
+            "workload.params.n_test=20",
+            "workload.params.n_global_test=50",
+        ]
     if args.mutants is not None:
         run_mutants(MUTANTS, args.mutants or list(MUTANTS), CLAIM_TESTS)
         return

@@ -275,12 +275,30 @@ def resolve(
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
+        _check_attacked(cfg)
     for i, defense in enumerate(cfg["defenses"]):
         cls = components.defenses.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
         defense["params"] = plain(dataclasses.asdict(params))
         _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
     return cfg
+
+
+def _check_attacked(cfg: dict[str, Any]) -> None:
+    """Attacked rounds and target clients must exist, else they are silently never attacked."""
+    params, rounds, num = cfg["attack"]["params"], cfg["rounds"], cfg["clients"]["num"]
+    outside = [r for r in params.get("rounds") or [] if not 1 <= r <= rounds]
+    if outside:
+        raise ConfigError(
+            f"attack.params.rounds {outside} outside 1..{rounds} (rounds={rounds}): never attacked "
+            f"(allowed: rounds 1..{rounds}; empty = every round)"
+        )
+    targets = [t for t in params.get("target_clients") or [] if not 0 <= t < num]
+    if targets:
+        raise ConfigError(
+            f"attack.params.target_clients {targets} outside 0..{num - 1} (clients.num={num}): "
+            f"never attacked (allowed: partition ids 0..{num - 1})"
+        )
 
 
 _UNSET = object()

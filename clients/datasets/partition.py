@@ -68,3 +68,35 @@ def partition_indices(
     codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
     shards = _assignment(codes.tobytes(), num_partitions, kind, float(alpha), int(seed))
     return shards[partition_id].copy()
+
+
+def partition_sizes(
+    labels: pd.Series | np.ndarray,
+    num_partitions: int,
+    kind: str = "iid",
+    alpha: float = 0.5,
+    seed: int = 0,
+) -> list[int]:
+    """How many rows each of ``num_partitions`` clients holds (the split :func:`partition_indices`
+    gives), computed once for the whole federation."""
+    codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
+    shards = _assignment(codes.tobytes(), num_partitions, kind, float(alpha), int(seed))
+    return [len(shard) for shard in shards]
+
+
+def check_partitions(labels: pd.Series | np.ndarray, clients: dict, seed: int, what: str) -> None:
+    """Refuse a split that leaves a client without a training row (``ConfigError``, one line)."""
+    num, kind = int(clients["num"]), clients["partitioner"]
+    sizes = partition_sizes(labels, num, kind, clients["alpha"], seed)
+    empty = sum(size == 0 for size in sizes)
+    if not empty:
+        return
+    rows = len(labels)
+    if kind == "iid":
+        fix = f"iid partitioner: at most {rows} clients"
+    else:
+        fix = f"{kind} partitioner: lower clients.num, or raise clients.alpha for a more even split"
+    raise ConfigError(
+        f"clients.num={num} leaves {empty} of {num} clients without a training row: {what} has "
+        f"{rows} training rows ({fix})"
+    )
