@@ -200,10 +200,12 @@ def main() -> None:
         help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
     )
     args = parser.parse_args()
-    if args.quick:  # one pair of one round on 2 clients, on both engines
+    if args.quick:  # one round on 2 clients: an inline pair, and the bare app on a SuperLink
         args.pairs, args.rounds, args.clients = 1, 1, 2
-        for args.engine in ("inline", "simulation"):
-            compare(args)
+        compare(args)
+        args.engine = "simulation"
+        with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:
+            print(f"bare simulation arm: {run_bare(args, Path(tmp))['wall_s']:.1f} s")
         return
     if args.first_progress:
         with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:

@@ -93,6 +93,19 @@ class ComponentConfig:
 
 
 @dataclass
+class ClaimConfig:
+    """The preset's headline: ``metric`` (a summary metric) must end above ``above`` (a number, or
+    another summary metric); ``overrides`` are the small settings at which
+    ``tests/test_preset_claims.py`` checks it on the inline engine (empty: ``test`` names the
+    claim test that covers it)."""
+
+    metric: str = ""
+    above: str = ""
+    overrides: list[str] = field(default_factory=list)
+    test: str = ""
+
+
+@dataclass
 class OutputConfig:
     """Where runs go (``dir/<time>-<experiment>`` unless ``--out`` names the run directory)."""
 
@@ -129,6 +142,7 @@ class ExperimentConfig:
     defenses: list[ComponentConfig] = field(default_factory=list)
     output: OutputConfig = field(default_factory=OutputConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    claim: ClaimConfig = field(default_factory=ClaimConfig)
 
 
 def configs_dir() -> Path:
