@@ -179,7 +179,7 @@ def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     configs = [DLNConfig(seed=seed) for seed in range(args.seeds)]
     if args.quick:
-        configs = [DLNConfig(seed=0, steps=200)]
+        configs = [DLNConfig(seed=0, steps=2000)]
     if args.sgd:  # ablation: minibatch noise (batch 256) instead of Langevin noise
         configs += [DLNConfig(seed=seed, batch_size=256, steps=6500) for seed in range(args.seeds)]
     if args.no_noise:  # no Langevin noise at all: deterministic gradient descent
