@@ -179,6 +179,7 @@ def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     configs = [DLNConfig(seed=seed) for seed in range(args.seeds)]
     if args.quick:
+        args.seeds = 1
         configs = [DLNConfig(seed=0, steps=2000)]
     if args.sgd:  # ablation: minibatch noise (batch 256) instead of Langevin noise
         configs += [DLNConfig(seed=seed, batch_size=256, steps=6500) for seed in range(args.seeds)]
@@ -214,7 +215,7 @@ def main() -> None:
     print("| seed | 2RDM margins (steps) | loss-speed margins | false alarms 2RDM / speed |")
     print("|---|---|---|---|")
     for seed in range(args.seeds):
-        trace = run_dln(DLNConfig(seed=seed))
+        trace = run_dln(configs[0] if args.quick else DLNConfig(seed=seed))
         ours, base = early_warnings(trace), loss_speed_baseline(trace)
         cells = [" / ".join(str(w.margin) for w in sc.drops) for sc in (ours, base)]
         print(f"| {seed} | {cells[0]} | {cells[1]} | {ours.false_alarms} / {base.false_alarms} |")
