@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="one seed, the federated preset only: checks the script runs (CI)",
+        help="one seed, one round of the federated preset: checks the script runs (CI)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -169,7 +169,7 @@ def main() -> None:
     if args.only in (None, "sweeps"):
         sweeps(args.seeds[0])
     if args.only in (None, "federated"):
-        federated(args.seeds[0])
+        federated(args.seeds[0], rounds=1 if args.quick else 4)
 
 
 if __name__ == "__main__":
