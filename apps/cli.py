@@ -83,17 +83,40 @@ app = typer.Typer(
 )
 
 
-def _quiet_flower(verbose: bool) -> None:
-    """Flower's log at INFO (``-v``) or WARNING, printed once (its own handler, no propagation)."""
+class _RunLog(logging.FileHandler):
+    """Flower's log of an in-process run, appended to ``RUN_DIR/flower.log`` (where the other
+    engines write theirs); the file is opened when the first line comes, once the run directory
+    exists (a line before that is dropped, never printed)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+        self.setLevel(logging.INFO)
+        self.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not Path(self.baseFilename).parent.is_dir():
+            return
+        super().emit(record)
+
+
+def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handler | None:
+    """Flower's log at INFO: on the console only with ``-v`` (its own handler, no propagation),
+    always in ``log_path`` when given, so its warnings (``fraction_evaluate is set to 0.0``)
+    never land in the middle of the progress display. Returns the file handler to remove."""
     import flwr.clientapp  # noqa: F401 - configure Flower's logger before adjusting it
     import flwr.serverapp  # noqa: F401
 
-    level = logging.INFO if verbose else logging.WARNING
     logger = logging.getLogger("flwr")
-    logger.setLevel(level)
+    logger.setLevel(logging.INFO if verbose or log_path is not None else logging.WARNING)
     logger.propagate = False
     for handler in logger.handlers:
-        handler.setLevel(level)
+        if not isinstance(handler, _RunLog):
+            handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
+    if log_path is None:
+        return None
+    handler = _RunLog(log_path)
+    logger.addHandler(handler)
+    return handler
 
 
 def summary_view(summary: dict) -> Group:
@@ -165,12 +188,17 @@ def execute(
     """
     from flowerbed.apps.engines import get_engine
 
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(
+            f"run directory {run_dir} is a file (--out takes a directory: new or empty)"
+        )
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already exists and is not empty")
     engine = engine or get_engine(cfg["engine"])
-    if cfg["engine"] == "inline":  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
-        _quiet_flower(verbose)
     created = not run_dir.exists()
+    log_handler = None
+    if cfg["engine"] == "inline":  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
+        log_handler = _quiet_flower(verbose, run_dir / "flower.log")
     rounds = cfg["rounds"]
     tail = LogTail(run_dir / "flower.log") if verbose and cfg["engine"] != "inline" else None
 
@@ -219,6 +247,9 @@ def execute(
     finally:
         if tail is not None:
             tail.flush()
+        if log_handler is not None:
+            logging.getLogger("flwr").removeHandler(log_handler)
+            log_handler.close()
     return summary
 
 
@@ -336,6 +367,8 @@ def run(
     if ray is not None:
         forced["simulation"] = {"ray_address": ray}
     overrides = overrides or []
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file (give a directory: new or empty)")
     with RunProgress(console) as progress, contextlib.ExitStack() as stack:
         progress.add_task(Path(experiment).stem, total=None)
         progress.status("checking the config and the data…")
@@ -348,6 +381,11 @@ def run(
         options = {"ray_address": str(address)} if wanted == "simulation" and address else {}
         started = stack.enter_context(booted(wanted, **options)) if wanted in ENGINES else None
         cfg = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
+        from flowerbed.apps.preflight import load_warning
+
+        warning = load_warning(cfg)
+        if warning is not None:
+            console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         progress.update(
             progress.task_ids[0], total=cfg["rounds"],
             description=f"{cfg['experiment']} [{cfg['engine']}]",

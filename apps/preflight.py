@@ -20,18 +20,27 @@ from flowerbed.clients.core.errors import ConfigError
 def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> dict[str, Any]:
     """The resolved config; raises ``ConfigError`` for anything wrong with the input."""
     from flowerbed.clients.datasets import load_table
-    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.clients.datasets.partition import check_partitions
+    from flowerbed.clients.workloads import WORKLOADS, ClassifierWorkload
     from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(experiment, overrides, **forced)
-    if "dataset" in getattr(WORKLOADS.get(cfg["workload"]["name"]), "reads", ()):
+    workload_cls = WORKLOADS.get(cfg["workload"]["name"])
+    if "dataset" in getattr(workload_cls, "reads", ()):
         try:
-            load_table(cfg["dataset"])
+            table = load_table(cfg["dataset"])
         except (FileNotFoundError, OSError) as exc:
             raise ConfigError(
                 f"dataset '{cfg['dataset']['name']}' could not be read: {exc}"
             ) from None
-    WORKLOADS.get(cfg["workload"]["name"])(cfg)
+        labels = table.train[table.schema.label].astype(str).to_numpy()
+        check_partitions(labels, cfg["clients"], cfg["seed"], f"dataset '{cfg['dataset']['name']}'")
+    workload = workload_cls(cfg)
+    if isinstance(workload, ClassifierWorkload) and "dataset" not in workload_cls.reads:
+        labels = workload.train_pool().y.numpy()
+        check_partitions(
+            labels, cfg["clients"], cfg["seed"], f"workload '{cfg['workload']['name']}'"
+        )
     check_superlink(cfg)
     check_ray_address(cfg)
     return cfg
@@ -50,6 +59,28 @@ def check_ray_address(cfg: dict[str, Any]) -> None:
             f"simulation.ray_address runs the simulation engine on a Ray cluster; it does not "
             f"apply to engine '{cfg['engine']}' (use engine=simulation, or unset it)"
         )
+
+
+#: client updates (ClientApp calls) in one run above which ``flowerbed run`` warns before starting
+MANY_UPDATES = 100_000
+
+
+def load_warning(cfg: dict[str, Any]) -> str | None:
+    """A one-line warning with the estimate when a run is far larger than a workstation's day:
+    client updates = rounds x sampled clients per round (Flower's max(int(fraction N), min))."""
+    clients, rounds = cfg["clients"], cfg["rounds"]
+    num = clients["num"]
+    per_round = max(int(clients["fraction"] * num), min(clients["min_clients"], num))
+    if clients["fraction_evaluate"] > 0:
+        per_round += max(int(clients["fraction_evaluate"] * num), min(clients["min_clients"], num))
+    updates = rounds * per_round
+    if updates <= MANY_UPDATES:
+        return None
+    return (
+        f"clients.num={num}, {rounds} rounds: {updates:,} client calls (train + evaluate); at "
+        f"10 ms of Flower message overhead each that is >= {updates * 0.01 / 3600:.1f} h before "
+        f"any training (lower clients.num or clients.fraction / fraction_evaluate)"
+    )
 
 
 def check_superlink(cfg: dict[str, Any]) -> None:

@@ -111,13 +111,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--federated", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.prompts = 4
     torch.set_num_threads(1)
     if args.federated:
         federated(args.seed)
         return
     t0 = time.perf_counter()
-    model = trained_model(args.seed)
+    model = trained_model(args.seed, steps=10 if args.quick else 400)
     print(f"seed {args.seed}: trained in {time.perf_counter() - t0:.1f} s")
     accs = [accuracy(model, make_prompts(lang, 500, 900 + lang)) for lang in range(LANGUAGES)]
     print("accuracy per language:", " ".join(f"L{i + 1} {a:.3f}" for i, a in enumerate(accs)))

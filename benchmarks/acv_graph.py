@@ -89,7 +89,11 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     with threadpool_limits(1):
-        if "--federated-only" not in sys.argv:
-            f1_table()
-            alo_timing()
-        federated_table()
+        if "--quick" in sys.argv:  # tiny sizes, seconds: checks the script runs (CI)
+            alo_timing(n=40)
+            federated_table(range(1))
+        else:
+            if "--federated-only" not in sys.argv:
+                f1_table()
+                alo_timing()
+            federated_table()

@@ -83,7 +83,14 @@ def main() -> None:
     parser.add_argument("--federated", action="store_true")
     parser.add_argument("--no-local", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds = [0]
     started = time.perf_counter()
     out = {}
     if not args.no_local:

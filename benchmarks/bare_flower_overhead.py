@@ -4,6 +4,7 @@ memory for the same work, on the inline and the simulation engine.
     python benchmarks/bare_flower_overhead.py --engine inline --pairs 3
     python benchmarks/bare_flower_overhead.py --engine simulation --pairs 2
     python benchmarks/bare_flower_overhead.py --first-progress
+    python -m benchmarks.bare_flower_overhead --quick   # CI: one tiny pair on each engine
 
 Both arms train the quickstart MLP on UCI Adult with FedAvg over every client and evaluate the
 global model centrally after every round (same rounds and clients). Each arm is started as a user
@@ -162,9 +163,8 @@ def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
     run_config = f"num-server-rounds={args.rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64"
     with LocalSuperLink(extra_env={TAG: tag}) as link:
         link.ready(timeout=300)
-        command = link.flwr_run(
-            BARE, run_config, {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
-        )
+        clients = {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
+        command = link.flwr_run(BARE, run_config, clients)
         if link.spawn(command, subprocess.DEVNULL).wait() != 0:
             raise RuntimeError("the bare app's flwr run failed")
 
@@ -228,7 +228,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--first-progress", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:  # one round on 2 clients: an inline pair, and the bare app on a SuperLink
+        args.pairs, args.rounds, args.clients = 1, 1, 2
+        compare(args)
+        args.engine = "simulation"
+        with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:
+            print(f"bare simulation arm: {run_bare(args, Path(tmp))['wall_s']:.1f} s")
+        return
     if args.first_progress:
         with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:
             for engine in ("inline", "simulation"):

@@ -147,7 +147,14 @@ def main() -> None:
         "--budget", type=float, default=120.0, help="CPU s before an exact method is extrapolated"
     )
     parser.add_argument("--accuracy", action="store_true", help="only the accuracy numbers")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.dim, args.reps, args.budget = [2000], 8, 1, 5.0
     torch.set_num_threads(1)
     if args.accuracy:
         accuracy()

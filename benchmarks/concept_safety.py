@@ -154,7 +154,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--only", choices=["main", "sweeps", "federated"], default=None)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one seed, one round of the federated preset: checks the script runs (CI)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.only = [0], "federated"
     torch.set_num_threads(1)
     if args.only in (None, "main"):
         reports = main_table(args.seeds)
@@ -162,7 +169,7 @@ def main() -> None:
     if args.only in (None, "sweeps"):
         sweeps(args.seeds[0])
     if args.only in (None, "federated"):
-        federated(args.seeds[0])
+        federated(args.seeds[0], rounds=1 if args.quick else 4)
 
 
 if __name__ == "__main__":

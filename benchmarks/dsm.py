@@ -33,7 +33,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--federated", action="store_true")
     parser.add_argument("overrides", nargs="*", help="dotlist for the preset (with --federated)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.hidden = 30, 32
     if args.federated:
         federated(args.seeds, args.overrides)
         return

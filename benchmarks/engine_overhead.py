@@ -135,7 +135,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.skip_memory = 1, True
     result = overhead(args.repeats)
     print(f"(a) per-round time: bare Flower {result['bare_round_s']:.3f} s, flowerbed "
           f"{result['flowerbed_round_s']:.3f} s -> ratio {result['ratio']:.3f} (goal <= 1.05)")  # fmt: skip

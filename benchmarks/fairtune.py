@@ -43,17 +43,22 @@ def market_rows(seed: int) -> dict[str, dict[str, float]]:
     return rows
 
 
-def federated(mechanism: str, strategic: bool = True) -> dict[str, float]:
+def federated(mechanism: str, strategic: bool = True, *extra: str) -> dict[str, float]:
     from flowerbed.apps.inline import run_inline
     from flowerbed.server.experiment import load_experiment
 
     overrides = ["engine=inline", "output.dir=/tmp/fairtune-bench",
                  f"workload.params.mechanism={mechanism}",
-                 f"workload.params.strategic={str(strategic).lower()}"]  # fmt: skip
+                 f"workload.params.strategic={str(strategic).lower()}", *extra]  # fmt: skip
     return run_inline(load_experiment("fairtune", overrides))["metrics"]
 
 
 if __name__ == "__main__":
+    import sys
+
+    quick = "--quick" in sys.argv  # tiny sizes, seconds: checks the script runs (CI)
+    if quick:
+        SEEDS = SEEDS[:1]
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     per_seed = []
@@ -75,7 +80,7 @@ if __name__ == "__main__":
     print("| mechanism | misreport | cost reduction | welfare / oracle | mean seller profit |")
     print("|---|---|---|---|---|")
     for mech, strategic in (("fairtune", False), ("fairtune", True), ("report-priced", True)):
-        m = federated(mech, strategic)
+        m = federated(mech, strategic, *(["rounds=1"] if quick else []))
         label = f"{mech}, {'strategic' if strategic else 'honest'}"
         print(
             f"| {label} | {m['central.misreport_rate']:.3f} | {m['central.cost_reduction']:.3f}"

@@ -162,7 +162,15 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write raw results (JSON) here")
     parser.add_argument("--table", nargs="*", default=None, help="only render saved JSON files")
     parser.add_argument("--mutants", nargs="*", default=None, help="run mutants (none: all)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.presets, args.seeds, args.methods = args.presets[:1], [0], args.methods[:1]
+        args.override = [*args.override, "rounds=1"]
     if args.mutants is not None:
         from benchmarks.routing import run_mutants
 

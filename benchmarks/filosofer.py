@@ -123,7 +123,11 @@ def recovery(seed: int = 0) -> None:
 if __name__ == "__main__":
     import sys
 
-    if "--recovery" in sys.argv:
+    if "--quick" in sys.argv:  # one seed, two schemes, one budget, in process: checks it runs (CI)
+        quick = {k: SCHEMES[k] for k in ("none", "FILOsofer 8%")}
+        table = stealing_table(0, QS[:1], quick, steps=5, victim_epochs=2, adaptive=adaptive_steal)
+        print(json.dumps(table, default=float))
+    elif "--recovery" in sys.argv:
         recovery()
     elif "--seeds" in sys.argv:
         main(tuple(int(s) for s in sys.argv[sys.argv.index("--seeds") + 1 :]))

@@ -205,7 +205,15 @@ def main() -> None:
     p.add_argument("--icl", action="store_true", help="the in-context regression transformer")
     p.add_argument("--federated", action="store_true", help="the fisher-memorisation preset")
     p.add_argument("--set", nargs="*", default=[], help="preset overrides (with --federated)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = p.parse_args()
+    if args.quick:
+        args.model, args.n, args.hidden, args.epochs, args.channels = "mlp", 60, [16], 3, 4
+        args.summary = True
     if args.federated:
         for seed in args.seeds:
             federated(seed, args.set)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +33,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--n-train", type=int, default=1000)
     parser.add_argument("--png", default="docs/img/fits_fstar_hist.png")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.epochs, args.n_train = [0], 1, 40
+        args.png = str(Path(tempfile.mkdtemp()) / "fstar.png")
     results = {arm: [] for arm in ARMS}
     for seed in args.seeds:
         for arm in ARMS:

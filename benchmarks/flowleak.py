@@ -66,14 +66,22 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=0, help="per-seed table (and --federated)")
     parser.add_argument("--federated", action="store_true")
     parser.add_argument("--plot", default=None)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.mas = 2
     if args.federated:
         federated(args.seeds or 3)
         return
     if args.seeds:
         per_seed(args.seeds, args.mas)
         return
-    rows = {b: compare(args.mas, b, args.seed) for b in BUDGETS}
+    budgets = (5, 20) if args.quick else BUDGETS  # the table reads budget 20
+    rows = {b: compare(args.mas, b, args.seed) for b in budgets}
     arms = list(rows[BUDGETS[0]])
     print(
         "| budget | "

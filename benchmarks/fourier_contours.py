@@ -45,7 +45,14 @@ def main() -> None:
     ap.add_argument("--ablations", action="store_true")
     ap.add_argument("--federated", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.steps = 3
     setup = LocalSetup(steps=args.steps)
     print("| arm | " + " | ".join(KEYS) + " |\n|---|" + "---|" * len(KEYS))
     for seed in args.seeds:

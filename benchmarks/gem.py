@@ -65,7 +65,14 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.steps, args.tiny = [0], 5, True
     extra = TINY if args.tiny else {}
     out = {}
     started = time.perf_counter()

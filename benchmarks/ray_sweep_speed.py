@@ -107,7 +107,16 @@ def main() -> None:
     parser.add_argument("--grid", choices=("fixed", "preset", "both"), default="both")
     parser.add_argument("--preset", default="attack-vs-defense", help="a shipped sweep preset")
     parser.add_argument("--repeats", type=int, default=1, help="arm pairs, alternating order")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.grid, args.repeats = "fixed", 1
+        FIXED["grid"] = {"seed": [0, 1]}
+        FIXED["overrides"] = ["rounds=1", "clients.num=2", "output.plots=false"]
     for logger in [logging.getLogger("flwr")]:  # Flower's round-by-round INFO lines
         logger.setLevel(logging.WARNING)
         for handler in logger.handlers:

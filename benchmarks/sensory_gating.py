@@ -31,7 +31,14 @@ def main() -> None:
     parser.add_argument("--pipeline-ratio", type=float, default=0.1)
     parser.add_argument("--teacher-steps", type=int, default=CFG.teacher_steps)
     parser.add_argument("--no-pipeline", action="store_true", help="teacher table only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.ratios, args.teacher_steps, args.no_pipeline = [0], [0.1], 3, True
     torch.set_num_threads(1)
     start = time.perf_counter()
     cfg = StageConfig(**{**CFG.__dict__, "teacher_steps": args.teacher_steps})

@@ -33,7 +33,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seeds = [0]
+        FEDERATION[FEDERATION.index("rounds=5")] = "rounds=1"
     torch.set_num_threads(1)
     start = time.perf_counter()
 

@@ -29,7 +29,14 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=20)
     parser.add_argument("--base", default="quickstart")
     parser.add_argument("--cold", type=int, default=5, help="cold runs actually timed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.cells, args.cold = 2, 1
     seeds = list(range(args.cells))
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "bench.yaml"

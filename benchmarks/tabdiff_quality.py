@@ -47,5 +47,9 @@ def main(argv: list[str]) -> dict[str, float]:
     return out
 
 
+QUICK = ["tabdiff-adult-mixed", "rounds=1", "clients.num=2", "dataset.max_rows=400",
+         "workload.params.hidden=16", "workload.params.layers=1", "workload.params.local_epochs=1",
+         "workload.params.quality_rows=100"]  # fmt: skip
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(QUICK if sys.argv[1:] == ["--quick"] else sys.argv[1:])  # --quick: checks it runs (CI)

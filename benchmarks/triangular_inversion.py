@@ -122,7 +122,14 @@ def main() -> None:
     parser.add_argument("--federated", action="store_true", help="only the federated table")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default="/tmp/flowerbed-triangular")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.batch, args.time_batch = 8, 16
     torch.set_num_threads(args.threads)
     if args.federated:
         print(f"\n### federated preset, {args.rounds} rounds (metrics of the last round)\n")

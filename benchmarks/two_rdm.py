@@ -166,9 +166,21 @@ def main() -> None:
     parser.add_argument("--no-noise", action="store_true", help="also Langevin at temperature 0")
     parser.add_argument("--before", action="store_true", help="also the earlier s = 4, 2, 1 runs")
     parser.add_argument("--sweep", action="store_true", help="temperature x threshold, seed 0")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:  # figures go to a temporary folder, not docs/img
+        import tempfile
+
+        globals()["IMG"] = Path(tempfile.mkdtemp())
     IMG.mkdir(parents=True, exist_ok=True)
     configs = [DLNConfig(seed=seed) for seed in range(args.seeds)]
+    if args.quick:
+        args.seeds = 1
+        configs = [DLNConfig(seed=0, steps=2000)]
     if args.sgd:  # ablation: minibatch noise (batch 256) instead of Langevin noise
         configs += [DLNConfig(seed=seed, batch_size=256, steps=6500) for seed in range(args.seeds)]
     if args.no_noise:  # no Langevin noise at all: deterministic gradient descent
@@ -203,7 +215,7 @@ def main() -> None:
     print("| seed | 2RDM margins (steps) | loss-speed margins | false alarms 2RDM / speed |")
     print("|---|---|---|---|")
     for seed in range(args.seeds):
-        trace = run_dln(DLNConfig(seed=seed))
+        trace = run_dln(configs[0] if args.quick else DLNConfig(seed=seed))
         ours, base = early_warnings(trace), loss_speed_baseline(trace)
         cells = [" / ".join(str(w.margin) for w in sc.drops) for sc in (ours, base)]
         print(f"| {seed} | {cells[0]} | {cells[1]} | {ours.false_alarms} / {base.false_alarms} |")

@@ -14,6 +14,7 @@ import httpx
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import strategy_utils
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.config import to_json
@@ -238,31 +239,45 @@ def _reply_order(msg: Message) -> tuple[int, int]:
 
 
 class SeededSampling(StrategyWrapper):
-    """Seeds Python's ``random`` (what Flower's strategies sample nodes with) before every round.
+    """Gives Flower's node sampling its own seeded ``random.Random`` for every round.
 
     The seed is a function of (experiment seed, round, train/evaluate), so the sample does not
-    depend on what else drew from ``random`` in the process (Ray, other libraries, earlier runs);
-    with the Grid listing nodes in partition order, every engine samples the same partitions.
+    depend on what else draws from ``random`` in the process: Ray, earlier runs, and in a
+    deployment Flower's own threads (heartbeat and retry jitter, which drew between a global
+    ``random.seed`` and the sample and made a deployment sample other partitions than inline).
+    With the Grid listing nodes in partition order, every engine samples the same partitions.
+    Flower 1.42's strategies sample in ``strategy_utils.sample_nodes`` with that module's
+    ``random``; it is swapped for the seeded instance while the round is configured.
     """
 
     def __init__(self, inner: Any, seed: int) -> None:
         super().__init__(inner)
         self.seed = seed
 
+    def _sampled(self, salt: int, server_round: int, configure: Callable[[], Any]) -> Any:
+        seed = client_seed(self.seed, 0, server_round, salt=salt)
+        random.seed(seed)  # strategies that draw from ``random`` themselves
+        module = strategy_utils.random
+        strategy_utils.random = random.Random(seed)
+        try:
+            return configure()
+        finally:
+            strategy_utils.random = module
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):  # fmt: skip
-        random.seed(client_seed(self.seed, 0, server_round, salt=SAMPLE_TRAIN))
-        return self.inner.configure_train(server_round, arrays, config, grid)
+        return self._sampled(SAMPLE_TRAIN, server_round, lambda: self.inner.configure_train(server_round, arrays, config, grid))  # fmt: skip
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):  # fmt: skip
-        random.seed(client_seed(self.seed, 0, server_round, salt=SAMPLE_EVALUATE))
-        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+        return self._sampled(SAMPLE_EVALUATE, server_round, lambda: self.inner.configure_evaluate(server_round, arrays, config, grid))  # fmt: skip
 
 
 class MetricsTap(StrategyWrapper):
     """Records the aggregated train/evaluate metrics of each round for the results writer.
 
     It is the outermost wrapper, so it sees every client's reply as sent: ``comm`` holds the
-    upload of the round (``wire-bytes`` of a compressing defense, else the dense array bytes).
+    upload of the round (``wire-bytes`` of a compressing defense, else the dense array bytes),
+    ``partitions`` the partition ids whose training replies came back, per round (the summary's
+    ``train_partitions``: who was sampled, the same on every engine).
     """
 
     def __init__(self, inner: Any) -> None:
@@ -271,10 +286,15 @@ class MetricsTap(StrategyWrapper):
         self.evaluate: dict[int, dict[str, Any]] = {}
         self.dp: dict[int, dict[str, Any]] = {}
         self.comm: dict[int, dict[str, float]] = {}
+        self.partitions: dict[int, list[int]] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error() and "metrics" in r.content]
+        self.partitions[server_round] = sorted(
+            int(r.content["metrics"][PARTITION_KEY]) for r in ok
+            if PARTITION_KEY in r.content["metrics"]
+        )  # fmt: skip
         epsilons = [
             float(r.content["metrics"]["epsilon"]) for r in ok if "epsilon" in r.content["metrics"]
         ]
@@ -385,7 +405,8 @@ def _run(
     if final_arrays:
         writer.save_model(final_arrays[0])
     writer.log(cfg["rounds"], "dp", audit_defenses(cfg, workload))
-    return writer.finish()
+    rounds = range(1, cfg["rounds"] + 1)
+    return writer.finish({"train_partitions": [strategy.partitions.get(r, []) for r in rounds]})
 
 
 def audit_defenses(cfg: dict[str, Any], workload: Any) -> dict[str, float]:

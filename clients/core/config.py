@@ -94,6 +94,19 @@ class ComponentConfig:
 
 
 @dataclass
+class ClaimConfig:
+    """The preset's headline: ``metric`` (a summary metric) must end above ``above`` (a number, or
+    another summary metric); ``overrides`` are the small settings at which
+    ``tests/test_preset_claims.py`` checks it on the inline engine (empty: ``test`` names the
+    claim test that covers it)."""
+
+    metric: str = ""
+    above: str = ""
+    overrides: list[str] = field(default_factory=list)
+    test: str = ""
+
+
+@dataclass
 class OutputConfig:
     """Where runs go (``dir/<time>-<experiment>`` unless ``--out`` names the run directory)."""
 
@@ -144,6 +157,7 @@ class ExperimentConfig:
     #: (``flowerbed.clients.core.plugins``); the resolved config adds the module of every component
     #: that came from outside flowerbed (an entry point), so each process can import it by name
     plugins: list[str] = field(default_factory=list)
+    claim: ClaimConfig = field(default_factory=ClaimConfig)
 
 
 def configs_dir() -> Path:
@@ -292,7 +306,7 @@ def resolve(
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
-        _check_targets(cfg)
+        _check_attacked(cfg)
     for i, defense in enumerate(cfg["defenses"]):
         cls = components.defenses.get(defense["name"] or "")
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
@@ -320,6 +334,23 @@ def _record_outside_modules(cfg: dict[str, Any], components: Components) -> None
         if module != "__main__" and not module.startswith(FILE_MODULE_PREFIX):
             if module not in cfg["plugins"]:
                 cfg["plugins"].append(module)
+
+
+def _check_attacked(cfg: dict[str, Any]) -> None:
+    """Attacked rounds and target clients must exist, else they are silently never attacked."""
+    params, rounds, num = cfg["attack"]["params"], cfg["rounds"], cfg["clients"]["num"]
+    outside = [r for r in params.get("rounds") or [] if not 1 <= r <= rounds]
+    if outside:
+        raise ConfigError(
+            f"attack.params.rounds {outside} outside 1..{rounds} (rounds={rounds}): never attacked "
+            f"(allowed: rounds 1..{rounds}; empty = every round)"
+        )
+    targets = [t for t in params.get("target_clients") or [] if not 0 <= t < num]
+    if targets:
+        raise ConfigError(
+            f"attack.params.target_clients {targets} outside 0..{num - 1} (clients.num={num}): "
+            f"never attacked (allowed: partition ids 0..{num - 1})"
+        )
 
 
 _UNSET = object()
@@ -357,18 +388,6 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
     if isinstance(node, dict) and isinstance(default, dict):
         return any(k not in default or value != default[k] for k, value in node.items())
     return node is not None and node != default
-
-
-def _check_targets(cfg: dict[str, Any]) -> None:
-    """An attack's ``target_clients`` must name clients of the run (else nothing is attacked)."""
-    targets = cfg["attack"]["params"].get("target_clients")
-    n = cfg["clients"]["num"]
-    bad = [int(t) for t in targets or () if not 0 <= int(t) < n]
-    if bad:
-        raise ConfigError(
-            f"attack.params.target_clients: {bad} not a client of this run "
-            f"(allowed: 0..{n - 1}, clients.num={n})"
-        )
 
 
 def _check_reads(

@@ -76,3 +76,40 @@ def partition_indices(
     order, classes = _dirichlet_cuts(codes.tobytes(), num_partitions, float(alpha), int(seed))
     pieces = [positions[cuts[partition_id] : cuts[partition_id + 1]] for positions, cuts in classes]
     return np.sort(order[np.concatenate(pieces)])
+
+
+def partition_sizes(
+    labels: pd.Series | np.ndarray,
+    num_partitions: int,
+    kind: str = "iid",
+    alpha: float = 0.5,
+    seed: int = 0,
+) -> list[int]:
+    """How many rows each of ``num_partitions`` clients holds (the split :func:`partition_indices`
+    gives), from the shard bounds / cut points alone: no client's rows are built."""
+    if kind == "iid":
+        size, extra = divmod(len(labels), num_partitions)
+        return [size + (i < extra) for i in range(num_partitions)]
+    if kind != "dirichlet":
+        raise ConfigError(f"unknown partitioner '{kind}' (allowed: iid, dirichlet)")
+    codes = pd.factorize(np.asarray(labels), sort=True)[0].astype(np.int64)
+    _, classes = _dirichlet_cuts(codes.tobytes(), num_partitions, float(alpha), int(seed))
+    return np.sum([np.diff(cuts) for _, cuts in classes], axis=0).astype(int).tolist()
+
+
+def check_partitions(labels: pd.Series | np.ndarray, clients: dict, seed: int, what: str) -> None:
+    """Refuse a split that leaves a client without a training row (``ConfigError``, one line)."""
+    num, kind = int(clients["num"]), clients["partitioner"]
+    sizes = partition_sizes(labels, num, kind, clients["alpha"], seed)
+    empty = sum(size == 0 for size in sizes)
+    if not empty:
+        return
+    rows = len(labels)
+    if kind == "iid":
+        fix = f"iid partitioner: at most {rows} clients"
+    else:
+        fix = f"{kind} partitioner: lower clients.num, or raise clients.alpha for a more even split"
+    raise ConfigError(
+        f"clients.num={num} leaves {empty} of {num} clients without a training row: {what} has "
+        f"{rows} training rows ({fix})"
+    )

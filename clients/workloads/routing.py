@@ -92,6 +92,9 @@ class BenchmarkParams:
     n_global_test: int = param(2000, ge=1)
     coverage: float = param(0.3, gt=0, le=1)
     coverage_bias: float = param(0.5, ge=0, le=1)
+    #: std of per-(client, model) skill offsets: clients whose users find the models better or
+    #: worse than the population does (0: quality depends on the query alone, as in the paper)
+    client_skill: float = param(0.0, ge=0)
     exclude_models: list[int] = field(default_factory=list)
     table_path: str | None = None
     model_columns: list[str] = field(default_factory=list)  # table: correctness (empty: infer)
@@ -153,14 +156,22 @@ class SyntheticWorld:
             names=names,
         )
 
-    def queries(self, topic: np.ndarray, rng: np.random.Generator, cost_unit: float) -> RouterData:
-        """Embeddings, true probabilities and one sampled evaluation of every model per query."""
+    def queries(
+        self,
+        topic: np.ndarray,
+        rng: np.random.Generator,
+        cost_unit: float,
+        skill_offset: np.ndarray | None = None,
+    ) -> RouterData:
+        """Embeddings, true probabilities and one sampled evaluation of every model per query
+        (``skill_offset`` [M]: the asking client's shift of every model's skill)."""
         n, dim = len(topic), self.centers.shape[1]
+        skill = self.skill if skill_offset is None else self.skill + skill_offset[:, None]
         xi = rng.normal(size=(n, dim))
         emb = _unit(self.centers[topic] + self.spread * xi)
         observable = np.einsum("nd,nd->n", xi, self.hard_dirs[topic])
         difficulty = self.gamma * observable + np.sqrt(1 - self.gamma**2) * rng.normal(size=n)
-        p_true = _sigmoid(self.sharpness * (self.skill[:, topic].T - difficulty[:, None]))
+        p_true = _sigmoid(self.sharpness * (skill[:, topic].T - difficulty[:, None]))
         y = (rng.random(p_true.shape) < p_true).astype(np.float32)
         len_in = np.exp(5.0 + self.prompt_len[topic] + 0.3 * rng.normal(size=n))
         log_out = self.verbosity[None, :] + 0.4 * rng.normal(size=(n, len(self.names)))
@@ -243,11 +254,15 @@ def make_synthetic_benchmark(params: BenchmarkParams, num_clients: int, alpha: f
     cov = sample_coverage(
         rng, num_clients, prices, params.coverage, params.coverage_bias, params.exclude_models
     )
+    offsets = np.zeros((num_clients, params.models))
+    if params.client_skill > 0:  # own stream: the other draws stay those of client_skill = 0
+        side = np.random.default_rng(np.random.SeedSequence([seed, 8008, 1]))
+        offsets = params.client_skill * side.normal(size=offsets.shape)
     train, test = [], []
     for k in range(num_clients):
         for n, out in ((params.n_train, train), (params.n_test, test)):
             topic = rng.choice(params.topics, size=n, p=mixtures[k])
-            out.append(world.queries(topic, rng, params.cost_unit))
+            out.append(world.queries(topic, rng, params.cost_unit, offsets[k]))
         train[k] = _observe(train[k], cov[k])
     global_topic = rng.choice(params.topics, size=params.n_global_test)
     global_test = world.queries(global_topic, rng, params.cost_unit)

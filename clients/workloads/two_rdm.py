@@ -448,7 +448,7 @@ def loss_moved_steps(trace: PhaseTrace, fraction: float = 0.05) -> list[int]:
         lo, mid, hi = (
             int(np.searchsorted(trace.steps, b)) for b in (bounds[m], step, bounds[m + 2])
         )
-        saddle = lo + int(np.argmin(speed[lo:mid]))
+        saddle = lo + int(np.argmin(speed[lo:mid])) if mid > lo else lo  # a drop at its first step
         plateau = mid + int(np.argmin(speed[mid:hi])) if hi > mid else len(trace.loss) - 1
         target = trace.loss[saddle] - fraction * (trace.loss[saddle] - trace.loss[plateau])
         out.append(int(trace.steps[saddle + int(np.argmax(trace.loss[saddle:] <= target))]))

@@ -120,6 +120,66 @@ def test_bad_csv(tmp_path, text, needle):
     _one_line_exit_2(*_run(tmp_path, *_csv(tmp_path, text)), needle)
 
 
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("rows", "clients.num=20 leaves 11 of 20 clients without a training row: dataset 'csv' "
+                 "has 9 training rows (iid partitioner: at most 9 clients)"),
+        ("dirichlet", "without a training row: dataset 'csv' has 9 training rows (dirichlet"),
+        ("adult", "clients.num=100000 leaves 69838 of 100000 clients without a training row: "
+                  "dataset 'adult' has 30162 training rows"),
+        ("digits", "without a training row: workload 'digits-classifier' has"),
+        ("out-file", "is a file (give a directory: new or empty)"),
+        ("attack-rounds", "attack.params.rounds [5, 10] outside 1..2 (rounds=2): never attacked"),
+        ("attack-rounds-0", "attack.params.rounds [0] outside 1..3"),
+        ("targets", "attack.params.target_clients [3] outside 0..1 (clients.num=2)"),
+    ],
+)  # fmt: skip
+def test_inputs_that_cannot_run_are_refused_before_anything_starts(tmp_path, case, needle):
+    """More clients than rows (a 12-row table, 9 of them training rows), a client count far
+    beyond the data, ``--out`` naming a file, attacked rounds or targets that do not exist: one
+    line, exit 2, no run directory (and the file named by --out untouched)."""
+    small = _csv(tmp_path, "a,b,y\n" + ROWS)
+    args = {
+        "rows": [*small, "clients.num=20"],
+        "dirichlet": [
+            *small,
+            "clients.num=8",
+            "clients.partitioner=dirichlet",
+            "clients.alpha=0.1",
+        ],
+        "adult": ["quickstart", "clients.num=100000"],
+        "digits": ["digits-classifier", "clients.num=5000"],
+        "out-file": ["quickstart"],
+        "attack-rounds": ["inversion-digits", "rounds=2"],
+        "attack-rounds-0": ["inversion-digits", "rounds=3", "attack.params.rounds=[0]"],
+        "targets": ["goliath-adult-mixed", "clients.num=2", "attack.params.target_clients=[0,3]"],
+    }[case]
+    out = tmp_path / "out"
+    if case == "out-file":
+        out.write_text("keep me")
+    result = runner.invoke(app, ["run", *args, "--engine", "inline", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    if case == "out-file":
+        assert out.read_text() == "keep me"
+    else:
+        assert not out.exists()
+
+
+def test_a_run_of_very_many_client_calls_is_warned_with_the_estimate(inline_cfg):
+    from flowerbed.apps.preflight import load_warning
+
+    assert load_warning(inline_cfg("quickstart", "clients.num=20")) is None
+    warning = load_warning(inline_cfg("quickstart", "clients.num=30000", "rounds=5"))
+    assert warning.startswith("clients.num=30000, 5 rounds: 300,000 client calls"), warning
+    assert ">= 0.8 h" in warning
+    sampled = load_warning(inline_cfg("quickstart", "clients.num=30000", "rounds=5",
+                                      "clients.fraction=0.01", "clients.fraction_evaluate=0"))  # fmt: skip
+    assert sampled is None  # 300 per round
+
+
 def test_missing_dataset_file(tmp_path):
     args = [
         "quickstart",
@@ -347,14 +407,21 @@ def test_process_start_is_this_process_start():
     assert 0 < age < time.time() - psutil.Process().create_time() + 1.5
 
 
-def test_verbose_prints_flowers_log_once(tmp_path):
+@pytest.mark.parametrize("verbose", [True, False], ids=["-v", "quiet"])
+def test_flowers_log_goes_to_the_run_log_and_to_the_console_only_with_v(tmp_path, verbose):
+    """Flower's own warnings (fraction_evaluate 0) and round lines are in RUN_DIR/flower.log;
+    on the console (where the progress display is) only with -v, and then once."""
     done = subprocess.run(
         [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "rounds=1",
-         "clients.num=2", "--engine", "inline", "--out", str(tmp_path / "run"), "-v"],
+         "clients.num=2", "clients.fraction_evaluate=0", "--engine", "inline",
+         "--out", str(tmp_path / "run"), *(["-v"] if verbose else [])],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stderr.count("[ROUND 1/1]") == 1, done.stderr
+    log = (tmp_path / "run" / "flower.log").read_text()
+    assert "fraction_evaluate is set to 0.0" in log and "[ROUND 1/1]" in log, log
+    shown = done.stderr.count("fraction_evaluate is set to 0.0"), done.stderr.count("[ROUND 1/1]")
+    assert shown == ((1, 1) if verbose else (0, 0)), done.stderr
 
 
 @pytest.mark.parametrize(

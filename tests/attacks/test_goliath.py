@@ -279,36 +279,63 @@ def test_attack_code_never_touches_client_data() -> None:
 
 def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
     """Through run_inline: the attack runs on real replies, is scored, and no client data is read
-    while it runs (load_partition / round_plan calls are recorded with an 'inside attack' flag)."""
+    while the observer handles a round except inside the scorer, on a reconstruction the attack
+    already returned: load_partition / round_plan calls are recorded with flags, so truth fetched
+    by the observer and handed to the attack (before or during ``invert``) fails, and so does a
+    scorer asked about anything but what the attack returned."""
     import flowerbed.clients.workloads.tabdiff as td
     from flowerbed.apps.inline import run_inline
     from flowerbed.attacks.goliath.attack import TabularInversion
+    from flowerbed.attacks.goliath.scoring import TruthScorer
+    from flowerbed.attacks.observer import AttackObserver
     from flowerbed.server.experiment import load_experiment
 
-    inside = {"flag": False, "violations": 0, "calls": 0}
+    inside = {"observer": False, "invert": False, "score": False}
+    seen = {"violations": [], "calls": 0, "returned": [], "scored": 0}
     real_invert, real_plan, real_load = (
         TabularInversion.invert,
         td.round_plan,
         td.TabDiff.load_partition,
     )
+    real_aggregate, real_score = AttackObserver.aggregate_train, TruthScorer.score
+
+    def flagged(flag: str, fn):
+        def run(*a, **k):
+            inside[flag] = True
+            try:
+                return fn(*a, **k)
+            finally:
+                inside[flag] = False
+
+        return run
 
     def spy_invert(*a, **k):
-        inside["flag"] = True
-        try:
-            return real_invert(*a, **k)
-        finally:
-            inside["flag"] = False
+        rec = flagged("invert", real_invert)(*a, **k)
+        seen["returned"].append(rec)
+        return rec
+
+    def spy_score(self, partition_id, server_round, sent, rec):
+        if not any(rec is r for r in seen["returned"]):
+            seen["violations"].append("scored something the attack did not return")
+        seen["scored"] += 1
+        return flagged("score", real_score)(self, partition_id, server_round, sent, rec)
+
+    def data_read(what: str) -> None:
+        seen["calls"] += 1
+        if inside["invert"] or (inside["observer"] and not inside["score"]):
+            seen["violations"].append(f"{what} outside the scorer while the observer ran")
 
     def spy_plan(*a, **k):
-        inside["calls"] += 1
-        inside["violations"] += inside["flag"]
+        data_read("round_plan")
         return real_plan(*a, **k)
 
     def spy_load(self, *a, **k):
-        inside["violations"] += inside["flag"]
+        data_read("load_partition")
         return real_load(self, *a, **k)
 
     monkeypatch.setattr(TabularInversion, "invert", spy_invert)
+    monkeypatch.setattr(TruthScorer, "score", spy_score)
+    monkeypatch.setattr(AttackObserver, "aggregate_train", flagged("observer", real_aggregate))
     monkeypatch.setattr(td, "round_plan", spy_plan)
     monkeypatch.setattr(td.TabDiff, "load_partition", spy_load)
     cfg = load_experiment(
@@ -319,7 +346,8 @@ def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
          "attack.name=goliath", "attack.params.restarts=1", "attack.params.iterations=20"],
     )  # fmt: skip
     summary = run_inline(cfg)
-    assert inside["violations"] == 0 and inside["calls"] > 0
+    assert not seen["violations"], seen["violations"][:3]
+    assert seen["calls"] > 0 and seen["scored"] == len(seen["returned"]) > 0
     assert "attack.cell_accuracy" in summary["metrics"]
     assert summary["metrics"]["attack.cell_accuracy"] > 0.9
 

@@ -70,10 +70,13 @@ def _refused(cmd: list[str], directory, name: str) -> str:
 
 
 def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
+    """Half of the two SuperNodes sampled (the runner asks them their partition ids): the same
+    partition trains as inline, and the metrics are equal."""
     from flowerbed.apps.inline import run_inline
 
     # 2 rounds: later messages start from the workload and partition the zygote built
     overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}"]
+    overrides += ["clients.fraction=0.5", "clients.min_clients=1"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
     run_dir = tmp_path / "deployed"
     summary = run_deployment(cfg, run_dir)
@@ -90,6 +93,8 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     inline = run_inline(
         load_experiment("quickstart", [*overrides, "engine=inline", f"output.dir={tmp_path}/i"])
     )
+    assert len(summary["train_partitions"][0]) == 1
+    assert summary["train_partitions"] == inline["train_partitions"]
     timing = ("time.",)
     assert {k: v for k, v in summary["metrics"].items() if not k.startswith(timing)} == {
         k: v for k, v in inline["metrics"].items() if not k.startswith(timing)

@@ -54,21 +54,38 @@ def _strip_timing(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith("time.")}
 
 
+def _sampled_as_configured(summary: dict, num: int, fraction: float, min_clients: int) -> None:
+    """Flower's rule: max(int(fraction * N), min_clients) nodes per round, distinct partitions."""
+    expected = max(int(fraction * num), min(min_clients, num))
+    per_round = summary["train_partitions"]
+    assert len(per_round) == summary["rounds"]
+    for partitions in per_round:
+        assert len(partitions) == len(set(partitions)) == expected, per_round
+        assert all(0 <= p < num for p in partitions), per_round
+
+
 def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
-    """Same seed, clients.fraction=0.3: inline and two simulation runs (fresh random node ids on
-    Ray each time) sample the same partitions, so their metrics are equal."""
+    """Same seed, clients.fraction=0.3 of 10: every engine trains ceil(0.3 * 10) = 3 clients per
+    round, and inline (node ids 1000..1009) and a simulation run (fresh random 64-bit node ids on
+    Ray) sample the same partitions, so their metrics are equal. (One simulation run: a second
+    one, which the test ran before, only drew other random node ids.)"""
     from flowerbed.server.engines.simulation import run_simulation
     from flowerbed.server.results import default_run_dir
 
     cfg = inline_cfg("quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3")
     inline = run_inline(json.loads(json.dumps(cfg)))
     assert (Path(inline["run_dir"]) / "model.npz").is_file()
+    _sampled_as_configured(inline, 10, 0.3, 2)
+    assert inline["train_partitions"][0] != inline["train_partitions"][1]  # re-sampled per round
     cfg["engine"] = "simulation"
     tag = uuid.uuid4().hex  # inherited by every process the engine starts
     monkeypatch.setenv("FLOWERBED_TEST_TAG", tag)
-    runs = [run_simulation(cfg, default_run_dir(cfg))["metrics"] for _ in range(2)]
+    runs = [run_simulation(cfg, default_run_dir(cfg))]
     for simulated in runs:
-        assert _strip_timing(simulated) == pytest.approx(_strip_timing(inline["metrics"]), abs=1e-6)
+        assert simulated["train_partitions"] == inline["train_partitions"]
+        assert _strip_timing(simulated["metrics"]) == pytest.approx(
+            _strip_timing(inline["metrics"]), abs=1e-6
+        )
     leftovers = []
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -121,6 +138,7 @@ def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
     grid = AskingGrid(InlineGrid(client_app, 10))
     asked = run_experiment(grid, json.loads(json.dumps(cfg)), tmp_path / "asked")
     assert grid.queries == 10  # one query per node, once
+    assert asked["train_partitions"] == native["train_partitions"]
     assert _strip_timing(asked["metrics"]) == _strip_timing(native["metrics"])
 
 

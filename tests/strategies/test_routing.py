@@ -118,6 +118,9 @@ def test_model_no_client_evaluated_keeps_its_prior_head_through_flower() -> None
     overrides += ["workload.params.weight_decay=0.1", "workload.params.local_epochs=1"]
     overrides += ["workload.params.hidden=16", "workload.params.lr=0.01"]
     overrides += ["workload.params.batch_size=16"]
+    # the benchmark of the K-means preset (the MLP preset's own setting has 6 models)
+    overrides += ["workload.params.models=11", "workload.params.coverage=0.3", "clients.alpha=0.1"]
+    overrides += ["workload.params.n_test=200"]
     fed = run_flower(load_experiment("routing-synthetic-mlp", overrides))
     plain = run_flower(
         load_experiment("routing-synthetic-mlp", overrides + ["strategy.name=fedavg"])
