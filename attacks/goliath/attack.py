@@ -6,6 +6,7 @@ its protocol and the agreed preprocessing are built), plus the parameters sent t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -45,10 +46,14 @@ class TabularInversion:
         return prior_rows(self.knowledge(sent), num_examples, seed)
 
     def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Reconstruction) -> float:  # fmt: skip
-        """The engine's objective for ``rec``'s rows against this update (lower = better)."""
+        """The engine's objective for ``rec``'s rows against this update (lower = better): the
+        latents refitted to the rows (``rows_score``), or, when lower, the hard-projected score
+        the engine itself reached for them (``rec.score``: its full latent fit, which a quarter
+        budget refit can miss on a small model, so a fitted reconstruction would lose to the prior)."""
         know = self.knowledge(sent)
-        return rows_score(know, observed_target(know, sent, reply), rec.num, rec.cat, self.icfg,
-                          self.icfg.seed)  # fmt: skip
+        refit = rows_score(know, observed_target(know, sent, reply), rec.num, rec.cat, self.icfg,
+                           self.icfg.seed)  # fmt: skip
+        return min(refit, rec.score) if math.isfinite(rec.score) else refit
 
     def pool(self, sent: dict[str, torch.Tensor], recs: list[Reconstruction]) -> Reconstruction | None:  # fmt: skip
         """Multi-round Goliath (FedAvg: the same rows are seen again every round)."""
