@@ -320,6 +320,14 @@ def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
         seen["scored"] += 1
         return flagged("score", real_score)(self, partition_id, server_round, sent, rec)
 
+    real_illustrate = TruthScorer.illustrate
+
+    def spy_illustrate(self, server_round, items, run_dir):
+        """The scorer's pictures read the truth too: only for what the attack returned."""
+        if not all(any(rec is r for r in seen["returned"]) for _, _, rec in items):
+            seen["violations"].append("illustrated something the attack did not return")
+        return flagged("score", real_illustrate)(self, server_round, items, run_dir)
+
     def data_read(what: str) -> None:
         seen["calls"] += 1
         if inside["invert"] or (inside["observer"] and not inside["score"]):
@@ -335,6 +343,7 @@ def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(TabularInversion, "invert", spy_invert)
     monkeypatch.setattr(TruthScorer, "score", spy_score)
+    monkeypatch.setattr(TruthScorer, "illustrate", spy_illustrate)
     monkeypatch.setattr(AttackObserver, "aggregate_train", flagged("observer", real_aggregate))
     monkeypatch.setattr(td, "round_plan", spy_plan)
     monkeypatch.setattr(td.TabDiff, "load_partition", spy_load)
