@@ -168,7 +168,8 @@ def raw_engine(experiment: str, overrides: list[str], engine: str | None) -> str
 
 def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
     """A key of a config (overrides first, then the preset or file), read without resolving it."""
-    from flowerbed.clients.core.config import dotted_get, load_base, parse_overrides
+    from flowerbed.clients.core.config import load_base, parse_overrides
+    from flowerbed.clients.core.files import dotted_get
 
     missing = object()
     for layer in (parse_overrides(overrides), load_base(experiment)):

@@ -356,16 +356,6 @@ def _check_attacked(cfg: dict[str, Any]) -> None:
 _UNSET = object()
 
 
-def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 @functools.cache
 def _schema_defaults() -> dict[str, Any]:
     """Every shared key at its schema default (built once; read only)."""

@@ -68,11 +68,12 @@ FILE_STORE_KEY = "ray-files"
 SHIPPED_KEYS = ("dataset.path", "workload.params.table_path")
 
 
-def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
+def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 
@@ -81,7 +82,7 @@ def shipped_files(cfg: dict[str, Any]) -> list[str]:
     """The paths in ``cfg`` (:data:`SHIPPED_KEYS`, plugin files) that name a file on this machine."""
     from flowerbed.clients.core.plugins import is_path
 
-    paths = [_lookup(cfg, key) for key in SHIPPED_KEYS]
+    paths = [dotted_get(cfg, key) for key in SHIPPED_KEYS]
     paths += [p for p in cfg.get("plugins", []) if is_path(p)]
     return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
 
@@ -109,7 +110,7 @@ def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[s
             _write_once(local, files[spec])
             plugins[i] = str(local)
     for i, key in enumerate(SHIPPED_KEYS):
-        path = _lookup(cfg, key)
+        path = dotted_get(cfg, key)
         if isinstance(path, str) and path in files:
             local = into / "files" / str(i) / Path(path).name
             _write_once(local, files[path])
