@@ -270,6 +270,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
 
 
 class {cls}Strategy(FedAvg):
@@ -282,19 +283,18 @@ class {cls}Strategy(FedAvg):
 
 @STRATEGIES.register("{name}", "TODO: one line for `flowerbed list strategies`")
 class {cls}:
+    #: capabilities of the workload it needs (``flowerbed.clients.core.capabilities``), checked
+    #: when a config is resolved; its contract is reached through ``context.workload``
+    needs = frozenset()
+
     @dataclass
     class Params:
         server_lr: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
 
     @staticmethod
-    def build(cfg: dict[str, Any]) -> FedAvg:
-        clients = cfg["clients"]
-        return {cls}Strategy(
-            cfg["strategy"]["params"]["server_lr"],
-            fraction_train=clients["fraction"], fraction_evaluate=clients["fraction_evaluate"],
-            min_train_nodes=clients["min_clients"], min_evaluate_nodes=clients["min_clients"],
-            min_available_nodes=clients["min_clients"],
-        )
+    def build(params: {cls}.Params, context: StrategyContext) -> FedAvg:
+        """Its typed params and a narrow context (seed, rounds, client sampling, workload)."""
+        return {cls}Strategy(params.server_lr, **context.sampling.kwargs())
 '''
 
 STRATEGY_TEST = '''\

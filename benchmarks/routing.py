@@ -58,7 +58,7 @@ from flowerbed.clients.workloads.routing import (  # noqa: E402
 )
 from flowerbed.server.experiment import load_experiment  # noqa: E402
 from flowerbed.server.runner import OrderedGrid  # noqa: E402
-from flowerbed.strategies import STRATEGIES  # noqa: E402
+from flowerbed.strategies.context import build_strategy  # noqa: E402
 
 CENTRAL_EPOCHS = 10  # pooled MLP: more epochs overfit (tuned on seed 0, alpha 0.1, coverage 0.3)
 LEARNED = ["fed-mlp", "central-mlp", "local-mlp", "pers-mlp"]
@@ -70,11 +70,12 @@ FARTHEST = 0.3  # share of clients whose topic mixture is farthest from the othe
 def run_federated(cfg: dict) -> ArrayRecord:
     """The registered strategy on the in-process grid with the flowerbed ClientApp."""
     random.seed(cfg["seed"])
-    strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
+    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     result = strategy.start(
         grid=OrderedGrid(InlineGrid(client_app, cfg["clients"]["num"]), lambda r, n: None),
-        initial_arrays=WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays(),
+        initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
         train_config=config,
         evaluate_config=config,
@@ -376,20 +377,18 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    return np.zeros(len(x), dtype=int)",
     ),
     "cluster-blind K-means (tables = model means)": (
-        "strategies/routing.py",
+        "strategies/fed_kmeans.py",
         "    acc, cost = kmeans_tables(stats, np.asarray(centroids, dtype=np.float64), cfg)",
         "    acc, cost = kmeans_tables(stats, np.asarray(centroids, dtype=np.float64), cfg)\n"
         "    acc, cost = (np.broadcast_to(t.mean(0), t.shape).copy() for t in (acc, cost))",
     ),
     "server skips MLP aggregation (keeps the initial model)": (
-        "strategies/routing.py",
-        "        return _record(merged), _scalar_metrics(valid)\n\n\n@STRATEGIES.register(\n"
-        '    "fed-mlp"',
-        "        return _record(self._global), _scalar_metrics(valid)\n\n\n"
-        '@STRATEGIES.register(\n    "fed-mlp"',
+        "strategies/fed_mlp.py",
+        "        return as_record(merged), scalar_metrics(valid)",
+        "        return as_record(self._global), scalar_metrics(valid)",
     ),
     "server skips K-means statistics (tables never filled)": (
-        "strategies/routing.py",
+        "strategies/fed_kmeans.py",
         '            merged = aggregate_lloyd(self._current["centroids"], states, self.tables)',
         "            merged = dict(self._current)",
     ),

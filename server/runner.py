@@ -27,7 +27,7 @@ from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.federation import grid_engine
 from flowerbed.server.results import ResultsWriter
-from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import build_strategy as base_strategy
 
 SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
 #: how often a deployed ServerApp asks the SuperLink for replies (Flower's Grid: every 3 s)
@@ -321,9 +321,10 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
-def build_strategy(cfg: dict[str, Any], writer: ResultsWriter) -> Any:
-    """Base strategy, inner defense wrappers, the attack's observer, then outer (visibility) ones."""
-    strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
+def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) -> Any:
+    """Base strategy (its typed params and a narrow context with the server's ``workload``),
+    inner defense wrappers, the attack's observer, then outer (visibility) ones."""
+    strategy = base_strategy(cfg, workload)
     defenses = [(DEFENSES.get(d["name"]), d["params"]) for d in cfg["defenses"]]
     for cls, params in defenses:
         if cls.server_position == "inner":
@@ -370,7 +371,7 @@ def _run(
 ) -> dict[str, Any]:
     seed_everything(cfg["seed"])
     workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
-    strategy = MetricsTap(SeededSampling(build_strategy(cfg, writer), cfg["seed"]))
+    strategy = MetricsTap(SeededSampling(build_strategy(cfg, writer, workload), cfg["seed"]))
     final_arrays: list[ArrayRecord] = []
 
     save_rounds = set(cfg["output"]["save_rounds"])

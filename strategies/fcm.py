@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,11 +25,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.fedavg import sampling_kwargs
+from flowerbed.strategies.context import StrategyContext
+
+if TYPE_CHECKING:
+    from flowerbed.clients.workloads.fcm import ModelSpec
 
 REGISTRY_KEY = "fcm-registry"  # ConfigRecord key of the versioned registry (JSON)
 
@@ -97,10 +100,12 @@ class FCMStrategy(FedAvg):
     """Flower Strategy (via FedAvg's sampling) with per-concept aggregation and a concept registry."""
 
     def __init__(
-        self, workload: Any, aggregation: str = "concept", expansion: str = "grow", **kwargs: Any
-    ) -> None:
+        self, spec: ModelSpec, seed: int = 0, aggregation: str = "concept", expansion: str = "grow",
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        self.workload = workload
+        self.spec = spec  # the concept model's spec (the workload's ``concept-registry`` contract)
+        self.seed = seed
         self.aggregation = aggregation
         self.expansion = expansion
         self.registry: list[dict[str, Any]] = []
@@ -123,17 +128,17 @@ class FCMStrategy(FedAvg):
     def _expand(self, params: dict[str, np.ndarray], new: list[str], server_round: int):  # noqa: ANN202
         from flowerbed.clients.workloads.fcm import expand, init_params
 
-        seed = self.workload.cfg["seed"]
+        seed = self.seed
         for name in new:
             self.registry.append({"name": name, "type": "binary", "first_round": server_round + 1})
         self.version += 1
         if self.expansion == "restart":
             names = tuple(e["name"] for e in self.registry)
-            fresh = init_params(self.workload.spec, names, seed + 7919 * self.version)
+            fresh = init_params(self.spec, names, seed + 7919 * self.version)
             return {k: v.numpy() for k, v in fresh.items()}
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
         for name in new:
-            tensors = expand(tensors, self.workload.spec, name, seed)
+            tensors = expand(tensors, self.spec, name, seed)
         return {k: v.numpy() for k, v in tensors.items()}
 
     # -- Flower hooks ------------------------------------------------------------------------
@@ -197,16 +202,17 @@ class FCMStrategy(FedAvg):
 
 @STRATEGIES.register("fcm", "F-CMs: per-concept aggregation with a growing concept registry")
 class FCMEntry:
+    #: the concept model (``workload.spec``) and ``nc.<name>`` announcements in the replies
+    needs = frozenset({Capability.CONCEPT_REGISTRY})
+
     @dataclass
     class Params:
         aggregation: Aggregation = Aggregation("concept")  # concept (F-CMs) | fedavg (by examples)
         expansion: Expansion = Expansion("grow")  # grow (F-CMs) | ignore | restart (re-initialise)
 
     @staticmethod
-    def build(cfg: dict[str, Any]) -> FCMStrategy:
-        from flowerbed.clients.workloads import WORKLOADS
-
-        if cfg["workload"]["name"] != "fcm":
-            raise ConfigError("strategy 'fcm' needs workload 'fcm'")
-        workload = WORKLOADS.get("fcm")(cfg)
-        return FCMStrategy(workload, **cfg["strategy"]["params"], **sampling_kwargs(cfg))
+    def build(params: FCMEntry.Params, context: StrategyContext) -> FCMStrategy:
+        return FCMStrategy(
+            context.workload.spec, context.seed, aggregation=params.aggregation,
+            expansion=params.expansion, **context.sampling.kwargs(),
+        )  # fmt: skip

@@ -17,9 +17,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.fedavg import sampling_kwargs
+from flowerbed.strategies.context import StrategyContext
 
 K_KEY = "k_raw"
 
@@ -63,7 +65,10 @@ class TabDiffFedAvg(FedAvg):
     "tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)"
 )
 class TabDiffEntry:
+    #: the diffusion model's spec (``workload.spec``: whether k is learnable)
+    needs = frozenset({Capability.TABULAR_DIFFUSION})
+
     @staticmethod
-    def build(cfg: dict[str, Any]) -> TabDiffFedAvg:
-        learnable = bool(cfg["workload"]["params"].get("learnable_k", False))
-        return TabDiffFedAvg(learnable_k=learnable, **sampling_kwargs(cfg))
+    def build(params: NoParams, context: StrategyContext) -> TabDiffFedAvg:
+        learnable = bool(context.workload.spec.learnable_k)
+        return TabDiffFedAvg(learnable_k=learnable, **context.sampling.kwargs())

@@ -1,9 +1,10 @@
-"""What a workload offers and what an attack or defense needs, checked when a config is resolved.
+"""What a workload offers and what a strategy, attack or defense needs, checked when a config is
+resolved.
 
 A workload lists ``offers`` (capabilities) and ``reads`` (the shared config keys it honours:
-``dataset``, ``clients.partitioner``, ``clients.alpha``); attacks and defenses list ``needs``. A
-combination that cannot work is refused before anything runs, with one line naming the attack or
-defense, the workload and what is missing (``flowerbed.clients.core.config.resolve``).
+``dataset``, ``clients.partitioner``, ``clients.alpha``); strategies, attacks and defenses list
+``needs``. A combination that cannot work is refused before anything runs, with one line naming
+the component, the workload and what is missing (``flowerbed.clients.core.config.resolve``).
 
 ``needs`` is one set of capabilities (all required) or a tuple of such sets, the *alternatives*
 (any one fits): ``dlg`` runs on the tabular-diffusion denoiser or on any model that exposes its
@@ -33,6 +34,15 @@ class Capability(StrEnum):
     #: the model reads the flattened input with a biased fully connected layer and the update keeps
     #: that layer's gradient ratios (FedSGD or SGD local steps): the analytic input recovery applies
     LINEAR_FIRST_LAYER = "linear-first-layer"
+    #: clients announce the concepts they hold (``nc.<name>`` metrics) and the server's workload
+    #: has the concept model's ``spec`` to grow it by (the ``fcm`` strategy)
+    CONCEPT_REGISTRY = "concept-registry"
+    #: replies carry per-model head rows (``acc.*``, ``cost.*``) and ``n-evals-per-model`` counts
+    #: (the ``fed-mlp`` strategy)
+    ROUTER_HEADS = "router-heads"
+    #: replies carry k-means init centroids, then Lloyd and per-(cluster, model) sums, and the
+    #: workload's params extend ``KMeansConfig`` (``Workload.contract``; the ``fed-kmeans`` strategy)
+    KMEANS_STATISTICS = "kmeans-statistics"
 
 
 Needs = frozenset[Capability] | tuple[frozenset[Capability], ...]

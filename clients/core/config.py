@@ -301,8 +301,11 @@ def resolve(
     components.datasets.get(cfg["dataset"]["name"])
     workload_cls = _fill_params(cfg, "workload", components.workloads)
     _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
-    _fill_params(cfg, "strategy", components.strategies)
+    strategy_cls = _fill_params(cfg, "strategy", components.strategies)
     offers = offered(workload_cls, cfg["workload"]["params"])
+    _check_needs(
+        "strategy", cfg["strategy"]["name"], strategy_cls, cfg, offers, components.workloads
+    )
     if cfg["attack"]["name"]:
         attack_cls = _fill_params(cfg, "attack", components.attacks)
         _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
@@ -398,7 +401,8 @@ def _check_needs(
     kind: str, name: str, cls: type, cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]],
     workloads: Registry,
 ) -> None:  # fmt: skip
-    """An attack or defense runs only on a workload that offers what one of its alternatives needs
+    """A strategy, attack or defense runs only on a workload that offers what one of its
+    alternatives needs
     (``offers`` = what the workload offers under its params, and why it withholds the rest)."""
     needs = getattr(cls, "needs", ())
     available, withheld = offers

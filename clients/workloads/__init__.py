@@ -6,10 +6,11 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -22,6 +23,8 @@ from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import NoParams, Registry
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.model_loss import LocalTraining, ModelLoss
+
+T = TypeVar("T")
 
 WORKLOADS = Registry("workload", (__name__,))
 
@@ -228,6 +231,14 @@ class Workload:
     def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
         """Offers this workload withholds under ``params``, each with the reason (default none)."""
         return {}
+
+    def contract(self, kind: type[T]) -> T:
+        """The method's shared config ``kind`` (a dataclass this workload's ``Params`` extends) as
+        the method's other halves take it: only the fields ``kind`` declares, typed (the
+        ``fed-kmeans`` strategy gets ``KMeansConfig`` of ``routing-kmeans``)."""
+        if not (isinstance(self.params, kind) and dataclasses.is_dataclass(kind)):
+            raise TypeError(f"workload '{self.registry_name}' params do not extend {kind.__name__}")
+        return kind(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(kind)})
 
     def model_loss(self) -> ModelLoss:
         """The model-loss contract (``Capability.MODEL_LOSS``): public knowledge only."""

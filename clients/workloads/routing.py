@@ -32,6 +32,7 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
@@ -1077,6 +1078,8 @@ class _RoutingWorkload(Workload):
     "routing-mlp", "LLM router: MLP with per-model accuracy/cost heads, masked loss (fed-mlp)"
 )
 class RoutingMLP(_RoutingWorkload):
+    offers = frozenset({Capability.ROUTER_HEADS})
+
     @dataclass
     class Params(BenchmarkParams, MLPConfig):
         pass
@@ -1126,6 +1129,8 @@ class RoutingMLP(_RoutingWorkload):
     "routing-kmeans", "LLM router: federated Lloyd K-means + per-(cluster, model) tables"
 )
 class RoutingKMeans(_RoutingWorkload):
+    offers = frozenset({Capability.KMEANS_STATISTICS})
+
     @dataclass
     class Params(BenchmarkParams, KMeansConfig):
         pass

@@ -71,6 +71,43 @@ def _one_line_exit_2(result, out, needle):
             ["fits", "attack.name=dlg"],
             "attack 'dlg' needs tabular-diffusion or model-loss, which workload 'fits' does not",
         ),
+        (
+            ["quickstart", "attack.name=model-stealing"],
+            "attack 'model-stealing' needs model-release, which workload 'tabular-mlp' does not "
+            "offer (workloads that do: filosofer)",
+        ),
+        # a strategy on a workload that cannot serve it (strategies declare needs too)
+        (
+            ["quickstart", "strategy.name=fcm"],
+            "strategy 'fcm' needs concept-registry, which workload 'tabular-mlp' does not offer "
+            "(workloads that do: fcm)",
+        ),
+        (
+            ["routing-synthetic-kmeans", "strategy.name=fed-mlp"],
+            "strategy 'fed-mlp' needs router-heads, which workload 'routing-kmeans' does not offer "
+            "(workloads that do: routing-mlp)",
+        ),
+        (
+            ["routing-synthetic-mlp", "strategy.name=fed-kmeans"],
+            "strategy 'fed-kmeans' needs kmeans-statistics, which workload 'routing-mlp' does not",
+        ),
+        (
+            ["quickstart", "strategy.name=tabdiff"],
+            "strategy 'tabdiff' needs tabular-diffusion, which workload 'tabular-mlp' does not",
+        ),
+        # rules on every Params field: a check rule, Goliath's and the baselines' numbers
+        (
+            ["fcm-trig-evolving", "workload.params.data=nope"],
+            "workload.params.data: unknown concept task 'nope' (allowed: ",
+        ),
+        (
+            ["tabdiff-adult-mixed", "attack.name=goliath", "attack.params.restarts=0"],
+            "attack.params.restarts must be >= 1 (got 0)",
+        ),
+        (
+            ["tabdiff-adult-mixed", "attack.name=dlg", "attack.params.latents=oracle"],
+            "unknown value 'oracle' for 'attack.params.latents' (allowed: fixed, joint)",
+        ),
     ],
 )
 def test_bad_config_is_one_line_exit_2_no_run_dir(tmp_path, args, needle):

@@ -89,7 +89,7 @@ def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
     cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig", "model": kind}}}  # fmt: skip
     workload = FCM(cfg)
-    strategy = FCMStrategy(workload, aggregation="concept", expansion="grow")
+    strategy = FCMStrategy(workload.spec, seed=0, aggregation="concept", expansion="grow")
     start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos", "b_pos"), 0).items()}
     strategy.current = start
     strategy.registry = [{"name": n} for n in ("a_pos", "b_pos")]
@@ -116,7 +116,7 @@ def test_restart_expansion_reinitialises_everything() -> None:
     cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig"}}}  # fmt: skip
     workload = FCM(cfg)
-    strategy = FCMStrategy(workload, aggregation="fedavg", expansion="restart")
+    strategy = FCMStrategy(workload.spec, seed=0, aggregation="fedavg", expansion="restart")
     start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos",), 0).items()}
     strategy.current = start
     strategy.registry = [{"name": "a_pos"}]

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.workloads.tabular_mlp import TabularMLP, train_alone
 from flowerbed.server.experiment import load_experiment
-from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import build_strategy
 
 ADAPTERS = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedmedian", "fedtrimmedavg")
 
@@ -32,7 +32,7 @@ def _build(name: str, n: int, *params: str):  # noqa: ANN202
         "quickstart",
         [f"strategy.name={name}", f"clients.num={n}", f"clients.min_clients={n}", *params],
     )
-    return STRATEGIES.get(name).build(cfg)
+    return build_strategy(cfg)
 
 
 def _record(w: np.ndarray) -> ArrayRecord:

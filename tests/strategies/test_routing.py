@@ -25,8 +25,9 @@ from flowerbed.clients.workloads.routing import (
 )
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import OrderedGrid
-from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.routing import aggregate_lloyd, aggregate_router_mlp
+from flowerbed.strategies.context import build_strategy
+from flowerbed.strategies.fed_kmeans import aggregate_lloyd
+from flowerbed.strategies.fed_mlp import aggregate_router_mlp
 
 torch.set_num_threads(1)
 SMALL = ["engine=inline", "clients.num=4", "clients.fraction_evaluate=0"]
@@ -41,11 +42,12 @@ def run_flower(cfg: dict) -> dict[int, dict[str, np.ndarray]]:
         seen[server_round] = {k: v.numpy().copy() for k, v in arrays.items()}
 
     random.seed(cfg["seed"])
-    strategy = STRATEGIES.get(cfg["strategy"]["name"]).build(cfg)
+    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     strategy.start(
         grid=OrderedGrid(InlineGrid(client_app, cfg["clients"]["num"]), lambda r, n: None),
-        initial_arrays=WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays(),
+        initial_arrays=workload.init_arrays(),
         num_rounds=cfg["rounds"],
         train_config=config,
         evaluate_config=config,

@@ -1,0 +1,72 @@
+"""What a strategy receives: its typed ``Params`` and a narrow :class:`StrategyContext`.
+
+A strategy never reads the experiment config. ``build(params, context)`` gets its own params
+(an instance of its ``Params`` dataclass) and the context: the seed, the number of rounds,
+Flower's client-sampling arguments (from the shared ``clients`` section) and the server's
+workload instance, through which it reaches the capability contract it ``needs`` (checked when
+the config is resolved: ``fcm`` needs ``concept-registry``, ``fed-kmeans`` ``kmeans-statistics``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flowerbed.strategies import STRATEGIES
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Flower's client sampling (the keyword arguments of its ``FedAvg``)."""
+
+    fraction_train: float
+    fraction_evaluate: float
+    min_train_nodes: int
+    min_evaluate_nodes: int
+    min_available_nodes: int
+
+    @classmethod
+    def of(cls, clients: dict[str, Any]) -> Sampling:
+        """From a resolved config's ``clients`` section."""
+        num = clients["num"]
+        min_nodes = min(clients["min_clients"], num)
+        return cls(
+            fraction_train=clients["fraction"],
+            fraction_evaluate=clients["fraction_evaluate"],
+            min_train_nodes=min_nodes,
+            min_evaluate_nodes=min_nodes if clients["fraction_evaluate"] > 0 else 0,
+            min_available_nodes=num,
+        )
+
+    def kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """The narrow view of a run a strategy gets.
+
+    ``workload`` is the server's instance of the configured workload; a strategy uses only the
+    contract of a capability it declares in ``needs`` (``Workload.contract`` for the method's
+    shared config, or the attribute the capability documents)."""
+
+    seed: int
+    rounds: int
+    sampling: Sampling
+    workload: Any = None
+
+
+def strategy_params(cfg: dict[str, Any]) -> Any:
+    """The configured strategy's typed ``Params`` (from the resolved, validated config)."""
+    cls = STRATEGIES.get(cfg["strategy"]["name"])
+    return cls.Params(**cfg["strategy"]["params"])
+
+
+def strategy_context(cfg: dict[str, Any], workload: Any = None) -> StrategyContext:
+    return StrategyContext(cfg["seed"], cfg["rounds"], Sampling.of(cfg["clients"]), workload)
+
+
+def build_strategy(cfg: dict[str, Any], workload: Any = None) -> Any:
+    """The configured base strategy: ``build(typed params, narrow context)``."""
+    cls = STRATEGIES.get(cfg["strategy"]["name"])
+    return cls.build(strategy_params(cfg), strategy_context(cfg, workload))

@@ -1,0 +1,16 @@
+"""``fedmedian``: a thin adapter over Flower's Message-API ``FedMedian``."""
+
+from __future__ import annotations
+
+from flwr.serverapp.strategy import FedMedian
+
+from flowerbed.clients.core.registry import NoParams
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+
+
+@STRATEGIES.register("fedmedian", "Flower FedMedian: coordinate-wise median (robust)")
+class FedMedianEntry:
+    @staticmethod
+    def build(params: NoParams, context: StrategyContext) -> FedMedian:
+        return FedMedian(**context.sampling.kwargs())

@@ -1,0 +1,22 @@
+"""``fedtrimmedavg``: a thin adapter over Flower's Message-API ``FedTrimmedAvg``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.serverapp.strategy import FedTrimmedAvg
+
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+
+
+@STRATEGIES.register("fedtrimmedavg", "Flower FedTrimmedAvg: trimmed mean, cut fraction beta")
+class FedTrimmedAvgEntry:
+    @dataclass
+    class Params:
+        beta: float = param(0.2, ge=0, lt=0.5)
+
+    @staticmethod
+    def build(params: FedTrimmedAvgEntry.Params, context: StrategyContext) -> FedTrimmedAvg:
+        return FedTrimmedAvg(beta=params.beta, **context.sampling.kwargs())
