@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
@@ -30,10 +31,12 @@ from flowerbed.clients.workloads.fcm_data import (
     SCENARIOS,
     ConceptData,
     Scenario,
+    formula_problem,
     get_task,
     make_dataset,
     make_scenario,
     schedule_scenario,
+    task_problem,
 )
 
 REGISTRY_KEY = "fcm-registry"
@@ -286,11 +289,15 @@ InitialConcepts = choices("InitialConcepts", ("round1", "all"))
 
 @WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
 class FCM(Workload):
+    offers = frozenset({Capability.CONCEPT_REGISTRY})
+
     @dataclass
     class Params:
-        #: a registered task (xor | trig | dot | digits | ...); checked when the workload is built
-        data: str = "trig"
-        task: dict[str, Any] = field(default_factory=dict)  # a formula task (overrides data)
+        #: a registered task (xor | trig | dot | digits | ...)
+        data: str = param("trig", check=task_problem)
+        task: dict[str, Any] = param(
+            factory=dict, check=formula_problem
+        )  # a formula (overrides data)
         scenario: ScenarioKind = ScenarioKind("evolving")  # full|partial|evolving|central|schedule
         # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
         schedule: dict[str, Any] = field(default_factory=dict)

@@ -360,6 +360,22 @@ def random_schedule(
 DATASETS = tuple(TASKS)
 
 
+def task_problem(data: str) -> str | None:
+    """The rule of ``workload.params.data``: a registered task (``None`` when it is one)."""
+    return None if data in TASKS else f"unknown concept task '{data}' (allowed: {', '.join(TASKS)})"
+
+
+def formula_problem(spec: dict[str, Any]) -> str | None:
+    """The rule of ``workload.params.task``: empty, or a formula task that builds."""
+    if not spec:
+        return None
+    try:
+        formula_task(spec)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def get_task(data: str, spec: dict[str, Any] | None = None) -> ConceptTask:
     """The task of ``workload.params``: a formula task when ``spec`` is non-empty, else the
     built-in task named ``data``."""
