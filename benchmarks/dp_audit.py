@@ -21,8 +21,9 @@ from unittest import mock
 import numpy as np
 import torch
 
+from flowerbed.clients.defenses.central_dp import CentralDp
 from flowerbed.clients.defenses.dp_sgd import OPACUS, PER_SAMPLE, DpSgd
-from flowerbed.clients.defenses.flower_dp import CentralDp, LocalDp
+from flowerbed.clients.defenses.local_dp import LocalDp
 
 CFG = {"seed": 0, "rounds": 1, "clients": {"num": 3, "fraction": 1.0, "min_clients": 2}}
 FLOWER_NOISE = "add_gaussian_noise_inplace"

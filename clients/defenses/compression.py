@@ -1,4 +1,5 @@
-"""Update compression as defenses: top-k sparsification and k-bit quantisation of the update.
+"""Update compression: top-k sparsification and k-bit quantisation of the update (the math and
+the wire sizes shared by the defenses ``topk.py`` and ``quantize.py``).
 
 Both act on the update ``delta = trained - sent`` (what a gradient-inversion attacker inverts) and
 send ``sent + compressed(delta)``. What they would cost on the wire (reply metric ``wire-bytes``):
@@ -10,21 +11,8 @@ it to decode).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 from flwr.app import Array, ArrayRecord
-
-from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import (
-    DEFENSES,
-    Defense,
-    Mechanism,
-    Quantisation,
-    Sparsification,
-    update_mod,
-)
 
 VALUE_BYTES = 4  # float32 value
 INDEX_BYTES = 4  # int32 flat index
@@ -81,44 +69,3 @@ def topk_wire_bytes(sent: ArrayRecord, out: ArrayRecord) -> int:
 def quantized_wire_bytes(out: ArrayRecord, bits: int) -> int:
     """``bits`` per entry, packed per tensor, plus each tensor's min and max."""
     return sum(-(-out[k].numpy().size * bits // 8) + RANGE_BYTES for k in out)
-
-
-@DEFENSES.register("topk", "top-k sparsification of the client update (keep a fraction)")
-class TopK(Defense):
-    @dataclass
-    class Params:
-        fraction: float = param(0.1, gt=0, le=1)
-
-    def mods(self) -> list[Any]:
-        return [update_mod(self.transform, topk_wire_bytes)]
-
-    def mechanism(self) -> list[Mechanism]:
-        return [Sparsification(self.params.fraction)]
-
-    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
-        return _rebuild(sent, topk(_deltas(sent, updated), self.params.fraction))
-
-
-@DEFENSES.register("quantize", "k-bit stochastic quantisation of the client update")
-class Quantize(Defense):
-    @dataclass
-    class Params:
-        bits: int = param(4, ge=1, le=16)
-
-    def mods(self) -> list[Any]:
-        return [
-            update_mod(self.transform, lambda _, out: quantized_wire_bytes(out, self.params.bits))
-        ]
-
-    def mechanism(self) -> list[Mechanism]:
-        return [Quantisation(self.params.bits)]
-
-    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
-        key = [
-            self.cfg["seed"],
-            int(config["partition-id"]),
-            int(config.get("server-round", 0)),
-            11,
-        ]
-        rng = np.random.default_rng(key)
-        return _rebuild(sent, quantize(_deltas(sent, updated), self.params.bits, rng))

@@ -10,8 +10,10 @@ helpers and the Fisher live in ``clients/training.py``.
   same-size ablations) to the other sign with a magnitude the tensor already has (``flip:
   sampled``; ``extreme`` pins them at the tensor's min / max, which a defense-aware attacker finds
   and zeroes: docs/methods/filosofer.md), LoRA adapters in the TEE recover the user's accuracy;
-- ``shield-last-layer``: DarkneTZ-style, the last layer runs in the TEE and is withheld;
-- ``whole-model-tee``: the whole model in the TEE, the attacker is black-box.
+- ``shield-last-layer`` (``shield_last_layer.py``): DarkneTZ-style, the last layer runs in the TEE
+  and is withheld;
+- ``whole-model-tee`` (``whole_model_tee.py``): the whole model in the TEE, the attacker is
+  black-box.
 """
 
 from __future__ import annotations
@@ -341,13 +343,3 @@ class Filosofer(ModelRelease):
         return release(victim, p.mask, owner_x, owner_y, fisher, p.rho, p.rank, p.cross_layer,
                        p.entropy_steps, p.distill_epochs, p.fisher_chunks, seed, p.flip,
                        p.flip_low)  # fmt: skip
-
-
-@DEFENSES.register("shield-last-layer", "DarkneTZ-style: the last layer in the TEE, withheld")
-class ShieldLastLayer(ModelRelease):
-    scheme = "shield-last-layer"
-
-
-@DEFENSES.register("whole-model-tee", "the whole model in the TEE: the attacker is black-box")
-class WholeModelTee(ModelRelease):
-    scheme = "whole-model"

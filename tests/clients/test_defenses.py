@@ -197,11 +197,13 @@ def test_defenses_publish_their_public_mechanism():
         Sparsification,
         WeightFlipping,
     )
-    from flowerbed.clients.defenses.compression import Quantize, TopK
+    from flowerbed.clients.defenses.central_dp import CentralDp
     from flowerbed.clients.defenses.dp_sgd import DpSgd
     from flowerbed.clients.defenses.filosofer import Filosofer
-    from flowerbed.clients.defenses.flower_dp import CentralDp, LocalDp
+    from flowerbed.clients.defenses.local_dp import LocalDp
+    from flowerbed.clients.defenses.quantize import Quantize
     from flowerbed.clients.defenses.secagg import SecAgg
+    from flowerbed.clients.defenses.topk import TopK
 
     cfg = {"seed": 0}
     assert TopK(cfg, {"fraction": 0.2}).mechanism() == [Sparsification(0.2)]
