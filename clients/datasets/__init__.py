@@ -2,6 +2,9 @@
 
 Every dataset returns a :class:`Table`: train and test frames with the same columns and a schema
 saying which columns are numeric, which categorical (with their vocabularies) and which is the label.
+Each dataset is registered in a module named after it (``adult.py``, ``german.py``, ``csv.py``,
+``breast_cancer.py``, ``wine.py``, ``iris.py``); this module holds the registry, the table types
+and what they share (cleaning, the fixed stratified split, the scikit-learn loader, the cache).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from flowerbed.clients.core.errors import ConfigError
@@ -76,78 +78,14 @@ def infer_schema(
     return TableSchema(tuple(numeric), tuple(categorical), categories, label, classes)
 
 
-def _clean(frame: pd.DataFrame, schema_cols: list[str], numeric: list[str], source: str):
+def clean_frame(frame: pd.DataFrame, schema_cols: list[str], numeric: list[str], source: str):
     for col in numeric:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     bad = frame[schema_cols].isna().any(axis=1)
     return frame.loc[~bad].reset_index(drop=True), int(bad.sum())
 
 
-# ---------------------------------------------------------------------------------------------
-ADULT_COLUMNS = [
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-    "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week",
-    "native-country", "income",
-]  # fmt: skip
-ADULT_NUMERIC = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
-
-
-@DATASETS.register("adult", "UCI Adult census income (32,561 train / 16,281 test rows), bundled")
-class AdultDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return _adult()
-
-
-@functools.lru_cache(maxsize=1)
-def _adult() -> Table:
-    def read(name: str, skip: int) -> pd.DataFrame:
-        frame = pd.read_csv(
-            data_dir() / name, header=None, names=ADULT_COLUMNS, skiprows=skip,
-            skipinitialspace=True, na_values="?", dtype=str,
-        )  # fmt: skip
-        frame["income"] = frame["income"].str.rstrip(".")
-        return _clean(frame, ADULT_COLUMNS, ADULT_NUMERIC, name)[0]
-
-    train, test = read("adult.data.gz", 0), read("adult.test.gz", 1)
-    categorical = [c for c in ADULT_COLUMNS[:-1] if c not in ADULT_NUMERIC]
-    schema = infer_schema(train, "income", ADULT_NUMERIC, categorical)
-    for col in categorical:  # drop test rows with categories the training split never saw
-        test = test[test[col].isin(schema.categories[col])]
-    return Table(train, test.reset_index(drop=True), schema)
-
-
-GERMAN_COLUMNS = [
-    "checking", "duration", "credit-history", "purpose", "credit-amount", "savings", "employment",
-    "installment-rate", "personal-status", "other-debtors", "residence-since", "property", "age",
-    "other-installments", "housing", "existing-credits", "job", "dependents", "telephone",
-    "foreign-worker", "credit",
-]  # fmt: skip
-GERMAN_NUMERIC = [
-    "duration", "credit-amount", "installment-rate", "residence-since", "age",
-    "existing-credits", "dependents",
-]  # fmt: skip
-
-
-@DATASETS.register("german", "UCI Statlog German Credit (1,000 rows, 7 numeric + 13 categorical)")
-class GermanDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return _split(_german(), cfg)
-
-
-@functools.lru_cache(maxsize=1)
-def _german() -> tuple[pd.DataFrame, TableSchema]:
-    frame = pd.read_csv(
-        data_dir() / "german.data.gz", header=None, names=GERMAN_COLUMNS, sep=r"\s+", dtype=str
-    )
-    frame["credit"] = frame["credit"].map({"1": "good", "2": "bad"})
-    frame = _clean(frame, GERMAN_COLUMNS, GERMAN_NUMERIC, "german")[0]
-    categorical = [c for c in GERMAN_COLUMNS[:-1] if c not in GERMAN_NUMERIC]
-    return frame, infer_schema(frame, "credit", GERMAN_NUMERIC, categorical)
-
-
-def _split(data: tuple[pd.DataFrame, TableSchema], cfg: dict[str, Any]) -> Table:
+def split_table(data: tuple[pd.DataFrame, TableSchema], cfg: dict[str, Any]) -> Table:
     """A fixed (seed 0) stratified train/test split: the test set never depends on the run seed."""
     from sklearn.model_selection import train_test_split
 
@@ -186,7 +124,7 @@ def check_classes(labels: pd.Series, label: str, source: str) -> None:
         )
 
 
-def _sklearn_table(loader_name: str) -> tuple[pd.DataFrame, TableSchema]:
+def sklearn_table(loader_name: str) -> tuple[pd.DataFrame, TableSchema]:
     import sklearn.datasets as skd
 
     bunch = getattr(skd, loader_name)(as_frame=True)
@@ -195,59 +133,6 @@ def _sklearn_table(loader_name: str) -> tuple[pd.DataFrame, TableSchema]:
     numeric = [c for c in frame.columns if c != "target"]
     frame[numeric] = frame[numeric].astype("float64")
     return frame, infer_schema(frame, "target", numeric, [])
-
-
-for _name, _loader, _desc in [
-    ("breast-cancer", "load_breast_cancer", "scikit-learn breast cancer (569 rows, 30 numeric)"),
-    ("wine", "load_wine", "scikit-learn wine (178 rows, 13 numeric, 3 classes)"),
-    ("iris", "load_iris", "scikit-learn iris (150 rows, 4 numeric, 3 classes)"),
-]:
-
-    def _make(loader: str = _loader) -> type:
-        class SklearnDataset:
-            @staticmethod
-            def load(cfg: dict[str, Any]) -> Table:
-                return _split(_sklearn_table(loader), cfg)
-
-        return SklearnDataset
-
-    DATASETS.register(_name, _desc)(_make())
-
-
-@DATASETS.register("csv", "any CSV file with a declared schema (dataset.path/label/numeric/...)")
-class CsvDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        path = cfg.get("path")
-        if not path:
-            raise ConfigError("dataset 'csv' needs dataset.path (a CSV file with a header row)")
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"dataset file not found: {path}")
-        label, numeric, categorical = cfg.get("label"), cfg.get("numeric"), cfg.get("categorical")
-        if not label:
-            raise ConfigError("dataset 'csv' needs dataset.label (the name of the label column)")
-        frame = read_csv_table(path)
-        columns = [*numeric, *categorical, label]
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise ConfigError(
-                f"column '{missing[0]}' not in {path.name} (columns: {', '.join(frame.columns)})"
-            )
-        for col in numeric:
-            values = pd.to_numeric(frame[col], errors="coerce")
-            if values.isna().any() or not np.isfinite(values).all():
-                row = int(np.flatnonzero(values.isna() | ~np.isfinite(values))[0]) + 2
-                raise ConfigError(f"{path.name}: NaN or non-numeric value in '{col}' (line {row})")
-            frame[col] = values.astype("float64")
-        if frame[[*categorical, label]].isna().any().any():
-            col = next(c for c in [*categorical, label] if frame[c].isna().any())
-            row = int(np.flatnonzero(frame[col].isna())[0]) + 2
-            raise ConfigError(
-                f"{path.name}: empty value in categorical column '{col}' (line {row})"
-            )
-        frame = frame[columns]
-        return _split((frame, infer_schema(frame, label, list(numeric), list(categorical))), cfg)
 
 
 def read_csv_table(path: Path) -> pd.DataFrame:

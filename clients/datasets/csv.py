@@ -1,0 +1,56 @@
+"""``csv``: any CSV file with a declared schema (``dataset.path``, ``label``, ``numeric``, ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.datasets import (
+    DATASETS,
+    Table,
+    infer_schema,
+    read_csv_table,
+    split_table,
+)
+
+
+@DATASETS.register("csv", "any CSV file with a declared schema (dataset.path/label/numeric/...)")
+class CsvDataset:
+    @staticmethod
+    def load(cfg: dict[str, Any]) -> Table:
+        path = cfg.get("path")
+        if not path:
+            raise ConfigError("dataset 'csv' needs dataset.path (a CSV file with a header row)")
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"dataset file not found: {path}")
+        label, numeric, categorical = cfg.get("label"), cfg.get("numeric"), cfg.get("categorical")
+        if not label:
+            raise ConfigError("dataset 'csv' needs dataset.label (the name of the label column)")
+        frame = read_csv_table(path)
+        columns = [*numeric, *categorical, label]
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise ConfigError(
+                f"column '{missing[0]}' not in {path.name} (columns: {', '.join(frame.columns)})"
+            )
+        for col in numeric:
+            values = pd.to_numeric(frame[col], errors="coerce")
+            if values.isna().any() or not np.isfinite(values).all():
+                row = int(np.flatnonzero(values.isna() | ~np.isfinite(values))[0]) + 2
+                raise ConfigError(f"{path.name}: NaN or non-numeric value in '{col}' (line {row})")
+            frame[col] = values.astype("float64")
+        if frame[[*categorical, label]].isna().any().any():
+            col = next(c for c in [*categorical, label] if frame[c].isna().any())
+            row = int(np.flatnonzero(frame[col].isna())[0]) + 2
+            raise ConfigError(
+                f"{path.name}: empty value in categorical column '{col}' (line {row})"
+            )
+        frame = frame[columns]
+        return split_table(
+            (frame, infer_schema(frame, label, list(numeric), list(categorical))), cfg
+        )
