@@ -15,7 +15,7 @@ benchmarks/filosofer.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,8 @@ from torch import nn
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.prior import advantage
-from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import build_defenses
@@ -236,11 +237,14 @@ class StealingObserver(StrategyWrapper):
     "model-stealing", "fine-tune the exposed weights on a fraction q of the data (vs black-box)"
 )
 class ModelStealing:
+    #: the clients' pooled Fisher of the final model (``fisher.*`` arrays): ``filosofer``
+    needs = frozenset({Capability.MODEL_RELEASE})
+
     @dataclass
     class Params:
-        q: float = 0.05
-        lrs: list[float] = field(default_factory=lambda: [0.0, 1e-3, 1e-2])
-        steps: int = 150
+        q: float = param(0.05, gt=0, le=1)
+        lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
+        steps: int = param(150, ge=1)
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
@@ -248,10 +252,5 @@ class ModelStealing:
 
     @classmethod
     def checked_params(cls, cfg: dict[str, Any]) -> Any:
-        name = cfg["attack"]["name"]
-        if cfg["workload"]["name"] != "filosofer":
-            raise ConfigError(f"attack '{name}' needs workload 'filosofer' (Fisher arrays)")
-        params = cls.Params(**cfg["attack"]["params"])
-        if not 0 < params.q <= 1:
-            raise ConfigError(f"{name}.q must be in (0, 1]")
-        return params
+        """The typed params (the workload and ``q`` are checked when the config is resolved)."""
+        return cls.Params(**cfg["attack"]["params"])
