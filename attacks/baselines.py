@@ -27,7 +27,7 @@ budget):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.observer import AttackObserver
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.workloads import WORKLOADS
 
 DLG = InversionConfig(objective="l2", cat_param="raw", latents="joint", restarts=1, lr=0.05, label_recovery=False,
@@ -84,13 +85,16 @@ def random_reconstruction(know: Knowledge, batch: int, marginals: Any, seed: int
     return rec
 
 
+Latents = choices("Latents", ("fixed", "joint"))
+
+
 @dataclass
 class BaselineParams:
-    target_clients: list[int] = field(default_factory=lambda: [0])
-    restarts: int = 1
-    iterations: int = 400
-    latents: str = "joint"  # tabular diffusion only: fixed | joint
-    rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
+    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+    restarts: int = param(1, ge=1)
+    iterations: int = param(400, ge=1)
+    latents: Latents = Latents("joint")  # tabular diffusion only: fixed | joint
+    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
 
 
 ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})
@@ -172,8 +176,8 @@ class AnalyticFirstLayer:
 
     @dataclass
     class Params:
-        target_clients: list[int] = field(default_factory=lambda: [0])
-        rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
+        target_clients: list[int] = param(factory=lambda: [0], ge=0)
+        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:

@@ -14,7 +14,7 @@ variables), ``closed_forms``, ``optimisation`` (the engine), ``aggregation`` (mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flowerbed.attacks import ATTACKS
@@ -41,6 +41,7 @@ from flowerbed.attacks.goliath.optimisation import invert
 from flowerbed.attacks.goliath.scoring import TruthScorer
 from flowerbed.attacks.observer import AttackObserver
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 
 __all__ = [
     "GOLIATH", "InversionConfig", "Knowledge", "Reconstruction", "TabularInversion",
@@ -56,12 +57,12 @@ class Goliath:
 
     @dataclass
     class Params:
-        target_clients: list[int] = field(default_factory=lambda: [0])
-        restarts: int = 4
-        iterations: int = 400
-        cycles: int = 4
+        target_clients: list[int] = param(factory=lambda: [0], ge=0)
+        restarts: int = param(4, ge=1)
+        iterations: int = param(400, ge=1)
+        cycles: int = param(4, ge=1)
         aggregate_rounds: bool = True
-        rounds: list[int] = field(default_factory=list)  # attacked rounds; empty = every round
+        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
 
     config = GOLIATH
 

@@ -35,12 +35,16 @@ RULE_KEY = "flowerbed.rule"
 
 @dataclass(frozen=True)
 class Rule:
-    """Bounds on a number (``None`` = unbounded); ``None`` values pass (optional fields)."""
+    """Bounds on a number (``None`` = unbounded); ``None`` values pass (optional fields).
+
+    ``check`` is a rule on any value (a name among those registered at run time, a mapping's
+    shape): it returns ``None`` when the value is fine, else what is wrong and what is allowed."""
 
     gt: float | None = None
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    check: Callable[[Any], str | None] | None = dataclasses.field(default=None, compare=False)
 
     def holds(self, value: float) -> bool:
         if isinstance(value, float) and math.isnan(value):
@@ -76,9 +80,11 @@ def param(
     ge: float | None = None,
     lt: float | None = None,
     le: float | None = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
-    """A dataclass field with a numeric rule (applied to each element of a list value)."""
-    metadata = {RULE_KEY: Rule(gt=gt, ge=ge, lt=lt, le=le)}
+    """A dataclass field with a numeric rule (applied to each element of a list value) and/or a
+    ``check`` of the whole value (returns ``None`` or the problem, with the allowed values)."""
+    metadata = {RULE_KEY: Rule(gt=gt, ge=ge, lt=lt, le=le, check=check)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -147,6 +153,9 @@ def check_rules(obj: Any, where: str) -> None:
         rule = f.metadata.get(RULE_KEY)
         if rule is None or value is None:
             continue
+        problem = rule.check(value) if rule.check is not None else None
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
         many = isinstance(value, list | tuple)
         for item in value if many else [value]:
             if isinstance(item, int | float) and not rule.holds(item):

@@ -313,7 +313,7 @@ class ACVGraph(Workload):
         p: int = param(20, ge=2)
         samples_per_client: int = param(60, ge=2)
         graph: GraphKind = GraphKind("chain")
-        strength: float = 0.45
+        strength: float = param(0.45, gt=0)
         num_lambdas: int = param(30, ge=1)
         n_splits: int = param(20, ge=2)
         criterion: Criterion = Criterion("acv")

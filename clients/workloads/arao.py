@@ -517,7 +517,7 @@ class ARAO(Workload):
         n_test: int = param(300, ge=1)
         n_attack: int = param(40, ge=1)
         label_noise: float = param(0.05, ge=0, lt=1)
-        vulnerable_axis: int = EUPHEMISM
+        vulnerable_axis: int = param(EUPHEMISM, ge=0, lt=K)  # index into AXES
         train_rounds: int = param(1, ge=1)
         repair: Repair = Repair("targeted")  # targeted | untargeted | none
 

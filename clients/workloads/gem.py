@@ -195,7 +195,8 @@ class LMConfig:
     weight_decay: float = param(0.01, ge=0)
     gem_lambda: float = param(0.03, ge=0)  # 0 = the standard-training arm
     detach_p: bool = True
-    target_layer: int = -1  # -1: final state after LN_f; l in 1..layers-1: LN_f(residual l)
+    # -1: final state after LN_f; l in 1..layers-1: LN_f(residual l) (checked against layers)
+    target_layer: int = param(-1, ge=-1)
     warmup_steps: int = param(0, ge=0)
     emb_std: float = param(
         1.0, gt=0

@@ -72,3 +72,71 @@ def test_defaults_change_only_the_default_of_an_inherited_field():
     assert validate_structured(Federated, {"rounds": 2}, "p") == Federated(rounds=2)
     with pytest.raises(TypeError, match="bogus"):
         defaults(bogus=1)(type("Bad", (Params,), {}))
+
+
+def test_a_check_rule_names_the_problem_on_one_line():
+    @dataclass
+    class Named:
+        name: str = param("a", check=lambda v: None if v in ("a", "b") else "allowed: a, b")
+
+    assert validate_structured(Named, {"name": "b"}, "p").name == "b"
+    with pytest.raises(ConfigError, match=r"^p\.name: allowed: a, b$"):
+        validate_structured(Named, {"name": "c"}, "p")
+
+
+#: fields without a rule yet, in code other branches are changing now: routing's data-source
+#: fields (clients/workloads/routing.py, being split) and the F-CMs schedule (checked against the
+#: task when the workload is built). Each one given a rule must leave this list.
+PENDING_RULES = {
+    ("workloads", "fcm", "schedule"),
+    *{
+        ("workloads", routing, name)
+        for routing in ("routing-mlp", "routing-kmeans")
+        for name in (
+            "exclude_models",
+            "table_path",
+            "model_columns",
+            "prices",
+            "prompt_column",
+            "topic_column",
+            "encoder",
+        )  # fmt: skip
+    },
+}
+
+
+def _ruled(field, hint) -> bool:  # noqa: ANN001
+    """A range or check rule (``param``), a choices enum, a bool, or a list of choices."""
+    import enum
+    import typing
+
+    from flowerbed.clients.core.params import RULE_KEY
+
+    if RULE_KEY in field.metadata or hint is bool:
+        return True
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return True
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is list and all(
+        isinstance(a, type) and issubclass(a, enum.Enum) for a in args
+    )
+
+
+def test_every_params_field_of_every_component_has_a_rule():
+    import typing
+
+    from flowerbed.server.experiment import COMPONENTS
+
+    unruled, count = set(), 0
+    for kind in ("workloads", "datasets", "strategies", "attacks", "defenses"):
+        registry = getattr(COMPONENTS, kind)
+        for name, cls in registry.items():
+            if not registry.is_builtin(name):
+                continue
+            hints = typing.get_type_hints(cls.Params)
+            for field in fields(cls.Params):
+                count += 1
+                if not _ruled(field, hints[field.name]):
+                    unruled.add((kind, name, field.name))
+    assert count > 300
+    assert unruled == PENDING_RULES, "Params fields without a rule (or given one: remove)"
