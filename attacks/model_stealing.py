@@ -39,6 +39,7 @@ from flowerbed.clients.training import (
     make_mlp,
     output_entropy,
 )
+from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack
 
 
@@ -173,8 +174,8 @@ def attack_release(
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
     torch.set_num_threads(1)
-    hidden = list(cfg["workload"]["params"]["hidden"])
-    split = digits_split(cfg["seed"], cfg["workload"]["params"]["train_size"])
+    setup = WORKLOADS.get(cfg["workload"]["name"])(cfg).release_setup()  # model-release
+    hidden, split = setup.hidden, setup.split
     victim = load_state(state, hidden)
     seed = client_seed(cfg["seed"], 0, cfg["rounds"], salt=16)
     rel = release_with(cfg, victim, split.x_train, split.y_train, fisher or None, seed)

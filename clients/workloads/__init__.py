@@ -240,6 +240,10 @@ class Workload:
             raise TypeError(f"workload '{self.registry_name}' params do not extend {kind.__name__}")
         return kind(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(kind)})
 
+    def release_setup(self) -> Any:
+        """The model-release contract (``Capability.MODEL_RELEASE``): a ``ReleaseSetup``."""
+        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-release")
+
     def model_loss(self) -> ModelLoss:
         """The model-loss contract (``Capability.MODEL_LOSS``): public knowledge only."""
         raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-loss")

@@ -111,6 +111,16 @@ def unpack(arrays: ArrayRecord) -> tuple[dict[str, torch.Tensor], dict[str, torc
     return state, fisher
 
 
+@dataclass(frozen=True)
+class ReleaseSetup:
+    """What a model-release attack knows of the victim: its hidden widths (the architecture is
+    ``make_mlp``) and the data split (the owner's training pool, the attacker's share, the test
+    set)."""
+
+    hidden: list[int]
+    split: Split
+
+
 @WORKLOADS.register(
     "filosofer",
     "victim MLP on digits by FedAvg; clients also return the Fisher diagonal (FILOsofer defense)",
@@ -139,6 +149,10 @@ class Filosofer(Workload):
 
     def _model(self) -> nn.Sequential:
         return make_mlp(hidden=list(self.params.hidden))
+
+    def release_setup(self) -> ReleaseSetup:
+        """The ``model-release`` contract: the victim's widths and the digits split."""
+        return ReleaseSetup(list(self.params.hidden), self.split)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> Shard:
         return Shard(
