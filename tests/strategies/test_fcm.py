@@ -124,3 +124,18 @@ def test_restart_expansion_reinitialises_everything() -> None:
     params, _ = strategy.aggregate_replies(1, [(start, metrics)])
     assert "concept.b_pos.weight" in params
     assert not np.array_equal(params["enc.0.weight"], start["enc.0.weight"])
+
+
+def test_the_strategy_gets_its_params_and_the_concept_models_spec_typed() -> None:
+    from flowerbed.server.experiment import load_experiment
+    from flowerbed.strategies.context import build_strategy
+
+    cfg = load_experiment(
+        "fcm-trig-evolving",
+        ["engine=inline", "seed=3", "strategy.params.expansion=restart",
+         "strategy.params.aggregation=fedavg"],
+    )  # fmt: skip
+    workload = FCM(cfg)
+    strategy = build_strategy(cfg, workload)
+    assert strategy.spec is workload.spec and strategy.seed == 3
+    assert (strategy.aggregation, strategy.expansion) == ("fedavg", "restart")

@@ -134,3 +134,18 @@ def test_model_no_client_evaluated_keeps_its_prior_head_through_flower() -> None
         np.testing.assert_array_equal(fed[2][key][10], fed[0][key][10])
         assert np.abs(plain[2][key][10] - plain[0][key][10]).max() > 1e-4
         assert np.abs(fed[2][key][:10] - fed[0][key][:10]).max() > 1e-4  # others learned
+
+
+def test_fed_kmeans_gets_its_params_and_the_workloads_tables_config_typed() -> None:
+    """build(params, context): the strategy's own Params, and KMeansConfig through the
+    routing workload's contract (values of the workload, not KMeansConfig's defaults)."""
+    cfg = load_experiment(
+        "routing-synthetic-kmeans",
+        [*SMALL, "workload.params.clusters=7", "workload.params.shrinkage=2.5",
+         "workload.params.temperature=0.2", "strategy.params.init_iters=3", "seed=4"],
+    )  # fmt: skip
+    strategy = build_strategy(cfg, WORKLOADS.get("routing-kmeans")(cfg))
+    assert type(strategy.tables) is KMeansConfig
+    assert (strategy.tables.clusters, strategy.tables.shrinkage) == (7, 2.5)
+    assert strategy.tables.temperature == 0.2 and strategy.tables.init_iters == 10
+    assert (strategy.init_iters, strategy.seed) == (3, 4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -54,3 +55,17 @@ def test_fixed_k_stays_with_the_server() -> None:
     arrays, _ = _round(False)
     k = k_from_raw(torch.from_numpy(arrays["k_raw"].numpy()))
     assert torch.allclose(k, torch.tensor(1.5), atol=1e-5)
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+def test_the_strategy_reads_learnable_k_from_the_workloads_diffusion_spec(learnable: bool) -> None:
+    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.server.experiment import load_experiment
+    from flowerbed.strategies.context import build_strategy
+
+    cfg = load_experiment(
+        "tabdiff-adult-gaussian",
+        ["engine=inline", "clients.num=3", "dataset.max_rows=300",
+         f"workload.params.learnable_k={str(learnable).lower()}"],
+    )  # fmt: skip
+    assert build_strategy(cfg, WORKLOADS.get("tabdiff")(cfg)).learnable_k is learnable
