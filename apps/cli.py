@@ -35,7 +35,7 @@ out = Console()
 
 KINDS = ("experiments", "workloads", "strategies", "attacks", "defenses", "datasets", "engines")
 #: kinds listed with the workloads they run on
-ATTACHED = ("attacks", "defenses")
+ATTACHED = ("attacks", "defenses", "strategies")  # kinds listed with the workloads they run on
 #: frames of an internal error's traceback that are printed (the innermost ones)
 TRACEBACK_FRAMES = 8
 
@@ -454,7 +454,7 @@ def list_(
         elif name == "engines":
             for engine_name, (_, _, help_text) in ENGINES.items():
                 table.add_row(engine_name, help_text)
-        else:  # attacks and defenses with the workloads each one runs on; every entry's origin
+        else:  # strategies, attacks, defenses with the workloads each runs on; every origin
             registry = registries[name]
             for entry, cls in registry.items():
                 runs_on = [_runs_on(cls, COMPONENTS.workloads)] if name in ATTACHED else []

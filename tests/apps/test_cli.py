@@ -384,6 +384,18 @@ def test_list_attacks_shows_the_workloads_each_runs_on():
     assert "digits-classifier, tabular-mlp" in rows["analytic-fc"]
 
 
+def test_list_strategies_shows_the_workloads_each_runs_on():
+    result = runner.invoke(app, ["list", "strategies"])
+    assert result.exit_code == 0
+    rows = {}
+    for line in result.output.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == 3 and cells[0]:
+            rows[cells[0]] = cells[2]
+    assert rows["fcm"] == "on: fcm" and rows["fed-kmeans"] == "on: routing-kmeans"
+    assert rows["fed-mlp"] == "on: routing-mlp" and rows["fedavg"] == "on: any workload"
+
+
 def test_list_kinds():
     result = runner.invoke(app, ["list", "workloads"])
     assert result.exit_code == 0 and "tabular-mlp" in result.output
