@@ -94,7 +94,9 @@ class BaselineParams:
     restarts: int = param(1, ge=1)
     iterations: int = param(400, ge=1)
     latents: Latents = Latents("joint")  # tabular diffusion only: fixed | joint
-    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+    rounds: list[int] = param(
+        factory=list, ge=0
+    )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
 
 ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})
@@ -177,7 +179,9 @@ class AnalyticFirstLayer:
     @dataclass
     class Params:
         target_clients: list[int] = param(factory=lambda: [0], ge=0)
-        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+        rounds: list[int] = param(
+            factory=list, ge=0
+        )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:

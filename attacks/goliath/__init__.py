@@ -62,7 +62,9 @@ class Goliath:
         iterations: int = param(400, ge=1)
         cycles: int = param(4, ge=1)
         aggregate_rounds: bool = True
-        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+        rounds: list[int] = param(
+            factory=list, ge=0
+        )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
     config = GOLIATH
 
