@@ -165,8 +165,9 @@ def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     arrays = {
         "x_train": encoder.transform(table.train).astype(np.float32),
         "x_test": np.ascontiguousarray(encoder.transform(table.test).astype(np.float32)),
-        "y_train": table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64),
-        "y_test": table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64),
+        # pandas hands out read-only views: copies, which torch may wrap
+        "y_train": table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64).copy(),
+        "y_test": table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64).copy(),
         "mean": encoder.mean, "scale": encoder.scale,
     }  # fmt: skip
     meta = {
