@@ -46,6 +46,8 @@ from flwr.supercore import log
 from flwr.supercore.constant import ExecutorType, TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, SubprocessExecutor
 
+from flowerbed.clients.core.diskcache import CACHE_ENV
+
 #: what the zygote imports before it forks: Flower's ClientApp runtime, torch, flowerbed's
 #: ClientApp and the quickstart's workload (``--warm-module`` adds more)
 WARM_MODULES = (
@@ -104,6 +106,8 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
     reader = sock.makefile("r", encoding="utf-8")
     sock.sendall(b'{"ready": true}\n')
 
+    to_prepare: list[list[Any]] = []
+
     def read_notes() -> None:
         while True:
             try:
@@ -112,14 +116,16 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
                 return
             if kind == "done":
                 done.add(int(args[0]))
-            elif runtime is not None:
-                _prepare(runtime, args)
+            elif runtime is not None and args not in to_prepare:
+                to_prepare.append(args)
 
     while True:
         ready, _, _ = select.select([sock, notes], [], [], 0.5)
         read_notes()
         _reap(children, done, read_notes)
         if sock not in ready:
+            if to_prepare:  # nothing waits for a fork: build what later children will need
+                _prepare(runtime, to_prepare.pop(0))
             continue
         line = reader.readline()
         if not line:
@@ -522,6 +528,9 @@ def run(flower_args: Sequence[str], modules: Sequence[str] = WARM_MODULES) -> No
     from flwr.supercore.cli.flower_superexec import flower_superexec
 
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
+    from flwr.supercore.utils import get_flwr_home
+
+    os.environ.setdefault(CACHE_ENV, str(get_flwr_home() / "flowerbed-cache"))
     original = flower_run.get_executor
 
     def get_executor(executor_type: ExecutorType, *args: Any, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ interpreter per message), then splits each message's life on each node into the 
 
     python benchmarks/deployment_profile.py --nodes 2 --rounds 3
     python benchmarks/deployment_profile.py --quick      # 2 SuperNodes, 2 rounds
+    python benchmarks/deployment_profile.py --nodes 8 --rounds 2 --kinds warm
 
 DEBUG logging adds a little to every phase (the SuperExec's task polls are logged too).
 """
@@ -47,6 +48,7 @@ PHASES = {
     "push": "SuperNode pushes the reply to the SuperLink",
     "wait": "until the SuperNode's next pull finds the next message (it sleeps 3 s when none)",
 }
+NAMES = {"flower": "Flower's SuperExec", "warm": "flowerbed superexec"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
@@ -114,19 +116,20 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 SuperNodes, 2 rounds")
+    parser.add_argument(
+        "--kinds", nargs="+", choices=list(NAMES), default=list(NAMES), help="SuperExecs to profile"
+    )
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.rounds = 2, 2
     work = Path(tempfile.mkdtemp(prefix="fb-profile-"))
-    rows = {kind: profile(kind, args.nodes, args.rounds, work) for kind in ("flower", "warm")}
+    rows = {kind: profile(kind, args.nodes, args.rounds, work) for kind in args.kinds}
     print(f"{args.nodes} SuperNodes, {args.rounds} rounds, load avg {psutil.getloadavg()[0]:.1f}")
-    print("| phase (per message, median s) | Flower's SuperExec | flowerbed superexec |")
-    print("|---|---|---|")
+    print("| phase (per message, median s) | " + " | ".join(NAMES[k] for k in rows) + " |")
+    print("|---|" + "---|" * len(rows))
     for phase, what in PHASES.items():
-        print(
-            f"| {phase}: {what} | {rows['flower'][0][phase]:.2f} | {rows['warm'][0][phase]:.2f} |"
-        )
-    print(f"| **round (ServerApp, median)** | {rows['flower'][1]:.2f} | {rows['warm'][1]:.2f} |")
+        print(f"| {phase}: {what} | " + " | ".join(f"{r[0][phase]:.2f}" for r in rows.values()) + " |")  # fmt: skip
+    print("| **round (ServerApp, median)** | " + " | ".join(f"{r[1]:.2f}" for r in rows.values()) + " |")  # fmt: skip
 
 
 if __name__ == "__main__":

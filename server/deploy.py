@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from flowerbed.clients.core.diskcache import CACHE_ENV
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.processes import (
     bin_path,
@@ -317,6 +318,21 @@ def _alive(state: dict[str, Any]) -> dict[str, bool]:
     return {name: is_same_process(ident) for name, ident in state["processes"].items()}
 
 
+def flwr_home(directory: Path) -> Path:
+    """The ``$FLWR_HOME`` every process of the federation in ``directory`` shares."""
+    return Path(directory).resolve() / "flwr"
+
+
+def _federation_env(directory: Path) -> dict[str, str]:
+    """The environment of the federation's processes: one ``$FLWR_HOME`` (installed FABs), one
+    machine cache for what every node derives alike (``clients/core/diskcache.py``)."""
+    env = flower_env(directory)
+    env["FLWR_HOME"] = str(flwr_home(directory))
+    env["FLOWERBED_WORKSPACE"] = str(directory / "serverapp")
+    env[CACHE_ENV] = str(flwr_home(directory) / "flowerbed-cache")
+    return env
+
+
 def up(
     nodes: int,
     directory: Path,
@@ -353,9 +369,7 @@ def up(
         "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)],
         "processes": {}, "superexec": superexec,
     }  # fmt: skip
-    env = flower_env(directory)
-    env["FLWR_HOME"] = str(directory / "flwr")
-    env["FLOWERBED_WORKSPACE"] = str(directory / "serverapp")
+    env = _federation_env(directory)
     certs, keys = directory / "certs", directory / "keys"
     if not insecure:
         ensure_credentials(certs, keys, nodes)
@@ -393,9 +407,7 @@ def restart_superlink(directory: Path) -> dict[str, Any]:
     state = load_state(directory)
     if is_same_process(state["processes"]["superlink"]):
         raise ConfigError(f"the SuperLink of {directory} is still running")
-    env = flower_env(directory)
-    env["FLWR_HOME"] = str(directory / "flwr")
-    env["FLOWERBED_WORKSPACE"] = str(directory / "serverapp")
+    env = _federation_env(directory)
     state["processes"]["superlink"] = _spawn(
         superlink_command(state), env, directory / "superlink.log"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,12 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from flowerbed.clients import datasets as datasets_module
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.diskcache import cached_arrays
+from flowerbed.clients.core.files import referenced_files
 from flowerbed.clients.core.params import choices, param
-from flowerbed.clients.datasets import Table, TableSchema, dataset_key, table_from_key
+from flowerbed.clients.datasets import Table, TableSchema, data_dir, dataset_key, table_from_key
 from flowerbed.clients.model_loss import (
     OPTIMIZERS,
     PROTOCOLS,
@@ -42,19 +46,28 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 
 @dataclass
 class EncodedTable:
-    """A table in model space, and the agreed encoder (fitted on the train split once)."""
+    """A table in model space, and the agreed encoder (fitted on the train split once).
+
+    The source table is read only when something asks for it (:attr:`table`): the arrays, the
+    schema and the encoder may come from the machine's disk cache (``clients/core/diskcache.py``).
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
-    table: Table
+    schema: TableSchema
     encoder: TableEncoder
+    key: str
+
+    @property
+    def table(self) -> Table:
+        return table_from_key(self.key)
 
     @property
     def blocks(self) -> tuple[tuple[int, int], ...]:
         """(start, size) of each categorical one-hot group (numeric columns come first)."""
-        schema, out = self.table.schema, []
+        schema, out = self.schema, []
         start = len(schema.numeric)
         for c in schema.categorical:
             out.append((start, len(schema.categories[c])))
@@ -63,7 +76,7 @@ class EncodedTable:
 
     def decode(self, x: torch.Tensor) -> pd.DataFrame:
         """Model-space rows to original units: numerics unscaled, each one-hot group's argmax."""
-        schema = self.table.schema
+        schema = self.schema
         z = x.detach().reshape(len(x), -1).double().numpy()
         n = len(schema.numeric)
         numeric = z[:, :n] * self.encoder.scale + self.encoder.mean if n else np.zeros((len(z), 0))
@@ -117,16 +130,52 @@ def _encoded(dataset_json: str) -> EncodedTable:
 
 @functools.lru_cache(maxsize=4)
 def _encoded_table(key: str) -> EncodedTable:
+    dataset = json.loads(key)["cfg"]["dataset"]
+    if dataset.get("name") not in DISK_CACHED:  # its content may live outside the key's files
+        arrays, meta = _encode(key)
+    else:
+        depends_on = [*referenced_files({"dataset": dataset}), *_SOURCES, *_bundled(dataset)]
+        arrays, meta = cached_arrays("encoded-table", key, depends_on, lambda: _encode(key))
+    schema = TableSchema(
+        tuple(meta["numeric"]), tuple(meta["categorical"]),
+        {c: tuple(v) for c, v in meta["categories"].items()}, meta["label"], tuple(meta["classes"]),
+    )  # fmt: skip
+    encoder = TableEncoder(schema)
+    encoder.mean, encoder.scale = arrays["mean"], arrays["scale"]
+    return EncodedTable(arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
+                        schema, encoder, key)  # fmt: skip
+
+
+#: datasets whose content is the files their config names or flowerbed's bundled data
+DISK_CACHED = ("adult", "german", "csv")
+#: the code an encoded table depends on
+_SOURCES = (Path(__file__), Path(datasets_module.__file__))
+
+
+def _bundled(dataset: dict[str, Any]) -> list[Path]:
+    name = str(dataset.get("name"))
+    return sorted(data_dir().glob(f"{name}.*")) if name in ("adult", "german") else []
+
+
+def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     table = table_from_key(key)
     schema = table.schema
     encoder = TableEncoder(schema).fit(table.train)
-    x_train = encoder.transform(table.train).astype(np.float32)
-    x_test = encoder.transform(table.test).astype(np.float32)
     classes = list(schema.classes)
-    y_train = table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
-    y_test = table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64)
-    x_test, y_test = np.ascontiguousarray(x_test), y_test.copy()
-    return EncodedTable(x_train, y_train, x_test, y_test, table, encoder)
+    arrays = {
+        "x_train": encoder.transform(table.train).astype(np.float32),
+        "x_test": np.ascontiguousarray(encoder.transform(table.test).astype(np.float32)),
+        # pandas hands out read-only views: copies, which torch may wrap
+        "y_train": table.train[schema.label].astype(str).map(classes.index).to_numpy(np.int64).copy(),
+        "y_test": table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64).copy(),
+        "mean": encoder.mean, "scale": encoder.scale,
+    }  # fmt: skip
+    meta = {
+        "numeric": list(schema.numeric), "categorical": list(schema.categorical),
+        "categories": {c: list(v) for c, v in schema.categories.items()},
+        "label": schema.label, "classes": classes,
+    }  # fmt: skip
+    return arrays, meta
 
 
 def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
@@ -169,7 +218,7 @@ class TabularMLP(ClassifierWorkload):
         self._key = json.dumps(cfg["dataset"], sort_keys=True)
         data = _encoded(self._key)
         self.in_dim = data.x_train.shape[1]
-        self.num_classes = len(data.table.schema.classes)
+        self.num_classes = len(data.schema.classes)
         p = self.params
         self.training = LocalTraining(p.protocol, p.lr, p.batch_size, p.local_epochs, p.optimizer,
                                       p.momentum)  # fmt: skip

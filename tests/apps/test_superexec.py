@@ -17,9 +17,14 @@ from flowerbed.apps.superexec import WarmExecutor, Zygote
 
 
 def record_task(request: dict) -> int:
-    """A zygote task for these tests: write what this process is, or die like a crashing app."""
+    """A zygote task for these tests: write what this process is, or die like a crashing app;
+    ``built``: first tell the zygote to prepare these configs (as a ClientApp that built them)."""
     if request.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
+    for config in request.get("built", []):
+        import flowerbed.clients.runtime as runtime
+
+        runtime.on_built(config, 0, 1)
     out = {"pid": os.getpid(), "random": random.random(), "numpy": numpy.random.random()}
     Path(request["out"]).write_text(json.dumps(out))
     return 0
@@ -196,3 +201,33 @@ def test_a_dead_zygote_is_started_again_from_a_fresh_interpreter(zygote, tmp_pat
     assert "flowerbed.apps.superexec" in " ".join(psutil.Process(zygote.pid).cmdline())
     pid = zygote.request({"out": str(tmp_path / "after.json")})
     assert _wait_for(tmp_path / "after.json")["pid"] == pid
+
+
+def _slow_prepare(path: str, partition_id: int, num_partitions: int) -> None:
+    started = time.time()
+    time.sleep(3.0)
+    Path(path).write_text(json.dumps([started, time.time()]))
+
+
+def test_a_waiting_fork_goes_before_the_next_prepare(tmp_path, monkeypatch):
+    """Two configs to prepare (3 s each) and a fork request arriving during the first: the
+    zygote forks before it starts the second, so the request waits for one build, not two."""
+    import flowerbed.clients.runtime as runtime
+
+    monkeypatch.setattr(runtime, "prepare", _slow_prepare)  # the forked zygote inherits it
+    zygote = Zygote(["numpy"], task="tests.apps.test_superexec:record_task")
+    zygote.start()
+    try:
+        first, second = str(tmp_path / "p1.json"), str(tmp_path / "p2.json")
+        zygote.request({"out": str(tmp_path / "a.json"), "built": [first, second]})
+        _wait_for(tmp_path / "a.json")
+        time.sleep(0.5)  # the zygote is preparing the first config now
+        sent = time.time()
+        zygote.request({"out": str(tmp_path / "c.json")})
+        answered = time.time()
+        _wait_for(tmp_path / "c.json")
+        one, two = _wait_for(Path(first)), _wait_for(Path(second), timeout=60)
+    finally:
+        zygote.close()
+    assert one[0] < sent < one[1], "the request did not arrive during the first build"
+    assert answered < two[1] - 1.5, "the fork request waited for the second build too"

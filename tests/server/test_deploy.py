@@ -109,6 +109,9 @@ def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
         assert "(flowerbed.apps.client_app:app): warm" in log, log[-2000:]
         assert "Start `flwr-clientapp` process" not in log, log[-2000:]
         assert "before it replied" not in log, log[-2000:]  # no child counted as crashed
+    # the encoded table was built once for the whole federation, in its machine cache
+    cache = Path(federation["dir"]) / "flwr" / "flowerbed-cache"
+    assert len(list(cache.glob("encoded-table-*/meta.json"))) == 1
 
 
 def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tmp_path):
