@@ -95,15 +95,22 @@ class ComponentConfig:
 
 @dataclass
 class ClaimConfig:
-    """The preset's headline: ``metric`` (a summary metric) must end above ``above`` (a number, or
-    another summary metric); ``overrides`` are the small settings at which
-    ``tests/test_preset_claims.py`` checks it on the inline engine (empty: ``test`` names the
-    claim test that covers it)."""
+    """The preset's headline: ``metric`` (a summary metric) must end ``above`` or ``below`` a
+    bound (a number, another summary metric, or ``{metric, overrides}``: the metric of the same
+    preset run with those overrides on top, an ablation arm), shifted by ``margin``.
+    ``overrides`` are the small settings at which ``tests/test_preset_claims.py`` checks it on
+    the inline engine (empty: ``test`` names the claim test that covers it); ``page`` is the
+    method page that names the preset and the metric. ``hard`` (a reason) marks a preset whose
+    headline does not hold at its own settings: its page documents it as a hard setting."""
 
     metric: str = ""
-    above: str = ""
+    above: Any = None
+    below: Any = None
+    margin: float = 0.0
     overrides: list[str] = field(default_factory=list)
     test: str = ""
+    page: str = ""
+    hard: str = ""
 
 
 @dataclass

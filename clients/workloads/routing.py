@@ -273,14 +273,37 @@ def make_synthetic_benchmark(params: BenchmarkParams, num_clients: int, alpha: f
 # -- real evaluation tables ----------------------------------------------------------------------
 
 
-def embed_texts(texts: list[str], encoder: str = "tfidf", dim: int = 32, seed: int = 0):
-    """Unit-norm text embeddings: TF-IDF + truncated SVD by default, or any installed
-    ``sentence-transformers`` model (a name or local path) for ``encoder``."""
-    if encoder == "tfidf":
-        from sklearn.decomposition import TruncatedSVD
-        from sklearn.feature_extraction.text import TfidfVectorizer
+#: built-in text encoders (anything else names a sentence-transformers model)
+TFIDF_ENCODERS = ("tfidf", "tfidf-ngrams")
 
-        tfidf = TfidfVectorizer(sublinear_tf=True).fit_transform(texts)
+
+def _tfidf(texts: list[str], encoder: str):
+    """Sparse TF-IDF rows. ``tfidf``: word unigrams. ``tfidf-ngrams``: word 1-2 grams and
+    within-word character 3-5 grams, each seen in at least two texts (a token of one prompt, such
+    as an id, says nothing about the others), the two blocks unit-norm side by side."""
+    from scipy.sparse import hstack
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    if encoder == "tfidf":
+        return TfidfVectorizer(sublinear_tf=True).fit_transform(texts)
+    blocks = []
+    for kind, ngrams in (("word", (1, 2)), ("char_wb", (3, 5))):
+        try:
+            vec = TfidfVectorizer(sublinear_tf=True, analyzer=kind, ngram_range=ngrams, min_df=2)
+            blocks.append(vec.fit_transform(texts))
+        except ValueError:  # no n-gram shared by two texts (a handful of prompts)
+            vec = TfidfVectorizer(sublinear_tf=True, analyzer=kind, ngram_range=ngrams)
+            blocks.append(vec.fit_transform(texts))
+    return hstack(blocks).tocsr() / np.sqrt(len(blocks))
+
+
+def embed_texts(texts: list[str], encoder: str = "tfidf", dim: int = 32, seed: int = 0):
+    """Unit-norm text embeddings: TF-IDF (``TFIDF_ENCODERS``) + truncated SVD to ``dim``, or any
+    installed ``sentence-transformers`` model (a name or local path) for ``encoder``."""
+    if encoder in TFIDF_ENCODERS:
+        from sklearn.decomposition import TruncatedSVD
+
+        tfidf = _tfidf(texts, encoder)
         k = max(1, min(dim, tfidf.shape[1] - 1, len(texts) - 1))
         emb = TruncatedSVD(k, random_state=seed).fit_transform(tfidf)
     else:
@@ -288,7 +311,8 @@ def embed_texts(texts: list[str], encoder: str = "tfidf", dim: int = 32, seed: i
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise ConfigError(
-                f"encoder '{encoder}' needs sentence-transformers (or use encoder=tfidf)"
+                f"encoder '{encoder}' needs sentence-transformers "
+                f"(or use encoder={' or '.join(TFIDF_ENCODERS)})"
             ) from None
         emb = SentenceTransformer(encoder).encode(texts, convert_to_numpy=True)
     return _unit(np.asarray(emb, dtype=np.float64)).astype(np.float32)

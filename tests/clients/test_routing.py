@@ -326,3 +326,21 @@ def test_personalised_router_beats_the_global_one_where_clients_quality_differs(
         gains
     )  # measured: MLP +0.094 +0.032 +0.018, K-means +0.012 +0.021 +0.063
     assert np.mean(gains) > 0.02, gains
+
+
+def test_ngram_encoder_ignores_tokens_of_one_prompt() -> None:
+    """``tfidf-ngrams`` keeps only word / character n-grams seen in two prompts, so prompts that
+    differ by an id alone embed alike (plain ``tfidf`` keeps the ids); other prompts stay apart."""
+    from flowerbed.clients.workloads.routing import embed_texts
+
+    texts = [f"easy question: cell gene #{d * 4}" for d in "123"]
+    texts += [f"hard question: court tort #{d * 4}" for d in "456"]
+    ngrams = embed_texts(texts, "tfidf-ngrams", dim=5)
+    assert np.allclose(np.linalg.norm(ngrams, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(ngrams[:3], ngrams[0], atol=1e-5) and np.allclose(
+        ngrams[3:], ngrams[3], atol=1e-5
+    )
+    assert ngrams[0] @ ngrams[3] < 0.9
+    plain = embed_texts(texts, "tfidf", dim=5)
+    assert not np.allclose(plain[0], plain[1], atol=1e-3)
+    assert embed_texts(["alpha beta", "gamma delta"], "tfidf-ngrams", dim=3).shape == (2, 1)
