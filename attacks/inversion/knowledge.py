@@ -57,7 +57,7 @@ class InversionSettings:
 
 DLG = InversionSettings(objective="l2", labels="joint", sign=False, box=False, decay=False, lr=0.1)
 IDLG = replace(DLG, labels="analytic")
-INVERTING_GRADIENTS = InversionSettings(objective="cosine", labels="analytic", tv=0.01, sign=True,
+INVERTING_GRADIENTS = InversionSettings(objective="cosine", labels="analytic", tv=1e-4, sign=True,
                                         box=True, decay=True, lr=0.1)  # fmt: skip
 
 SETTINGS: dict[str, InversionSettings] = {
