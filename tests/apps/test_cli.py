@@ -316,7 +316,7 @@ def test_injected_failures_of_a_whole_round_keep_the_run_going(tmp_path):
     )  # fmt: skip
     result, out = _run(
         tmp_path, "quickstart", f"clients.failure_rate={rate}", f"clients.num={num}", "rounds=2",
-        f"seed={seed}",
+        f"seed={seed}", "dataset.max_rows=600",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())

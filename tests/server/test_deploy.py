@@ -19,6 +19,9 @@ from flowerbed.server.processes import (
     tagged_processes,
 )
 
+# what these tests check is the federation, not learning: 600 training rows of Adult are enough
+TINY = "dataset.max_rows=600"
+
 
 def _flower_procs(directory) -> list[psutil.Process]:
     """Flower's processes naming ``directory``, and every process tagged with it (``deploy up``
@@ -75,7 +78,7 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     from flowerbed.apps.inline import run_inline
 
     # 2 rounds: later messages start from the workload and partition the zygote built
-    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}"]
+    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}", TINY]
     overrides += ["clients.fraction=0.5", "clients.min_clients=1"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
     run_dir = tmp_path / "deployed"
@@ -141,7 +144,7 @@ def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tm
     cfg = load_experiment(
         "quickstart",
         ["clients.num=2", "rounds=2", "engine=deployment", f"deployment.dir={federation['dir']}",
-         f"output.dir={tmp_path}", "output.plots=false", "clients.timeout_s=120"],
+         f"output.dir={tmp_path}", "output.plots=false", "clients.timeout_s=120", TINY],
     )  # fmt: skip
     summary = run_deployment(cfg, tmp_path / "crash")
     killer.join(timeout=1)
@@ -178,7 +181,7 @@ def test_plain_flwr_run_adopts_the_connected_nodes(federation, tmp_path):
     env["FLWR_HOME"] = federation["dir"] + "/flwr"
     done = subprocess.run(
         [bin_path("flwr"), "run", str(app_dir()), deploy.CONNECTION, "--stream",
-         "--run-config", "overrides='rounds=1'"],
+         "--run-config", f"overrides='rounds=1 {TINY}'"],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
@@ -256,7 +259,7 @@ def _activated(log: Path, timeout: float = 180) -> bool:
             return True
         if "Failed" in text:
             return False
-        time.sleep(1)
+        time.sleep(0.2)
     return False
 
 

@@ -29,9 +29,10 @@ def test_failure_injection_run_completes_and_reports(inline_cfg):
 
 
 def test_same_seed_same_result_and_seed_matters(inline_cfg):
-    a = run_inline(inline_cfg("quickstart", "rounds=1", "clients.num=4"))["metrics"]
-    b = run_inline(inline_cfg("quickstart", "rounds=1", "clients.num=4"))["metrics"]
-    c = run_inline(inline_cfg("quickstart", "rounds=1", "clients.num=4", "seed=1"))["metrics"]
+    small = ("rounds=1", "clients.num=4", "dataset.max_rows=2000")
+    a = run_inline(inline_cfg("quickstart", *small))["metrics"]
+    b = run_inline(inline_cfg("quickstart", *small))["metrics"]
+    c = run_inline(inline_cfg("quickstart", *small, "seed=1"))["metrics"]
     assert a["central.accuracy"] == b["central.accuracy"]
     assert a["central.loss"] != c["central.loss"]
 
@@ -72,7 +73,9 @@ def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
     from flowerbed.server.engines.simulation import run_simulation
     from flowerbed.server.results import default_run_dir
 
-    cfg = inline_cfg("quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3")
+    cfg = inline_cfg(
+        "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3", "dataset.max_rows=2000"
+    )
     inline = run_inline(json.loads(json.dumps(cfg)))
     assert (Path(inline["run_dir"]) / "model.npz").is_file()
     _sampled_as_configured(inline, 10, 0.3, 2)
@@ -133,7 +136,9 @@ def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
     from flowerbed.apps.client_app import app as client_app
     from flowerbed.server.runner import run_experiment
 
-    cfg = inline_cfg("quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3")
+    cfg = inline_cfg(
+        "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3", "dataset.max_rows=2000"
+    )
     native = run_inline(json.loads(json.dumps(cfg)))
     grid = AskingGrid(InlineGrid(client_app, 10))
     asked = run_experiment(grid, json.loads(json.dumps(cfg)), tmp_path / "asked")

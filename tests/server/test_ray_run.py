@@ -3,7 +3,7 @@ fail before anything starts, ClientApp actors go to both nodes of the loopback c
 metrics equal the local run's, the input files reach the workers as bytes, and SIGINT, SIGTERM
 and SIGKILL of the CLI leave the cluster running and clean of the run's actors.
 
-One two-node cluster (``conftest.two_nodes``) serves the module; this process is a driver on it
+One two-node cluster (``conftest.two_nodes``) serves the session; this process is a driver on it
 (``cluster``) to read its actor table.
 """
 
@@ -194,7 +194,7 @@ def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, s
             alive = _alive(_actors(), before)
             if sum(a["ActorClassName"] == FLOWER_ACTOR for a in alive) == 2:
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert proc.poll() is None, "the run ended before its actors were up"
         assert any(a["ActorClassName"].endswith(STORE_ACTOR) for a in _alive(_actors(), before))
     finally:
@@ -202,7 +202,7 @@ def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, s
         proc.wait(timeout=120)
     deadline = time.monotonic() + 60
     while _alive(_actors(), before) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert not _alive(_actors(), before), [a["ActorClassName"] for a in _alive(_actors(), before)]
     assert sum(n["Alive"] for n in ray.nodes()) == 2  # the cluster keeps running
     deadline = time.monotonic() + 30

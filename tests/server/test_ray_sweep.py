@@ -290,7 +290,7 @@ def test_sigkill_of_the_driver_leaves_nothing_and_resume_runs_each_cell_once(tmp
     assert {"raylet", "gcs_server"} <= names, names
     deadline = time.monotonic() + 60
     while _alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.2)
     left = _alive(started)
     for p in left:  # never leave them behind, even when the assertion below fails
         p.kill()
