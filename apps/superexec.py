@@ -74,10 +74,17 @@ _PR_SET_PDEATHSIG = 1
 
 
 # ---- the zygote ----------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: SIGTERM this process when its parent exits (no-op elsewhere)."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Linux: send ``sig`` to this process when its parent exits (no-op elsewhere).
+
+    A parent that died before the call (the fork/prctl race) leaves this process orphaned under
+    another parent: it exits at once instead.
+    """
+    parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None:
@@ -205,6 +212,9 @@ def _fork(child: Any, sock: socket.socket | None) -> int:
                 os.close(sock.fileno())
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # the death signal is not inherited over fork: a task child (or crash reporter) whose
+        # zygote is gone (its SuperExec killed) is killed too, whatever handlers the app installs
+        _die_with_parent(signal.SIGKILL)
         _fresh_random_state()
         code = child()
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child

@@ -21,6 +21,11 @@ def record_task(request: dict) -> int:
     ``built``: first tell the zygote to prepare these configs (as a ClientApp that built them)."""
     if request.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if request.get("linger"):  # an app that ignores SIGTERM and outlives its zygote if allowed
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        Path(request["out"]).write_text(json.dumps({"pid": os.getpid()}))
+        time.sleep(120)
+        return 0
     for config in request.get("built", []):
         import flowerbed.clients.runtime as runtime
 
@@ -77,6 +82,16 @@ def test_zygote_ends_when_its_superexec_closes_it(zygote):
     pid = zygote.pid
     zygote.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_task_child_dies_with_its_zygote_even_when_it_ignores_sigterm(zygote, tmp_path):
+    """kill -9 of the SuperExec ends its zygote (death signal); the zygote's end must take the
+    tasks it forked with it, or they run on under PID 1 (found by hand: a child survived)."""
+    pid = zygote.request({"linger": True, "out": str(tmp_path / "linger.json")})
+    assert _wait_for(tmp_path / "linger.json")["pid"] == pid
+    child = psutil.Process(pid)
+    os.kill(zygote.pid, signal.SIGKILL)
+    child.wait(timeout=10)  # raises TimeoutExpired if the child outlives its zygote
 
 
 class _Recorder:
