@@ -6,6 +6,7 @@ One local Ray instance (2 CPUs, one pretend GPU) serves the module; tests that n
 ``conftest.two_nodes``.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -268,7 +269,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def test_sigkill_of_the_driver_leaves_nothing_and_resume_runs_each_cell_once(tmp_path, local_ray):
     # cells of a few rounds, so a quiet machine cannot finish all six before the kill lands
-    overrides = [*_csv_overrides(_csv_dataset(tmp_path)), "rounds=5"]
+    overrides = [*_csv_overrides(_csv_dataset(tmp_path)), "rounds=30"]
     spec_path = _write(tmp_path, dict(SWEEP, overrides=overrides))
     out = tmp_path / "out"
     ray_tmp = Path(tempfile.mkdtemp(prefix="fbk-", dir=_ray_root()))
@@ -280,9 +281,12 @@ def test_sigkill_of_the_driver_leaves_nothing_and_resume_runs_each_cell_once(tmp
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
+        seen: dict[int, psutil.Process] = {}  # every descendant seen while the driver ran
         while time.monotonic() < deadline and not finished_ids(out) and proc.poll() is None:
-            time.sleep(0.2)
-        started = psutil.Process(proc.pid).children(recursive=True)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                seen.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+            time.sleep(0.1)
+        started = list(seen.values())
         names = {p.name() for p in _alive(started)}
     finally:
         proc.send_signal(signal.SIGKILL)
