@@ -6,7 +6,10 @@
     python -m benchmarks.scale_memory --quick            # 100 clients at 5 %, one pair
 
 Both arms train the quickstart MLP on UCI Adult with FedAvg on ``fraction`` of the clients per
-round (training and evaluation), with central evaluation after every round:
+round (training and evaluation), with central evaluation after every round. Adult has 30,162
+training rows; for more clients than a third of that (100,000 clients) both arms draw
+``ROWS_PER_CLIENT`` x clients training rows with replacement from it, the same draw (seed 0:
+flowerbed's ``dataset.resample_rows``, the bare app's ``rows``); the test split is Adult's.
 
 - flowerbed: ``flowerbed run quickstart clients.num=N clients.fraction=F`` (the CLI, its
   pre-flight child, the SuperLink, ``flwr-simulation`` and every Ray process it starts);
@@ -37,6 +40,14 @@ from flowerbed.clients.datasets import data_dir
 from flowerbed.server.engines.simulation import LocalSuperLink
 
 GIB = 2**30
+#: training rows per client when Adult has too few (its 30,162 rows are ~3 per client at 10,000)
+ROWS_PER_CLIENT = 3
+ADULT_TRAIN_ROWS = 30_162
+
+
+def training_rows(clients: int) -> int:
+    """Rows to resample Adult's training split to (0: Adult as it is)."""
+    return 0 if clients * ROWS_PER_CLIENT <= ADULT_TRAIN_ROWS else clients * ROWS_PER_CLIENT
 
 
 def load_average() -> str:
@@ -51,6 +62,8 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
         f"clients.num={clients}", f"clients.fraction={fraction}", "output.plots=false",
         "--out", str(out),
     ]  # fmt: skip
+    if training_rows(clients):
+        command.append(f"dataset.resample_rows={training_rows(clients)}")
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
         start = time.perf_counter()
         subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
@@ -64,7 +77,7 @@ def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
     tag = uuid.uuid4().hex
     run_config = (
         f"num-server-rounds={rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64 "
-        f"fraction={fraction}"
+        f"fraction={fraction} num-nodes={clients} rows={training_rows(clients)}"
     )
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
         start = time.perf_counter()
