@@ -71,6 +71,10 @@ def test_table_encoder_equals_scikit_learn(name):
     expected = reference.fit_transform(table.train[list(schema.features)])
     encoder = TableEncoder(schema).fit(table.train)
     assert np.array_equal(encoder.transform(table.train), expected)
+    as_float32 = encoder.transform(table.train, np.float32)  # written straight into float32
+    assert as_float32.dtype == np.float32 and np.array_equal(
+        as_float32, expected.astype(np.float32)
+    )
     unseen = table.test.head(5).copy()
     unseen.loc[unseen.index[0], schema.categorical[0]] = "never-seen"  # ignored, as in sklearn
     assert np.array_equal(encoder.transform(unseen), reference.transform(unseen))
