@@ -27,7 +27,7 @@ _INDEX = "_flowerbed_by_destination"
 
 def install(cls: type = InMemoryLinkState) -> None:
     """Index ``cls``'s undelivered messages by destination (idempotent, this process only)."""
-    if getattr(cls, _INDEX + "_installed", False):
+    if cls.__dict__.get(_INDEX + "_installed"):
         return
     store = cls.store_message_ins
 

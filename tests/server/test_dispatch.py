@@ -6,33 +6,9 @@ import random
 
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
-from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
-from flwr.server.superlink.linkstate import LinkStateFactory
-from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState, RunRecord
-from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid import InMemoryGrid
+from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
 from flowerbed.server import dispatch
-
-
-def _federation(state_cls: type, nodes: int):
-    factory = LinkStateFactory(
-        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
-    )
-    factory.state_instance = state_cls(factory.federation_manager, ObjectStoreFactory().store())
-    node_ids = list(_register_nodes(nodes, factory))
-    run = Run.create_empty(7)
-    run.primary_task_id, run.federation_id = 9, NOOP_FEDERATION_ID
-    factory.state().run_ids[7] = RunRecord(run=run)
-    factory.state().task_store[9] = Task(task_id=9, run_id=7)
-    grid = InMemoryGrid(state_factory=factory)
-    grid.set_run(run)
-    return factory.state(), grid, node_ids
 
 
 @pytest.fixture
@@ -44,10 +20,12 @@ def indexed_state_class():
     return Indexed
 
 
-def test_each_node_gets_what_the_full_scan_gives_it(indexed_state_class, monkeypatch):
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 7, 9, 1
-    plain, plain_grid, plain_ids = _federation(InMemoryLinkState, 60)
-    fast, fast_grid, fast_ids = _federation(indexed_state_class, 60)
+def test_each_node_gets_what_the_full_scan_gives_it(
+    indexed_state_class, monkeypatch, flower_simulation
+):
+    plain, _, plain_nodes = flower_simulation(60)
+    fast, _, fast_nodes = flower_simulation(60, indexed_state_class)
+    plain_ids, fast_ids = list(plain_nodes), list(fast_nodes)
     rng = random.Random(0)
     targets = [rng.randrange(60) for _ in range(90)]  # several messages for some nodes
     messages = [

@@ -141,32 +141,15 @@ def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
     assert _strip_timing(asked["metrics"]) == _strip_timing(native["metrics"])
 
 
-def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(monkeypatch):
+def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(
+    monkeypatch, flower_simulation
+):
     """Flower's own simulation registration (``vce_api._register_nodes``) on its in-memory link
     state and Grid: the runner reads node i -> partition i from the state's node table, for
     thousands of nodes, without asking any node."""
-    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
-    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
-    from flwr.server.superlink.linkstate import LinkStateFactory
-    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-    from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.supercore.run import Run
-    from flwr.superlink.federation import NoOpFederationManager
-    from flwr.superlink.grid import InMemoryGrid
-
     from flowerbed.server import runner
 
-    factory = LinkStateFactory(
-        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
-    )
-    flowers_mapping = _register_nodes(3000, factory)
-    run = Run.create_empty(7)
-    run.primary_task_id, run.federation_id = 9, NOOP_FEDERATION_ID
-    factory.state().run_ids[7] = RunRecord(run=run)
-    factory.state().task_store[9] = Task(task_id=9, run_id=7)
-    grid = InMemoryGrid(state_factory=factory)
-    grid.set_run(run)
+    _, grid, flowers_mapping = flower_simulation(3000)
 
     def asked(grid, node_ids, timeout=600.0):  # noqa: ANN001
         raise AssertionError(f"{len(node_ids)} nodes were asked")
