@@ -79,7 +79,7 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
         wall = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
     return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
-            "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
+            "cpu_s": memory.cpu_s, "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
 
 
 def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
@@ -99,7 +99,8 @@ def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
             if link.spawn(command, subprocess.DEVNULL).wait() != 0:
                 raise RuntimeError("the bare app's flwr run failed")
         wall = time.perf_counter() - start
-    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak}
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
+            "cpu_s": memory.cpu_s}  # fmt: skip
 
 
 def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict]:
@@ -120,7 +121,8 @@ def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict
                 f"{fb['rss'] / GIB:.2f} vs {bare['rss'] / GIB:.2f} GiB (x{fb['rss'] / bare['rss']:.2f}), "
                 f"peak PSS {fb['pss'] / GIB:.2f} vs {bare['pss'] / GIB:.2f} GiB "
                 f"(x{fb['pss'] / bare['pss']:.2f}); wall {fb['wall_s']:.0f} vs "
-                f"{bare['wall_s']:.0f} s; load average {result['load']}",
+                f"{bare['wall_s']:.0f} s, CPU {fb['cpu_s']:.0f} vs {bare['cpu_s']:.0f} s; load "
+                f"average {result['load']}",
                 flush=True,
             )
             for name in ("flowerbed", "bare"):

@@ -55,8 +55,9 @@ def flower_manifest(pyproject: str) -> str:
     tables (verbatim), without the build, lint and test settings.
 
     Flower's simulation parses its app's ``pyproject.toml`` once per virtual node (every node's
-    run config is fused from it), so at 100,000 clients the full 6 KB file cost ~80 s of CPU in
-    ``flwr-simulation`` before the first round; this one parses in a third of the time.
+    run config is fused from it): the full 6 KB file took 0.8 ms a node (measured under load),
+    ~80 s of CPU in ``flwr-simulation`` before the first round at 100,000 clients; this one
+    0.2 ms (the bare Flower app's own pyproject.toml 0.35 ms).
     """
     import tomllib
 
