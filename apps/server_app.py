@@ -6,7 +6,9 @@ machines) or ``experiment`` + ``overrides`` (what ``flwr run . --run-config "exp
 gives); ``run-dir`` names the run directory (default ``output.dir/<time>-<experiment>``).
 
 On any federation the ServerApp records the engine its Grid really is and, unless the experiment
-pins ``clients.num``, runs with the SuperNodes actually connected (``server/federation.py``).
+pins ``clients.num``, runs with the SuperNodes actually connected (``server/federation.py``). On
+Flower's simulation it gives the engine's message hand-out an index by node
+(``server/dispatch.py``: a sweep over 100,000 nodes no longer checks every message per node).
 """
 
 import json
@@ -18,6 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flowerbed.clients.core.config import decode_config
 from flowerbed.server.cells import run_cells
+from flowerbed.server.dispatch import install as install_indexed_dispatch
 from flowerbed.server.experiment import load_experiment, resolve
 from flowerbed.server.federation import (
     ERROR_MARKER,
@@ -47,6 +50,8 @@ def config_from_run_config(run_config: dict) -> tuple[dict, bool]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run_config = dict(context.run_config)
+    if grid_engine(grid) == "simulation":  # this process runs Flower's engine too
+        install_indexed_dispatch()
     sweep_dir = str(run_config.get("sweep-dir", "") or "")
     if sweep_dir:  # a sweep: every cell on this one federation (server/sweep.py)
         todo = json.loads((Path(sweep_dir) / "todo.json").read_text())

@@ -6,7 +6,13 @@
     python -m benchmarks.scale_memory --quick            # 100 clients at 5 %, one pair
 
 Both arms train the quickstart MLP on UCI Adult with FedAvg on ``fraction`` of the clients per
-round (training and evaluation), with central evaluation after every round:
+round (training and evaluation), with central evaluation after every round. Adult has 30,162
+training rows; for more clients than a third of that (100,000 clients) both arms draw
+``ROWS_PER_CLIENT`` x clients training rows with replacement from it, the same draw (seed 0:
+flowerbed's ``dataset.resample_rows``, the bare app's ``rows``); the test split is Adult's.
+flowerbed hands messages to its virtual nodes through an index by node (``server/dispatch.py``);
+above 10,000 clients the bare arm gets the same (``indexed-dispatch=true``), since Flower's own
+hand-out checks every message in flight once per node per sweep (hours at 100,000 clients).
 
 - flowerbed: ``flowerbed run quickstart clients.num=N clients.fraction=F`` (the CLI, its
   pre-flight child, the SuperLink, ``flwr-simulation`` and every Ray process it starts);
@@ -37,6 +43,20 @@ from flowerbed.clients.datasets import data_dir
 from flowerbed.server.engines.simulation import LocalSuperLink
 
 GIB = 2**30
+#: training rows per client when Adult has too few (its 30,162 rows are ~3 per client at 10,000)
+ROWS_PER_CLIENT = 3
+ADULT_TRAIN_ROWS = 30_162
+
+
+#: above this many clients the bare arm too gets flowerbed's indexed message hand-out
+#: (server/dispatch.py): with Flower's own, one sweep of its engine over 100,000 nodes with 1,000
+#: messages in flight checks 10^8 messages (~2,000 CPU s measured under load), twice a round
+INDEXED_DISPATCH_ABOVE = 10_000
+
+
+def training_rows(clients: int) -> int:
+    """Rows to resample Adult's training split to (0: Adult as it is)."""
+    return 0 if clients * ROWS_PER_CLIENT <= ADULT_TRAIN_ROWS else clients * ROWS_PER_CLIENT
 
 
 def load_average() -> str:
@@ -51,20 +71,23 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
         f"clients.num={clients}", f"clients.fraction={fraction}", "output.plots=false",
         "--out", str(out),
     ]  # fmt: skip
+    if training_rows(clients):
+        command.append(f"dataset.resample_rows={training_rows(clients)}")
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
         start = time.perf_counter()
         subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
         wall = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
     return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
-            "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
+            "cpu_s": memory.cpu_s, "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
 
 
 def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
     tag = uuid.uuid4().hex
     run_config = (
         f"num-server-rounds={rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64 "
-        f"fraction={fraction}"
+        f"fraction={fraction} num-nodes={clients} rows={training_rows(clients)} "
+        f"indexed-dispatch={str(clients > INDEXED_DISPATCH_ABOVE).lower()}"
     )
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
         start = time.perf_counter()
@@ -76,7 +99,8 @@ def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
             if link.spawn(command, subprocess.DEVNULL).wait() != 0:
                 raise RuntimeError("the bare app's flwr run failed")
         wall = time.perf_counter() - start
-    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak}
+    return {"rss": memory.peak, "pss": memory.peak_pss, "wall_s": wall, "kinds": memory.at_peak,
+            "cpu_s": memory.cpu_s}  # fmt: skip
 
 
 def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict]:
@@ -97,7 +121,8 @@ def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict
                 f"{fb['rss'] / GIB:.2f} vs {bare['rss'] / GIB:.2f} GiB (x{fb['rss'] / bare['rss']:.2f}), "
                 f"peak PSS {fb['pss'] / GIB:.2f} vs {bare['pss'] / GIB:.2f} GiB "
                 f"(x{fb['pss'] / bare['pss']:.2f}); wall {fb['wall_s']:.0f} vs "
-                f"{bare['wall_s']:.0f} s; load average {result['load']}",
+                f"{bare['wall_s']:.0f} s, CPU {fb['cpu_s']:.0f} vs {bare['cpu_s']:.0f} s; load "
+                f"average {result['load']}",
                 flush=True,
             )
             for name in ("flowerbed", "bare"):

@@ -32,17 +32,48 @@ def app_dir() -> Path:
 
 
 def app_manifest(home: Path) -> Path:
-    """A Flower App directory holding only flowerbed's ``pyproject.toml``, under ``home``.
+    """A Flower App directory holding only flowerbed's Flower manifest, under ``home``.
 
     The ServerApp and ClientApp components are imported from the installed package, so nothing
     else of the project has to travel. ``flwr run`` walks its app directory before it bundles it
     (the project root with a virtualenv inside is ~50,000 files, 2-3 s of CPU per run); this one
-    is a single file.
+    is a single file, :func:`flower_manifest` of the project's ``pyproject.toml``.
     """
     app = home / "app"
     app.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(app_dir() / "pyproject.toml", app / "pyproject.toml")
+    manifest = flower_manifest((app_dir() / "pyproject.toml").read_text())
+    (app / "pyproject.toml").write_text(manifest)
     return app
+
+
+#: the [project] fields Flower reads (name and version required, the others recommended)
+MANIFEST_PROJECT_KEYS = ("name", "version", "description", "license")
+
+
+def flower_manifest(pyproject: str) -> str:
+    """The part of ``pyproject`` Flower reads: the [project] identity and the [tool.flwr.*]
+    tables (verbatim), without the build, lint and test settings.
+
+    Flower's simulation parses its app's ``pyproject.toml`` once per virtual node (every node's
+    run config is fused from it): the full 6 KB file took 0.8 ms a node (measured under load),
+    ~80 s of CPU in ``flwr-simulation`` before the first round at 100,000 clients; this one
+    0.2 ms (the bare Flower app's own pyproject.toml 0.35 ms).
+    """
+    import tomllib
+
+    project = tomllib.loads(pyproject)["project"]
+    lines = ["[project]"]
+    lines += [f"{k} = {json.dumps(project[k])}" for k in MANIFEST_PROJECT_KEYS if k in project]
+    keep = False
+    for line in pyproject.splitlines():
+        header = re.match(r"\[\[?([\w.\-\"]+)\]\]?\s*(#.*)?$", line)
+        if header:
+            keep = header[1] == "tool.flwr" or header[1].startswith("tool.flwr.")
+            if keep:
+                lines.append("")
+        if keep and (line.strip() and not line.lstrip().startswith("#")):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def bin_path(name: str) -> str:

@@ -6,7 +6,6 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -135,31 +134,33 @@ def node_partitions(grid: Grid, node_ids: list[int]) -> dict[int, int]:
     """``{node_id: partition_id}`` for ``node_ids``.
 
     An engine's own Grid may know it (``grid.partition_ids()``, the inline engine). Flower's
-    simulation registers virtual nodes in partition order, so the registration times of
-    ``grid.get_nodes()`` give it (nodes registered in the same microsecond are asked). Anything
-    else (a deployment) is asked: one ``query`` message per node, answered by the ClientApp
-    from its node config.
+    simulation registers its virtual nodes one after another, node ``i`` for partition ``i``
+    (``vce_api._register_nodes``), in the insertion-ordered node table of its in-memory link
+    state, which its Grid reads: that order is the mapping, for any number of nodes, with nothing
+    sent. Anything else (a deployment) is asked: one ``query`` message per node, answered by the
+    ClientApp from its node config.
     """
     known = getattr(grid, "partition_ids", None)
     if callable(known):
         mapping = known()
         return {n: mapping[n] for n in node_ids}
-    if type(grid).__name__ == "InMemoryGrid":
-        nodes = sorted(grid.get_nodes(), key=lambda n: (_registered(n), n.node_id))
-        order = {n.node_id: i for i, n in enumerate(nodes)}
-        stamps = [_registered(n) for n in nodes]
-        tied = {
-            n.node_id for i, n in enumerate(nodes)
-            if (i > 0 and stamps[i - 1] == stamps[i]) or (i + 1 < len(nodes) and stamps[i + 1] == stamps[i])
-        }  # fmt: skip
-        mapping = {n: order[n] for n in node_ids if n not in tied}
-        asked = [n for n in node_ids if n in tied]
-        return {**mapping, **(ask_partitions(grid, asked) if asked else {})}
+    order = registration_order(grid)
+    if order is not None and all(n in order for n in node_ids):
+        return {n: order[n] for n in node_ids}
     return ask_partitions(grid, node_ids)
 
 
-def _registered(node: Any) -> datetime:
-    return datetime.fromisoformat(node.registered_at)
+def registration_order(grid: Grid) -> dict[int, int] | None:
+    """``{node_id: i}``, the order Flower's simulation registered its nodes in; None for any
+    other Grid."""
+    if type(grid).__name__ != "InMemoryGrid":
+        return None
+    state = getattr(grid, "state", None)
+    nodes, lock = getattr(state, "nodes", None), getattr(state, "lock", None)
+    if not isinstance(nodes, dict) or lock is None:
+        return None
+    with lock:
+        return {node_id: i for i, node_id in enumerate(nodes)}
 
 
 def ask_partitions(grid: Grid, node_ids: list[int], timeout: float = 600.0) -> dict[int, int]:

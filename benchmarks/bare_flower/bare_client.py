@@ -15,7 +15,7 @@ def mlp(in_dim: int) -> nn.Sequential:
 
 
 def _data(context: Context) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y, _, _ = load(str(context.run_config["data-dir"]))
+    x, y, _, _ = load(str(context.run_config["data-dir"]), int(context.run_config["rows"]))
     pid = int(context.node_config["partition-id"])
     rows = partition(len(y), pid, int(context.node_config["num-partitions"]))
     return torch.from_numpy(x[rows]), torch.from_numpy(y[rows])

@@ -21,8 +21,11 @@ def _read(path: str, skip: int) -> pd.DataFrame:
 
 
 @functools.cache  # once per process, as any Flower app whose clients share a process would
-def load(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    train, test = _read(f"{data_dir}/adult.data.gz", 0), _read(f"{data_dir}/adult.test.gz", 1)
+def load(data_dir: str, rows: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Encoded train/test; ``rows`` > 0: that many training rows drawn with replacement (seed 0),
+    for more clients than Adult has rows (flowerbed's ``dataset.resample_rows``, same draw)."""
+    adult, test = _read(f"{data_dir}/adult.data.gz", 0), _read(f"{data_dir}/adult.test.gz", 1)
+    train = adult.iloc[np.random.default_rng(0).integers(0, len(adult), rows)] if rows else adult
     categorical = [c for c in COLUMNS[:-1] if c not in NUMERIC]
     x_num = train[NUMERIC].astype(float)
     mean, std = x_num.mean(), x_num.std(ddof=0)
@@ -30,7 +33,7 @@ def load(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     for frame in (train, test):
         numeric = ((frame[NUMERIC].astype(float) - mean) / std).to_numpy()
         onehot = [
-            (frame[c].to_numpy()[:, None] == np.array(sorted(train[c].unique()))[None, :])
+            (frame[c].to_numpy()[:, None] == np.array(sorted(adult[c].unique()))[None, :])
             for c in categorical
         ]
         encoded.append(np.hstack([numeric, *onehot]).astype(np.float32))

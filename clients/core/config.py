@@ -85,6 +85,9 @@ class DatasetConfig:
     categorical: list[str] = field(default_factory=list)
     test_fraction: float = param(0.2, gt=0, lt=1)
     max_rows: int | None = param(None, ge=1)
+    #: draw this many training rows with replacement (seed 0) from the training split (after
+    #: max_rows; the test split is kept): a table for more clients than it has rows
+    resample_rows: int | None = param(None, ge=1)
 
 
 @dataclass

@@ -185,4 +185,14 @@ def _load_cached(key: str) -> Table:
     if cfg.get("max_rows"):
         n = int(cfg["max_rows"])
         table = Table(table.train.iloc[:n].reset_index(drop=True), table.test, table.schema)
+    if cfg.get("resample_rows"):
+        table = Table(resample(table.train, int(cfg["resample_rows"])), table.test, table.schema)
     return table
+
+
+def resample(train: pd.DataFrame, rows: int) -> pd.DataFrame:
+    """``rows`` rows drawn with replacement from ``train`` by a fixed generator (seed 0), so a
+    scale test can give 100,000 clients a training row each from a 30,000-row table; the same
+    draw as the bare Flower baseline's (``benchmarks/bare_flower/bare_data.py``)."""
+    picks = np.random.default_rng(0).integers(0, len(train), rows)
+    return train.iloc[picks].reset_index(drop=True)

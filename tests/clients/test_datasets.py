@@ -71,6 +71,10 @@ def test_table_encoder_equals_scikit_learn(name):
     expected = reference.fit_transform(table.train[list(schema.features)])
     encoder = TableEncoder(schema).fit(table.train)
     assert np.array_equal(encoder.transform(table.train), expected)
+    as_float32 = encoder.transform(table.train, np.float32)  # written straight into float32
+    assert as_float32.dtype == np.float32 and np.array_equal(
+        as_float32, expected.astype(np.float32)
+    )
     unseen = table.test.head(5).copy()
     unseen.loc[unseen.index[0], schema.categorical[0]] = "never-seen"  # ignored, as in sklearn
     assert np.array_equal(encoder.transform(unseen), reference.transform(unseen))
@@ -104,3 +108,32 @@ def test_clientapp_process_imports_only_its_workload():
     loaded, heavy = json.loads(done.stdout.splitlines()[-1])
     assert loaded == ["flowerbed.clients.workloads.tabular_mlp"]
     assert heavy == []
+
+
+def test_resampled_rows_are_the_bare_flower_baselines_table():
+    """``dataset.resample_rows`` draws training rows with replacement (seed 0), keeps the test
+    split, and gives the very table the bare Flower baseline builds with ``rows`` (both arms of
+    benchmarks/scale_memory.py train on the same data)."""
+    import importlib.util
+    from pathlib import Path
+
+    from flowerbed.clients.datasets import data_dir
+    from flowerbed.clients.workloads.tabular_mlp import TableEncoder
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bare_flower" / "bare_data.py"
+    spec = importlib.util.spec_from_file_location("bare_data_under_test", path)
+    bare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bare)
+
+    adult = load_table({"name": "adult", "test_fraction": 0.2})
+    table = load_table({"name": "adult", "test_fraction": 0.2, "resample_rows": 40_000})
+    assert len(table.train) == 40_000 > len(adult.train)
+    assert table.train.duplicated().any() and table.test.equals(adult.test)
+    again = load_table({"name": "adult", "test_fraction": 0.2, "resample_rows": 40_000})
+    assert again is table  # cached per config
+
+    x_bare, y_bare, _, _ = bare.load(str(data_dir()), 40_000)
+    encoder = TableEncoder(table.schema).fit(table.train)
+    np.testing.assert_allclose(encoder.transform(table.train), x_bare, atol=1e-5)
+    labels = table.train[table.schema.label].astype(str).map(table.schema.classes.index)
+    np.testing.assert_array_equal(labels.to_numpy(np.int64), y_bare)

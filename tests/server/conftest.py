@@ -72,3 +72,37 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 180
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.3)
     return True
+
+
+@pytest.fixture
+def flower_simulation():
+    """``make(nodes, state_cls)``: Flower's own simulation set-up in this process, no Ray: its
+    in-memory link state (of ``state_cls``), ``nodes`` virtual nodes registered by
+    ``vce_api._register_nodes``, one run and its Grid. Returns (state, grid, {node id:
+    partition id} as Flower registered them)."""
+    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState, RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    def make(nodes: int, state_cls: type = InMemoryLinkState):
+        federation = NoOpFederationManager()
+        factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, federation, ObjectStoreFactory())
+        factory.state_instance = state_cls(federation, ObjectStoreFactory().store())
+        mapping = _register_nodes(nodes, factory)
+        run = Run.create_empty(7)
+        run.primary_task_id, run.federation_id = 9, NOOP_FEDERATION_ID
+        factory.state().run_ids[7] = RunRecord(run=run)
+        factory.state().task_store[9] = Task(task_id=9, run_id=7)
+        TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 7, 9, 1
+        grid = InMemoryGrid(state_factory=factory)
+        grid.set_run(run)
+        return factory.state(), grid, mapping
+
+    return make

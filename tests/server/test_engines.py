@@ -7,7 +7,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 
 from flowerbed.apps.inline import InlineGrid, run_inline
@@ -147,27 +146,21 @@ def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
     assert _strip_timing(asked["metrics"]) == _strip_timing(native["metrics"])
 
 
-class InMemoryGrid(AskingGrid):
-    """Stands in for Flower's simulation Grid: nodes registered in partition order."""
+def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(
+    monkeypatch, flower_simulation
+):
+    """Flower's own simulation registration (``vce_api._register_nodes``) on its in-memory link
+    state and Grid: the runner reads node i -> partition i from the state's node table, for
+    thousands of nodes, without asking any node."""
+    from flowerbed.server import runner
 
-    def __init__(self, inner: InlineGrid, stamps: list[str]) -> None:
-        super().__init__(inner)
-        self.stamps = stamps
+    _, grid, flowers_mapping = flower_simulation(3000)
 
-    def get_nodes(self):
-        ids = self.inner.get_node_ids()
-        return [
-            NodeInfo(node_id=n, registered_at=s) for n, s in zip(ids, self.stamps, strict=True)
-        ][::-1]
+    def asked(grid, node_ids, timeout=600.0):  # noqa: ANN001
+        raise AssertionError(f"{len(node_ids)} nodes were asked")
 
-
-def test_simulation_nodes_are_ordered_by_registration_and_ties_are_asked():
-    from flowerbed.apps.client_app import app as client_app
-    from flowerbed.server.runner import node_partitions
-
-    stamps = [f"2026-01-01T00:00:00.00000{i}+00:00" for i in range(6)]
-    stamps[3] = stamps[2]  # two nodes registered in the same microsecond
-    grid = InMemoryGrid(InlineGrid(client_app, 6), stamps)
-    mapping = node_partitions(grid, [1000 + i for i in range(6)])
-    assert mapping == {1000 + i: i for i in range(6)}
-    assert grid.queries == 2  # only the tied pair was asked
+    monkeypatch.setattr(runner, "ask_partitions", asked)
+    ordered = runner.OrderedGrid(grid, lambda *_: None, by_partition=True)
+    node_ids = ordered.get_node_ids()
+    assert ordered.partitions == flowers_mapping
+    assert node_ids == sorted(flowers_mapping, key=flowers_mapping.__getitem__)

@@ -13,9 +13,12 @@ import uuid
 import psutil
 
 from flowerbed.server.processes import (
+    MANIFEST_PROJECT_KEYS,
     OWNER_ENV,
     OWNER_FILE,
     Reaper,
+    app_dir,
+    app_manifest,
     private_home,
     remove_stale_homes,
     stop_group,
@@ -127,3 +130,19 @@ def test_sigkill_of_a_simulation_sweep_leaves_no_process_behind(tmp_path):
     finally:
         for proc in _tagged(tag):  # only if the test failed: still only what it started
             proc.kill()
+
+
+def test_the_app_manifest_is_what_flower_reads_of_the_project(tmp_path):
+    """``flwr run`` gets [project]'s identity and [tool.flwr.*] as in pyproject.toml, nothing of
+    the build, lint or test settings (Flower's simulation parses it once per virtual node)."""
+    import tomllib
+
+    from flwr.common.config import get_fused_config_from_dir, validate_fields_in_config
+
+    source = tomllib.loads((app_dir() / "pyproject.toml").read_text())
+    app = app_manifest(tmp_path)
+    manifest = tomllib.loads((app / "pyproject.toml").read_text())
+    assert manifest["tool"] == {"flwr": source["tool"]["flwr"]}
+    assert manifest["project"] == {k: source["project"][k] for k in MANIFEST_PROJECT_KEYS}
+    assert validate_fields_in_config(manifest)[:2] == (True, [])
+    assert get_fused_config_from_dir(app, {"overrides": "rounds=1"})["overrides"] == "rounds=1"
