@@ -20,7 +20,7 @@ from sklearn.cluster import AgglomerativeClustering
 
 from flowerbed.attacks.inversion.knowledge import Recovered, ServerView
 from flowerbed.attacks.inversion.labels import assign_labels, recover_labels
-from flowerbed.attacks.inversion.simulate import distance, simulate
+from flowerbed.attacks.inversion.simulate import distance, observed
 
 ACTIVE = 1e-6  # a neuron counts when |dL/db_i| exceeds this fraction of the largest
 AGREE = 1e-2  # candidates closer than this (RMS, in units of the input box) are the same input
@@ -88,7 +88,7 @@ def invert_analytic(view: ServerView, seed: int = 0) -> Recovered:
     y = recover_labels(view, seed) if contract.last_bias in view.update else torch.zeros(batch).long()  # fmt: skip
     if batch > 1:
         y = assign_labels(view, x, y)
-    sim = simulate(contract, view.params, x, y, create_graph=False)
+    sim = observed(view, x, y, create_graph=False)
     score = float(distance(sim, view.update, "cosine").detach())
     return Recovered(x.detach(), y, score, contract.decode(x.detach()),
                      time.perf_counter() - start, "analytic")  # fmt: skip
