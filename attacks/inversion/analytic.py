@@ -65,8 +65,10 @@ def group(cands: torch.Tensor, width: torch.Tensor, batch: int) -> list[torch.Te
     return [cands[labels == c].median(0).values for c in order]
 
 
-def invert_analytic(view: ServerView, seed: int = 0) -> Recovered:
-    """Recover the batch from the first layer; rows not found are prior draws (not recovered)."""
+def invert_analytic(view: ServerView, seed: int = 0, assign: bool = True) -> Recovered:
+    """Recover the batch from the first layer; rows not found are prior draws (not recovered).
+    ``assign``: give each row its label by update matching (``assign_labels``, B^2 replays; off
+    where only the rows are wanted, e.g. as an optimisation's start)."""
     start = time.perf_counter()
     contract, batch = view.contract, view.batch
     dtype = next(iter(view.params.values())).dtype
@@ -86,7 +88,7 @@ def invert_analytic(view: ServerView, seed: int = 0) -> Recovered:
         rows += list(contract.draw(batch - len(rows), gen).reshape(batch - len(rows), -1).to(dtype))
     x = torch.stack(rows).reshape(batch, *schema.shape)
     y = recover_labels(view, seed) if contract.last_bias in view.update else torch.zeros(batch).long()  # fmt: skip
-    if batch > 1:
+    if batch > 1 and assign:
         y = assign_labels(view, x, y)
     sim = observed(view, x, y, create_graph=False)
     score = float(distance(sim, view.update, "cosine").detach())

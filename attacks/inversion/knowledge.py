@@ -74,6 +74,9 @@ class InversionSettings:
     #: start the first restart from the analytic first-layer reconstruction (the rows several
     #: first-layer neurons agree on, prior draws for the rest; ``analytic.invert_analytic``)
     analytic_init: bool = False
+    #: tables with ``structure``: step size of the numeric columns (0 = ``lr``); small keeps them
+    #: near their (prior) start unless the update pushes them consistently
+    numeric_lr: float = 0.0
 
 
 DLG = InversionSettings(objective="l2", labels="joint", sign=False, box=False, decay=False, lr=0.1)
@@ -86,7 +89,7 @@ INVERTING_GRADIENTS = InversionSettings(objective="cosine", labels="analytic", t
 #: started from the analytic first-layer rows, two restarts pooled (``attacks.inversion.tabular``)
 TABLEAK = InversionSettings(objective="cosine", labels="analytic", sign=True, box=True, decay=True,
                             lr=0.1, restarts=2, structure=True, support=True, pooling=True,
-                            analytic_init=True)  # fmt: skip
+                            analytic_init=True, numeric_lr=0.01)  # fmt: skip
 
 SETTINGS: dict[str, InversionSettings] = {
     "dlg": DLG, "idlg": IDLG, "inverting-gradients": INVERTING_GRADIENTS, "tableak": TABLEAK,

@@ -89,7 +89,10 @@ def invert_once(view: ServerView, cfg: InversionSettings, restart: int,
         fixed = recover_labels(view, cfg.seed)
     low = schema.low.to(dtype).reshape(x.shape[1:])
     high = schema.high.to(dtype).reshape(x.shape[1:])
-    opt = torch.optim.Adam(tensors, lr=cfg.lr)
+    groups = [{"params": [t]} for t in tensors]
+    if blocks and cfg.numeric_lr > 0:
+        groups[0]["lr"] = cfg.numeric_lr
+    opt = torch.optim.Adam(groups, lr=cfg.lr)
     milestones = [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, 0.1) if cfg.decay else None
     for _ in range(cfg.iterations):
@@ -127,7 +130,7 @@ def invert_optimised(view: ServerView, cfg: InversionSettings, method: str = "")
     start = time.perf_counter()
     first = None
     if cfg.analytic_init and view.contract.first_linear is not None:
-        first = invert_analytic(view, cfg.seed).x
+        first = invert_analytic(view, cfg.seed, assign=False).x
     runs = [invert_once(view, cfg, r, first if r == 0 else None) for r in range(cfg.restarts)]
     runs.sort(key=lambda run: run[2])
     x, y, score = runs[0]
