@@ -4,6 +4,11 @@
   coordinates), quantisation (match within one grid step), DP-SGD / local DP (average a client's
   noisy updates over rounds) and secure aggregation (invert the aggregate of N clients); the
   unaware Goliath runs beside it on the same replies (``attack.unaware_*``). ``inversion.py``.
+- ``<attack>-adaptive`` for every model-loss inversion (``analytic-fc-adaptive``,
+  ``inverting-gradients-adaptive``, ``tableak-adaptive``, ``dlg-adaptive``, ``idlg-adaptive``: the
+  classifiers): the attack reads the update through the defenses' published mechanisms (top-k
+  view and low-rank completion, quantisation grid, no absent-category rule under noise, secure
+  aggregation as N clients' rows); the unaware attack beside it. ``model_loss.py``.
 - ``model-stealing-adaptive`` (model release): detect FILOsofer's flipped weights (values pinned
   at a tensor's extremes, the largest magnitudes, or a saliency score on the attacker's own data),
   zero them, then fine-tune; reported beside the plain stealing attack. ``stealing.py``.
@@ -16,15 +21,23 @@ from typing import Any
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
+from flowerbed.attacks.adaptive.model_loss import (
+    ClassifierGroupScorer,
+    DefenseAwareModelLoss,
+    RememberingAttack,
+)
 from flowerbed.attacks.adaptive.scoring import GroupScorer
 from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
+from flowerbed.attacks.inversion import SETTINGS, InversionSettings, with_budget
+from flowerbed.attacks.inversion.attack import model_loss_of
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import published_mechanisms
 
 __all__ = [
     "DefenseAwareInversion",
+    "DefenseAwareModelLoss",
     "DefenseAwareObserver",
     "GoliathAdaptive",
     "ModelStealingAdaptive",
@@ -57,3 +70,48 @@ class GoliathAdaptive:
         unaware = TabularInversion(cfg, icfg) if p["compare_unaware"] else None
         return DefenseAwareObserver(strategy, writer, adaptive, GroupScorer(cfg),
                                     p["target_clients"], p["rounds"], unaware)  # fmt: skip
+
+
+@dataclass
+class ModelLossAdaptiveParams:
+    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+    restarts: int = param(0, ge=0)  # 0 = the attack's own default
+    iterations: int = param(0, ge=0)  # 0 = the attack's own default (optimisation attacks)
+    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+    compare_unaware: bool = True  # also run the unaware attack on the same replies
+
+
+def model_loss_adaptive(base: str, method: str, settings: InversionSettings) -> type:
+    """The defense-aware variant of the model-loss attack ``base`` (module docstring)."""
+    needs = {Capability.MODEL_LOSS}
+    if method == "analytic":
+        needs.add(Capability.LINEAR_FIRST_LAYER)
+
+    class Entry:
+        Params = ModelLossAdaptiveParams
+
+        @classmethod
+        def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+            p = cfg["attack"]["params"]
+            budget = {k: v for k, v in p.items() if k in ("restarts", "iterations") and v > 0}
+            icfg = with_budget(settings, budget, cfg["seed"])
+            contract = model_loss_of(cfg)
+            plain = RememberingAttack(contract, method, icfg, base)
+            adaptive = DefenseAwareModelLoss(contract, method, icfg, f"{base}-adaptive",
+                                             published_mechanisms(cfg), plain)  # fmt: skip
+            unaware = plain if p["compare_unaware"] else None
+            return DefenseAwareObserver(strategy, writer, adaptive, ClassifierGroupScorer(cfg),
+                                        p["target_clients"], p["rounds"], unaware)  # fmt: skip
+
+    Entry.needs = frozenset(needs)
+    Entry.__name__ = Entry.__qualname__ = f"{base.title().replace('-', '')}Adaptive"
+    return Entry
+
+
+for _base, _method, _settings in [
+    ("analytic-fc", "analytic", InversionSettings()),
+    *((name, "optimised", s) for name, s in SETTINGS.items()),
+]:
+    ATTACKS.register(f"{_base}-adaptive", f"defense-aware {_base} on a model-loss workload "
+                     "(reads the update through the defenses' public mechanisms)")(
+        model_loss_adaptive(_base, _method, _settings))  # fmt: skip

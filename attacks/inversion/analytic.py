@@ -20,7 +20,7 @@ from sklearn.cluster import AgglomerativeClustering
 
 from flowerbed.attacks.inversion.knowledge import Recovered, ServerView
 from flowerbed.attacks.inversion.labels import assign_labels, recover_labels
-from flowerbed.attacks.inversion.simulate import distance, simulate
+from flowerbed.attacks.inversion.simulate import distance, observed
 
 ACTIVE = 1e-6  # a neuron counts when |dL/db_i| exceeds this fraction of the largest
 AGREE = 1e-2  # candidates closer than this (RMS, in units of the input box) are the same input
@@ -65,8 +65,10 @@ def group(cands: torch.Tensor, width: torch.Tensor, batch: int) -> list[torch.Te
     return [cands[labels == c].median(0).values for c in order]
 
 
-def invert_analytic(view: ServerView, seed: int = 0) -> Recovered:
-    """Recover the batch from the first layer; rows not found are prior draws (not recovered)."""
+def invert_analytic(view: ServerView, seed: int = 0, assign: bool = True) -> Recovered:
+    """Recover the batch from the first layer; rows not found are prior draws (not recovered).
+    ``assign``: give each row its label by update matching (``assign_labels``, B^2 replays; off
+    where only the rows are wanted, e.g. as an optimisation's start)."""
     start = time.perf_counter()
     contract, batch = view.contract, view.batch
     dtype = next(iter(view.params.values())).dtype
@@ -86,9 +88,9 @@ def invert_analytic(view: ServerView, seed: int = 0) -> Recovered:
         rows += list(contract.draw(batch - len(rows), gen).reshape(batch - len(rows), -1).to(dtype))
     x = torch.stack(rows).reshape(batch, *schema.shape)
     y = recover_labels(view, seed) if contract.last_bias in view.update else torch.zeros(batch).long()  # fmt: skip
-    if batch > 1:
+    if batch > 1 and assign:
         y = assign_labels(view, x, y)
-    sim = simulate(contract, view.params, x, y, create_graph=False)
+    sim = observed(view, x, y, create_graph=False)
     score = float(distance(sim, view.update, "cosine").detach())
     return Recovered(x.detach(), y, score, contract.decode(x.detach()),
                      time.perf_counter() - start, "analytic")  # fmt: skip

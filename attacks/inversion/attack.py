@@ -13,9 +13,14 @@ from typing import Any
 import torch
 
 from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, server_view
+from flowerbed.attacks.inversion.knowledge import (
+    InversionSettings,
+    Recovered,
+    ServerView,
+    server_view,
+)
 from flowerbed.attacks.inversion.optimisation import invert_optimised
-from flowerbed.attacks.inversion.simulate import distance, simulate
+from flowerbed.attacks.inversion.simulate import distance, observed
 from flowerbed.clients.model_loss import ModelLoss, prior_guess_inputs, prior_guess_labels
 from flowerbed.clients.workloads import WORKLOADS
 
@@ -39,7 +44,7 @@ class ModelLossAttack:
         self.name = name or method
 
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Recovered:  # fmt: skip
-        view = server_view(self.contract, sent, reply, num_examples)
+        view = self.view(sent, reply, num_examples)
         if self.method == "analytic":
             return invert_analytic(view, self.settings.seed)
         if self.method == "optimised":
@@ -51,16 +56,21 @@ class ModelLossAttack:
         return Recovered(x, y, float("nan"), self.contract.decode(x),
                          time.perf_counter() - start, self.name)  # fmt: skip
 
+    def view(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> ServerView:  # fmt: skip
+        """What the attacker reads from a reply (the defense-aware attacker reads it through the
+        defenses' public mechanisms: ``attacks.adaptive.model_loss``)."""
+        return server_view(self.contract, sent, reply, num_examples)
+
     def prior_guess(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int, seed: int) -> Recovered:  # fmt: skip
         """Inputs and labels from public knowledge alone (``guess_from_prior``)."""
         return guess_from_prior(self.contract, num_examples, seed, self.name)
 
     def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Recovered) -> float:  # fmt: skip
         """The attack's objective (its update distance, no prior term) for ``rec``."""
-        view = server_view(self.contract, sent, reply, len(rec.x))
+        view = self.view(sent, reply, len(rec.x))
         dtype = next(iter(view.params.values())).dtype
         with torch.enable_grad():
-            sim = simulate(self.contract, view.params, rec.x.to(dtype), rec.y, create_graph=False)
+            sim = observed(view, rec.x.to(dtype), rec.y, create_graph=False)
         return float(distance(sim, view.update, self.settings.objective).detach())
 
     def pool(self, sent: dict[str, torch.Tensor], recs: list[Recovered]) -> Recovered | None:

@@ -8,6 +8,7 @@ and one client's reply with its ``num-examples``. Unknown: the inputs and their 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +25,16 @@ class ServerView:
     params: dict[str, torch.Tensor]  # the global model sent this round
     update: dict[str, torch.Tensor]  # (sent - reply) / lr: the gradient under FedSGD
     batch: int  # the reply's num-examples
+    #: how the attacker reads an update: a simulated (clean) update -> what the server would see
+    #: of it (a defense's public mechanism; None = as it is, the unaware attacker)
+    reading: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    #: a first-layer input column whose entries are all at most this (absolute) reads "no row
+    #: holds this category" (``attacks.inversion.tabular``): exact zeros for the unaware
+    #: attacker; a defense-aware one sets it from the defense's mechanism (None: no rule)
+    absent_at: float | None = 0.0
+    #: the update is the example-weighted mean of this many clients' updates (secure
+    #: aggregation), each of ``batch / members`` examples
+    members: int = 1
 
 
 def server_view(
@@ -53,6 +64,19 @@ class InversionSettings:
     iterations: int = 400
     restarts: int = 1
     seed: int = 0
+    #: tables: categorical groups as softmax of free logits (TabLeak) instead of box-projected
+    structure: bool = False
+    #: tables: drop the categories the update says no row holds (``tabular.present_columns``)
+    support: bool = False
+    #: combine the restarts (TabLeak's pooling: matched median / mean probabilities) instead of
+    #: keeping the best one
+    pooling: bool = False
+    #: start the first restart from the analytic first-layer reconstruction (the rows several
+    #: first-layer neurons agree on, prior draws for the rest; ``analytic.invert_analytic``)
+    analytic_init: bool = False
+    #: tables with ``structure``: step size of the numeric columns (0 = ``lr``); small keeps them
+    #: near their (prior) start unless the update pushes them consistently
+    numeric_lr: float = 0.0
 
 
 DLG = InversionSettings(objective="l2", labels="joint", sign=False, box=False, decay=False, lr=0.1)
@@ -60,8 +84,15 @@ IDLG = replace(DLG, labels="analytic")
 INVERTING_GRADIENTS = InversionSettings(objective="cosine", labels="analytic", tv=1e-4, sign=True,
                                         box=True, decay=True, lr=0.1)  # fmt: skip
 
+#: TabLeak adapted to a classifier on an encoded table: cosine, signed Adam with step decay,
+#: softmax-structured categorical groups restricted to the categories present in the update,
+#: started from the analytic first-layer rows, two restarts pooled (``attacks.inversion.tabular``)
+TABLEAK = InversionSettings(objective="cosine", labels="analytic", sign=True, box=True, decay=True,
+                            lr=0.1, restarts=2, structure=True, support=True, pooling=True,
+                            analytic_init=True, numeric_lr=0.01)  # fmt: skip
+
 SETTINGS: dict[str, InversionSettings] = {
-    "dlg": DLG, "idlg": IDLG, "inverting-gradients": INVERTING_GRADIENTS,
+    "dlg": DLG, "idlg": IDLG, "inverting-gradients": INVERTING_GRADIENTS, "tableak": TABLEAK,
 }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from flowerbed.attacks.inversion.knowledge import ServerView
-from flowerbed.attacks.inversion.simulate import distance, simulate
+from flowerbed.attacks.inversion.simulate import distance, observed
 
 PRIOR_DRAWS = 256
 
@@ -24,7 +24,7 @@ def sgd_scale(view: ServerView) -> float:
     """How many mean-gradient units the SGD update ``(sent - reply) / lr`` holds (first order):
     each step adds its momentum buffer, sum_k (1 - m^k) / (1 - m)."""
     training = view.contract.training
-    steps = len(training.plan(view.batch))
+    steps = len(training.plan(max(view.batch // max(view.members, 1), 1)))
     m = 0.0 if training.protocol == "fedsgd" else training.momentum
     return float(sum((1 - m**k) / (1 - m) if m else 1.0 for k in range(1, steps + 1)))
 
@@ -86,7 +86,7 @@ def assign_labels(view: ServerView, x: torch.Tensor, y: torch.Tensor, objective:
     classes = view.contract.schema.num_classes
 
     def cost(labels: torch.Tensor) -> float:
-        sim = simulate(view.contract, view.params, x, labels, create_graph=False)
+        sim = observed(view, x, labels, create_graph=False)
         return float(distance(sim, view.update, objective).detach())
 
     def moves(labels: torch.Tensor):  # noqa: ANN202 - generator of candidate assignments

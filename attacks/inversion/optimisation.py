@@ -7,7 +7,12 @@ update (``simulate``: every local step replayed) matches the observed one.
 * Inverting Gradients: cosine distance + total-variation prior (images), Adam on signed
   gradients, inputs projected into the schema's box, lr x 0.1 at 3/8, 5/8, 7/8 of the budget.
 
-Restarts start from public prior draws; the restart with the lowest distance is kept.
+Restarts start from public prior draws; the restart with the lowest distance is kept, or, with
+``pooling`` (TabLeak), the restarts are combined. On an encoded table ``structure`` optimises each
+categorical group as a softmax and ``support`` drops the categories the update says are absent
+(``attacks.inversion.tabular``). The candidate update is read the way the attacker reads the
+observed one (``simulate.observed``: through a defense's public mechanism for the defense-aware
+attacker).
 """
 
 from __future__ import annotations
@@ -16,43 +21,83 @@ import time
 
 import torch
 
+from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, ServerView
 from flowerbed.attacks.inversion.labels import recover_labels
-from flowerbed.attacks.inversion.simulate import distance, simulate, total_variation
+from flowerbed.attacks.inversion.simulate import distance, observed, total_variation
+from flowerbed.attacks.inversion.tabular import (
+    harden,
+    init_logits,
+    pool_restarts,
+    present_columns,
+    structured,
+)
 
 
 def _objective(view: ServerView, x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(objective with the prior, the distance alone)."""
-    sim = simulate(view.contract, view.params, x, y, create_graph=True)
+    sim = observed(view, x, y, create_graph=True)
     d = distance(sim, view.update, cfg.objective)
     if cfg.tv and view.contract.schema.kind == "image":
         return d + cfg.tv * total_variation(x), d
     return d, d
 
 
-def invert_once(view: ServerView, cfg: InversionSettings, restart: int) -> tuple[torch.Tensor, torch.Tensor, float]:  # fmt: skip
-    """One restart: returns (inputs, labels, final distance)."""
+def allowed_columns(view: ServerView, cfg: InversionSettings) -> torch.Tensor:
+    """(dim,) bool: the input columns the search may use (``support``: the categories present in
+    the update, when the attacker reads zero columns as absent)."""
+    dim = view.contract.schema.dim
+    if cfg.support and view.absent_at is not None:
+        present = present_columns(view)
+        if present is not None:
+            return present
+    return torch.ones(dim, dtype=torch.bool)
+
+
+def invert_once(view: ServerView, cfg: InversionSettings, restart: int,
+                start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:  # fmt: skip
+    """One restart from ``start`` (default: prior draws): returns (inputs, labels, distance)."""
     contract, batch = view.contract, view.batch
     schema = contract.schema
     dtype = next(iter(view.params.values())).dtype
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
-    x = contract.draw(batch, gen).to(dtype).requires_grad_(True)
-    tensors = [x]
-    if cfg.labels == "joint":
-        logits = (torch.randn(batch, schema.num_classes, generator=gen) * 0.1).to(dtype)
+    x0 = contract.draw(batch, gen).to(dtype) if start is None else start.to(dtype)
+    blocks = schema.onehot_blocks if cfg.structure and schema.kind == "table" else ()
+    if blocks:  # free numerics + per-group logits (absent categories at -inf)
+        free = x0.reshape(batch, -1).clone().requires_grad_(True)
+        logits = init_logits(x0.reshape(batch, -1), blocks, allowed_columns(view, cfg), gen)
         logits.requires_grad_(True)
-        tensors.append(logits)
+        tensors = [free, logits]
+
+        def rows() -> torch.Tensor:
+            return structured(free, logits, blocks).reshape(batch, *schema.shape)
+
+        x = free
+    else:
+        x = x0.clone().requires_grad_(True)
+        tensors = [x]
+
+        def rows() -> torch.Tensor:
+            return x
+
+    if cfg.labels == "joint":
+        label_logits = (torch.randn(batch, schema.num_classes, generator=gen) * 0.1).to(dtype)
+        label_logits.requires_grad_(True)
+        tensors.append(label_logits)
         fixed = None
     else:
         fixed = recover_labels(view, cfg.seed)
-    low = schema.low.to(dtype).reshape(schema.shape)
-    high = schema.high.to(dtype).reshape(schema.shape)
-    opt = torch.optim.Adam(tensors, lr=cfg.lr)
+    low = schema.low.to(dtype).reshape(x.shape[1:])
+    high = schema.high.to(dtype).reshape(x.shape[1:])
+    groups = [{"params": [t]} for t in tensors]
+    if blocks and cfg.numeric_lr > 0:
+        groups[0]["lr"] = cfg.numeric_lr
+    opt = torch.optim.Adam(groups, lr=cfg.lr)
     milestones = [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, 0.1) if cfg.decay else None
     for _ in range(cfg.iterations):
-        y = fixed if fixed is not None else torch.softmax(tensors[1], 1)
-        total, _ = _objective(view, x, y, cfg)
+        y = fixed if fixed is not None else torch.softmax(tensors[-1], 1)
+        total, _ = _objective(view, rows(), y, cfg)
         opt.zero_grad()
         grads = torch.autograd.grad(total, tensors)
         for t, g in zip(tensors, grads, strict=True):
@@ -65,16 +110,40 @@ def invert_once(view: ServerView, cfg: InversionSettings, restart: int) -> tuple
         if sched is not None:
             sched.step()
     with torch.no_grad():
-        x_final = torch.maximum(torch.minimum(x.detach(), high), low)
-    y_final = fixed if fixed is not None else tensors[1].detach().argmax(1)
-    sim = simulate(contract, view.params, x_final, y_final, create_graph=False)
-    return x_final, y_final, float(distance(sim, view.update, cfg.objective).detach())
+        x.copy_(torch.maximum(torch.minimum(x, high), low))
+        x_final = rows().detach()
+        if blocks:
+            x_final = harden(x_final.reshape(batch, -1), blocks).reshape(x_final.shape)
+    y_final = fixed if fixed is not None else tensors[-1].detach().argmax(1)
+    return x_final, y_final, score_of(view, x_final, y_final, cfg.objective)
+
+
+def score_of(view: ServerView, x: torch.Tensor, y: torch.Tensor, objective: str) -> float:
+    """The distance of the update ``x``, ``y`` would give to the observed one."""
+    sim = observed(view, x, y, create_graph=False)
+    return float(distance(sim, view.update, objective).detach())
 
 
 def invert_optimised(view: ServerView, cfg: InversionSettings, method: str = "") -> Recovered:
     """Run the restarts, keep the best match, decode."""
     torch.set_num_threads(1)
     start = time.perf_counter()
-    runs = [invert_once(view, cfg, r) for r in range(cfg.restarts)]
-    x, y, score = min(runs, key=lambda run: run[2])
+    first = None
+    if cfg.analytic_init and view.contract.first_linear is not None:
+        first = invert_analytic(view, cfg.seed, assign=False).x
+    runs = [invert_once(view, cfg, r, first if r == 0 else None) for r in range(cfg.restarts)]
+    runs.sort(key=lambda run: run[2])
+    x, y, score = runs[0]
+    blocks = view.contract.schema.onehot_blocks
+    if (
+        cfg.pooling
+        and len(runs) > 1
+        and view.contract.schema.kind == "table"
+        and all(torch.equal(run[1], y) for run in runs)
+    ):  # TabLeak's pooling (the labels are the recovered ones, the same in every restart)
+        schema = view.contract.schema
+        width = (schema.high - schema.low).to(x.dtype).clamp_min(1e-12)
+        flat = [run[0].reshape(len(y), -1) for run in runs]
+        x = pool_restarts(flat, y, blocks, width).reshape(x.shape)
+        score = score_of(view, x, y, cfg.objective)
     return Recovered(x, y, score, view.contract.decode(x), time.perf_counter() - start, method)

@@ -4,9 +4,14 @@ workload; plus the distances that compare a simulated update with the observed o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from flowerbed.clients.model_loss import ModelLoss
+
+if TYPE_CHECKING:
+    from flowerbed.attacks.inversion.knowledge import ServerView
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
 
@@ -51,6 +56,20 @@ def simulate(
             new[k] = state[k] - training.lr * direction
         state = new if create_graph else {k: t.detach().requires_grad_(True) for k, t in new.items()}  # fmt: skip
     return {k: (params[k] - state[k]) / training.lr for k in names}
+
+
+def observed(view: ServerView, x: torch.Tensor, y: torch.Tensor, create_graph: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The update the server would observe for candidate inputs ``x`` and labels ``y``: the
+    client's local steps replayed (``simulate``; under secure aggregation the example-weighted
+    mean of ``view.members`` equal chunks, one per client), read through ``view.reading`` (the
+    defense's public mechanism, when the attacker knows it)."""
+    if view.members <= 1:
+        sim = simulate(view.contract, view.params, x, y, create_graph)
+    else:
+        chunks = [simulate(view.contract, view.params, xs, ys, create_graph)
+                  for xs, ys in zip(x.chunk(view.members), y.chunk(view.members), strict=True)]  # fmt: skip
+        sim = {k: sum(c[k] for c in chunks) / len(chunks) for k in chunks[0]}
+    return sim if view.reading is None else view.reading(sim)
 
 
 def distance(sim: dict[str, torch.Tensor], target: dict[str, torch.Tensor], objective: str) -> torch.Tensor:  # fmt: skip

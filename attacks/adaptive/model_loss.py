@@ -1,0 +1,181 @@
+"""Defense-aware gradient inversion of any model-loss workload (the classifiers: tabular MLP, digits).
+
+Any model-loss attack (``analytic-fc``, ``inverting-gradients``, ``tableak``, ...) gets the
+defense-aware path from the configured defenses' public mechanisms (``Defense.mechanism()``), never
+from their names: the attacker changes how it *reads* an update, the attack itself is unchanged.
+
+- ``Sparsification`` (top-k): a candidate's update is compared through ``topk_view`` (kept
+  coordinates as they are, a dropped one only beyond the smallest kept magnitude); a first-layer
+  column top-k dropped entirely is still read as an absent category (a present category's
+  column holds some of the largest entries, so all-zero is what absence most likely gives);
+  the analytic attack runs on the low-rank completion of the first layer
+  (``complete_low_rank``: rank <= the batch size);
+- ``Quantisation``: compared within one grid step per coordinate (``grid_view``); an absent
+  category's zero column rounds to the two grid levels around zero, so a column reads absent when
+  every entry is within one step of zero (the unaware attacker looks for exact zeros and finds
+  none);
+- ``GaussianNoise`` on the update (DP-SGD, local DP): a column reads absent when every entry is
+  within ``NOISE_SDS`` noise standard deviations of zero (the noise scale in update units from
+  the mechanism and the public protocol); the classifier clients draw fresh rows every round, so
+  there is nothing to average over rounds;
+- ``Aggregation`` (secure aggregation): an aggregate of N clients is inverted as the mean of N
+  clients' updates of ``B`` rows each (``ServerView.members``), scored against the union of their
+  rows (``ClassifierGroupScorer``).
+
+Without a mechanism to adapt to, the defense-aware attacker is the unaware one (same inversion,
+run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` / ``attack.unaware_*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from flowerbed.attacks.adaptive.inversion import complete_low_rank, compose, grid_view, topk_view
+from flowerbed.attacks.inversion.analytic import invert_analytic
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, ServerView
+from flowerbed.attacks.inversion.optimisation import invert_optimised
+from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.clients.defenses import (
+    Aggregation,
+    GaussianNoise,
+    Mechanism,
+    Quantisation,
+    Sparsification,
+)
+from flowerbed.clients.model_loss import ModelLoss
+from flowerbed.clients.workloads import Examples
+
+NOISE_SDS = 3.0  # a column reads absent when every entry is within this many noise sds of 0
+
+
+def grid_step(update: torch.Tensor, bits: int) -> float:
+    """One step of a quantised tensor's grid (its range over ``2**bits - 1``): an absent
+    category's zero entries round to one of the two levels around zero, at most a step away."""
+    return (float(update.max()) - float(update.min())) / (2**bits - 1) * (1 + 1e-6)
+
+
+def update_noise_std(mechanism: GaussianNoise, contract: ModelLoss, batch: int) -> float | None:
+    """Per-entry sd of a mechanism's noise in the attacker's update units (``(sent - reply) /
+    lr``); None where the mechanism's noise is not known in those units (FedAvg's many steps of
+    DP-SGD noise are, approximately: sqrt(steps) x one step's)."""
+    if mechanism.clipping_norm is None:
+        return None
+    sd = mechanism.noise_multiplier * mechanism.clipping_norm
+    training = contract.training
+    if mechanism.where == "update":  # added to the model delta the client sends
+        return sd / training.lr
+    if mechanism.where == "per-example":  # on the sum of a step's clipped gradients, / batch
+        steps = len(training.plan(max(batch, 1)))
+        per_step = sd / max(min(batch, training.batch_size), 1)
+        return per_step * steps**0.5
+    return None
+
+
+class RememberingAttack(ModelLossAttack):
+    """The unaware model-loss attack, remembering its last (reply, reconstruction)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last: tuple[dict, Recovered] | None = None
+
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Recovered:  # fmt: skip
+        rec = super().invert(sent, reply, num_examples)
+        self.last = (reply, replace(rec))
+        return rec
+
+
+class DefenseAwareModelLoss(ModelLossAttack):
+    """A model-loss attack that reads each update through the defenses' public mechanisms."""
+
+    def __init__(self, contract: ModelLoss, method: str, settings: InversionSettings, name: str,
+                 mechanisms: list[Mechanism], plain: RememberingAttack | None = None) -> None:  # fmt: skip
+        super().__init__(contract, method, settings, name)
+        self.mechanisms = list(mechanisms)
+        #: the unaware attack run on the same replies (its result is reused where nothing adapts)
+        self.plain = plain
+        self.latest: dict[tuple[int, ...], tuple[dict, dict, int]] = {}
+        self.members = 1
+
+    @property
+    def adapts(self) -> bool:
+        """Whether any published mechanism changes how the update is read."""
+        return any(isinstance(m, (Sparsification, Quantisation, Aggregation))
+                   or (isinstance(m, GaussianNoise) and m.on_update) for m in self.mechanisms)  # fmt: skip
+
+    def view(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> ServerView:  # fmt: skip
+        base = super().view(sent, reply, num_examples)
+        readings: list[Any] = []
+        absent_at: float | None = 0.0
+        first = self.contract.first_linear[0] if self.contract.first_linear else None
+        for mechanism in self.mechanisms:
+            if isinstance(mechanism, Sparsification):
+                readings.append(topk_view(base.update))
+            elif isinstance(mechanism, Quantisation):
+                readings.append(grid_view(base.update, mechanism.bits))
+                if first in base.update and absent_at is not None:
+                    absent_at = max(absent_at, grid_step(base.update[first], mechanism.bits))
+            elif isinstance(mechanism, GaussianNoise) and mechanism.on_update:
+                std = update_noise_std(mechanism, self.contract, num_examples // self.members)
+                absent_at = None if std is None or absent_at is None else max(absent_at, NOISE_SDS * std)  # fmt: skip
+        return replace(base, reading=compose(readings), absent_at=absent_at, members=self.members)
+
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Recovered:  # fmt: skip
+        view = self.view(sent, reply, num_examples)
+        if self.method == "analytic":
+            if any(isinstance(m, Sparsification) for m in self.mechanisms):
+                view = replace(view, update=completed_first_layer(view))
+            return invert_analytic(view, self.settings.seed)
+        if self.method == "optimised":
+            return invert_optimised(view, self.settings, self.name)
+        return super().invert(sent, reply, num_examples)
+
+    # -- the observer's interface (``attacks.adaptive.inversion.DefenseAwareObserver``) ----------
+    def observe(self, members: tuple[int, ...], server_round: int, sent: dict[str, torch.Tensor],
+                reply: dict[str, torch.Tensor], examples: int) -> None:  # fmt: skip
+        self.latest[members] = (sent, reply, examples)
+
+    def invert_latest(self, members: tuple[int, ...]) -> Recovered:
+        sent, reply, examples = self.latest[members]
+        self.members = len(members)
+        if not self.adapts and self.plain is not None and self.plain.last is not None:
+            seen, rec = self.plain.last
+            if seen is reply:  # nothing to adapt to: the unaware inversion of this very reply
+                return replace(rec)
+        return self.invert(sent, reply, examples)
+
+
+def completed_first_layer(view: ServerView) -> dict[str, torch.Tensor]:
+    """The update with its first layer's dropped entries filled by low-rank completion (rank at
+    most the batch size: ``[dW | db] = sum_i delta_i [x_i, 1]^T``)."""
+    w, b = view.contract.first_linear or ("", "")
+    if w not in view.update or b not in view.update:
+        return view.update
+    layer = w.removesuffix(".weight")
+    part = {f"{layer}.weight": view.update[w].double(), f"{layer}.bias": view.update[b].double()}
+    rank = min(view.batch, *view.update[w].shape)
+    done = complete_low_rank(part, rank)
+    out = dict(view.update)
+    out[w] = done[f"{layer}.weight"].to(view.update[w].dtype)
+    out[b] = done[f"{layer}.bias"].to(view.update[b].dtype)
+    return out
+
+
+class ClassifierGroupScorer(ClassifierScorer):
+    """``ClassifierScorer`` whose ``partition_id`` may be a tuple: the members of an aggregate,
+    scored against the union of their round examples."""
+
+    def truth(self, partition_id: Any, server_round: int) -> Examples:
+        if not isinstance(partition_id, tuple):
+            return super().truth(partition_id, server_round)
+        parts = [super(ClassifierGroupScorer, self).truth(p, server_round) for p in partition_id]
+        return Examples(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+
+    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
+        out = super().score(partition_id, server_round, sent, rec)
+        if isinstance(partition_id, tuple):
+            out["group_size"] = float(len(partition_id))
+        return out
