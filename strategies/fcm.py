@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.core.params import choices
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.fedavg import sampling_kwargs
@@ -97,12 +97,18 @@ class FCMStrategy(FedAvg):
     """Flower Strategy (via FedAvg's sampling) with per-concept aggregation and a concept registry."""
 
     def __init__(
-        self, workload: Any, aggregation: str = "concept", expansion: str = "grow", **kwargs: Any
+        self,
+        workload: Any,
+        aggregation: str = "concept",
+        expansion: str = "grow",
+        warmup: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.workload = workload
         self.aggregation = aggregation
         self.expansion = expansion
+        self.warmup = warmup
         self.registry: list[dict[str, Any]] = []
         self.version = 0
         self.current: dict[str, np.ndarray] = {}
@@ -124,8 +130,14 @@ class FCMStrategy(FedAvg):
         from flowerbed.clients.workloads.fcm import expand, init_params
 
         seed = self.workload.cfg["seed"]
+        first = server_round + 1
         for name in new:
-            self.registry.append({"name": name, "type": "binary", "first_round": server_round + 1})
+            entry = {"name": name, "type": "binary", "first_round": first}
+            if self.expansion == "grow" and self.warmup:
+                # warm-up: the module is trained on its concept labels only, its (zero) task-head
+                # block is frozen until this round, so the task head never fits a random module
+                entry["task_from"] = first + self.warmup
+            self.registry.append(entry)
         self.version += 1
         if self.expansion == "restart":
             names = tuple(e["name"] for e in self.registry)
@@ -201,6 +213,8 @@ class FCMEntry:
     class Params:
         aggregation: Aggregation = Aggregation("concept")  # concept (F-CMs) | fedavg (by examples)
         expansion: Expansion = Expansion("grow")  # grow (F-CMs) | ignore | restart (re-initialise)
+        # rounds a grown concept's task-head block stays frozen at zero (its module trains first)
+        warmup: int = param(0, ge=0)
 
     @staticmethod
     def build(cfg: dict[str, Any]) -> FCMStrategy:
