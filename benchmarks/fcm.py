@@ -144,11 +144,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        held = tuple(n for n in available if n in concepts_of(params))\n",
         "        held = tuple(n for n in available if n in self.scenario.initial_concepts())\n",
     ),
+    "warm-up ignored by clients (grown task-head blocks trained at once)": (
+        "clients/workloads/fcm.py",
+        '        frozen = tuple(e["name"] for e in registry if e.get("task_from", 0) > rnd)\n',
+        "        frozen = ()\n",
+    ),
 }
 CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_fcm_matches_centralised_task_accuracy_on_a_generated_dag",
     "tests/clients/test_fcm.py::test_lacked_concepts_learnt_through_federation_not_locally",
     "tests/clients/test_fcm.py::test_late_concepts_cost_no_task_accuracy_on_generated_tasks",
+    "tests/clients/test_fcm.py::test_warm_up_of_grown_concepts_raises_task_accuracy_on_generated_tasks",
     "tests/strategies/test_fcm.py",
 ]
 

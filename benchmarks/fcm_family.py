@@ -40,7 +40,9 @@ NON_ADAPTIVE = (
 )
 BASE_PRESET = "fcm-dag6-schedule"
 #: diagnostic arms (``--methods``): F-CMs with one factor of the gap to centralised removed
-DIAGNOSTICS = ("F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps")
+DIAGNOSTICS = ("F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps", "F-CMs, warm-up")
+#: rounds a grown concept's task-head block stays frozen in the "F-CMs, warm-up" arm
+WARMUP = 3
 
 
 def family_task(index: int, rounds: int = 30) -> dict[str, Any]:
@@ -70,6 +72,9 @@ def run_family_one(
     elif method == "F-CMs, all labels":  # every client labels every concept, same arrivals
         clients = list(range(item["clients"]))
         schedule, base = {c: {**e, "clients": clients} for c, e in schedule.items()}, "F-CMs"
+    elif method == "F-CMs, warm-up":  # a grown concept's task-head block frozen WARMUP rounds
+        base = "F-CMs"
+        extra.append(f"strategy.params.warmup={WARMUP}")
     elif method == "Centralised, same steps":  # pooled data, batches as many times larger
         base = "Centralised, full labels"
         extra.append(f"workload.params.batch_size={32 * item['clients']}")
@@ -221,9 +226,10 @@ def main() -> None:
     tasks, seeds = range(args.first, args.first + args.tasks), args.seeds
     if args.quick:
         sizes, tasks, seeds = {"rounds": 6, "n_train": 60, "n_test": 200}, range(2), [0]
+    # seed-major: a run cut short has whole seeds over all tasks
     jobs = [
         (i, m, s, sizes["rounds"], args.override, sizes["n_train"], sizes["n_test"])
-        for i in tasks for s in seeds for m in args.methods
+        for s in seeds for i in tasks for m in args.methods
     ]  # fmt: skip
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for (i, method, seed, *_), row, took in pool.map(_job, jobs):

@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import choices
+from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
@@ -101,13 +101,14 @@ class FCMStrategy(FedAvg):
 
     def __init__(
         self, spec: ModelSpec, seed: int = 0, aggregation: str = "concept", expansion: str = "grow",
-        **kwargs: Any,
+        warmup: int = 0, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec  # the concept model's spec (the workload's ``concept-registry`` contract)
         self.seed = seed
         self.aggregation = aggregation
         self.expansion = expansion
+        self.warmup = warmup
         self.registry: list[dict[str, Any]] = []
         self.version = 0
         self.current: dict[str, np.ndarray] = {}
@@ -129,8 +130,14 @@ class FCMStrategy(FedAvg):
         from flowerbed.clients.workloads.fcm import expand, init_params
 
         seed = self.seed
+        first = server_round + 1
         for name in new:
-            self.registry.append({"name": name, "type": "binary", "first_round": server_round + 1})
+            entry = {"name": name, "type": "binary", "first_round": first}
+            if self.expansion == "grow" and self.warmup:
+                # warm-up: the module is trained on its concept labels only, its (zero) task-head
+                # block is frozen until this round, so the task head never fits a random module
+                entry["task_from"] = first + self.warmup
+            self.registry.append(entry)
         self.version += 1
         if self.expansion == "restart":
             names = tuple(e["name"] for e in self.registry)
@@ -209,10 +216,12 @@ class FCMEntry:
     class Params:
         aggregation: Aggregation = Aggregation("concept")  # concept (F-CMs) | fedavg (by examples)
         expansion: Expansion = Expansion("grow")  # grow (F-CMs) | ignore | restart (re-initialise)
+        # rounds a grown concept's task-head block stays frozen at zero (its module trains first)
+        warmup: int = param(0, ge=0)
 
     @staticmethod
     def build(params: FCMEntry.Params, context: StrategyContext) -> FCMStrategy:
         return FCMStrategy(
             context.workload.spec, context.seed, aggregation=params.aggregation,
-            expansion=params.expansion, **context.sampling.kwargs(),
+            expansion=params.expansion, warmup=params.warmup, **context.sampling.kwargs(),
         )  # fmt: skip

@@ -99,9 +99,11 @@ SETTINGS: dict[str, InversionSettings] = {
 def with_budget(
     settings: InversionSettings, params: dict[str, Any], seed: int
 ) -> InversionSettings:
-    """Apply an attack's typed params (budget knobs) to its settings."""
+    """Apply an attack's typed params (budget knobs) to its settings; 0 keeps the settings' own
+    value (the defense-aware variants' ``restarts=0`` / ``iterations=0``: the attack's default)."""
     keys = {"restarts", "iterations"}
-    return replace(settings, seed=seed, **{k: v for k, v in params.items() if k in keys})
+    budget = {k: v for k, v in params.items() if k in keys and v}
+    return replace(settings, seed=seed, **budget)
 
 
 @dataclass

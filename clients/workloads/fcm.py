@@ -13,6 +13,7 @@ Data generators live in ``clients.workloads.fcm_data``.
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -166,14 +167,17 @@ def local_train(
     concept_weight: float,
     rand_int: float,
     seed: int,
+    frozen: tuple[str, ...] = (),
 ) -> tuple[Params, float]:
     """Joint training: task CE + concept BCE masked to ``held``. Modules of lacked concepts are
-    frozen (``train_lacked=False``, F-CMs) or trained by the task gradient only (FedAvg baselines)."""
+    frozen (``train_lacked=False``, F-CMs) or trained by the task gradient only (FedAvg baselines).
+    ``frozen``: concepts in warm-up, whose task-head block ``task.in.<name>`` is not trained."""
     concepts = concepts_of(params)
     params = {k: v.detach().clone() for k, v in params.items()}
     trainable = [
         k for k in params
-        if not k.startswith("concept.") or train_lacked or k.split(".")[1] in held
+        if (not k.startswith("concept.") or train_lacked or k.split(".")[1] in held)
+        and k not in {f"task.in.{n}" for n in frozen}
     ]  # fmt: skip
     for k in trainable:
         params[k].requires_grad_(True)
@@ -373,11 +377,13 @@ class FCM(Workload):
         params = to_params(arrays)
         available = self.held(pid, rnd)
         held = tuple(n for n in available if n in concepts_of(params))
+        registry = json.loads(str(config.get(REGISTRY_KEY, "{}"))).get("concepts", [])
+        frozen = tuple(e["name"] for e in registry if e.get("task_from", 0) > rnd)
         trained, loss = local_train(
             params, self.spec, data, held,
             train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
             batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
-            seed=client_seed(self.cfg["seed"], pid, rnd),
+            seed=client_seed(self.cfg["seed"], pid, rnd), frozen=frozen,
         )  # fmt: skip
         local_scores = {}
         if p.local_only:  # the evaluate hook gets no client state, so score the local model here

@@ -139,3 +139,40 @@ def test_the_strategy_gets_its_params_and_the_concept_models_spec_typed() -> Non
     strategy = build_strategy(cfg, workload)
     assert strategy.spec is workload.spec and strategy.seed == 3
     assert (strategy.aggregation, strategy.expansion) == ("fedavg", "restart")
+
+
+def test_warm_up_keeps_a_grown_concepts_task_block_at_zero_until_released() -> None:
+    """strategy.params.warmup=W: a concept added at the end of round r has ``task_from`` r+1+W in
+    the registry; clients leave its task-head block at zero (bit for bit) before that round and
+    train it from then on, while its module is trained by the holder from the start."""
+    cfg = {"seed": 0, "rounds": 6, "clients": {"num": 2}, "defenses": [],
+           "workload": {"name": "fcm", "params": {"data": "trig", "n_train": 40,
+                        "scenario": "schedule", "schedule": {
+                            "a_pos": {"clients": [0]}, "b_pos": {"clients": [0], "round": 2},
+                            "z_pos": {"clients": [1]}}}}}  # fmt: skip
+    workload = FCM(cfg)
+    strategy = FCMStrategy(workload.spec, 0, aggregation="concept", expansion="grow", warmup=2)
+    start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos",), 0).items()}
+    strategy.current, strategy.registry = start, [{"name": "a_pos", "first_round": 1}]
+    metrics = {"num-examples": 10, "nc.a_pos": 10, "nc.b_pos": 10, "nc-total": 10,
+               "num-task-labels": 10, "partition-id": 0}  # fmt: skip
+    params, _ = strategy.aggregate_replies(1, [(start, metrics)])
+    assert strategy.registry[-1] == {"name": "b_pos", "type": "binary", "first_round": 2,
+                                     "task_from": 4}  # fmt: skip
+    arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
+    data = workload.load_partition(0, 2)
+    changed = {}
+    for rnd in (2, 3, 4):
+        config = {"partition-id": 0, "server-round": rnd, "fcm-registry": strategy.registry_json()}
+        out, _ = workload.fit(arrays, data, config, RecordDict())
+        changed[rnd] = {k: not np.array_equal(out[k].numpy(), params[k]) for k in out.keys()}
+    assert not changed[2]["task.in.b_pos"] and not changed[3]["task.in.b_pos"]
+    assert changed[2]["concept.b_pos.weight"] and changed[2]["task.in.a_pos"]
+    assert changed[4]["task.in.b_pos"]
+    # without warm-up (the default) the new block is trained in its first round
+    plain = FCMStrategy(workload.spec, 0, aggregation="concept", expansion="grow")
+    plain.current, plain.registry = start, [{"name": "a_pos", "first_round": 1}]
+    plain.aggregate_replies(1, [(start, metrics)])
+    config = {"partition-id": 0, "server-round": 2, "fcm-registry": plain.registry_json()}
+    out, _ = workload.fit(arrays, data, config, RecordDict())
+    assert not np.array_equal(out["task.in.b_pos"].numpy(), params["task.in.b_pos"])
