@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
 )
+from flwr.supercore import differential_privacy as _flower_dp
 from flwr.supercore.task_identity import TaskIdentity
 from opacus.accountants import RDPAccountant
 
@@ -145,6 +146,22 @@ def flower_wrapper(strategy: Any, params: dict[str, Any], n: int) -> Any:
     wrapper = (DifferentialPrivacyClientSideFixedClipping if client
                else DifferentialPrivacyServerSideFixedClipping)  # fmt: skip
     return wrapper(strategy, noise, params["clipping_norm"], n)
+
+
+def _clip_inputs_inplace(input_arrays: list[np.ndarray], clipping_norm: float) -> None:
+    """Flower's FlatClip (``flwr.supercore.differential_privacy.clip_inputs_inplace``) without its
+    division by a zero norm: a client whose update is exactly zero (e.g. every ReLU dead after a
+    noisy round) made Flower's server- and client-side fixed clipping raise ZeroDivisionError;
+    clipping a zero update leaves it zero."""
+    norm = _flower_dp.get_norm(input_arrays)  # Flower's own norm: same numbers as before
+    if norm == 0.0:
+        return
+    scaling_factor = min(1, clipping_norm / norm)
+    for array in input_arrays:
+        array *= scaling_factor
+
+
+_flower_dp.clip_inputs_inplace = _clip_inputs_inplace  # compute_clip_model_update looks it up here
 
 
 def sampled_clients(cfg: dict[str, Any]) -> int:

@@ -18,6 +18,10 @@ from flowerbed.clients.tabdiff.model import (
 )
 
 
+class DivergedModel(ValueError):
+    """The model gives non-finite outputs (diverged, e.g. under strong DP noise): no rows."""
+
+
 @torch.no_grad()
 def sample_rows(
     model: Denoiser,
@@ -74,6 +78,8 @@ def sample_rows(
         mc_t = move_chance(torch.tensor(t), k)
         mc_s = move_chance(torch.tensor(s), k) if s > 0 else torch.zeros_like(k)
         reveal = (torch.rand(n, spec.n_cat, generator=gen) < (mc_t - mc_s) / mc_t) & (masked > 0)
+        if not (torch.isfinite(logits).all() and torch.isfinite(x).all()):
+            raise DivergedModel(f"non-finite values at sampling step {i + 1} of {steps}")
         for j, z in enumerate(split_blocks(logits, spec.cat_sizes)):
             draw = torch.multinomial(F.softmax(z, 1), 1, generator=gen)[:, 0]
             codes[:, j] = torch.where(reveal[:, j], draw, codes[:, j])

@@ -38,7 +38,7 @@ from flowerbed.clients.tabdiff.model import (
 )
 from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.quality import quality_report
-from flowerbed.clients.tabdiff.sampler import sample_rows
+from flowerbed.clients.tabdiff.sampler import DivergedModel, sample_rows
 from flowerbed.clients.tabdiff.training import (
     OPTIMIZERS,
     PROTOCOLS,
@@ -284,7 +284,10 @@ class TabDiff(Workload):
         out = self._heldout_loss(to_params(arrays), data.test_num, data.test_codes)
         out.pop("num-examples")
         if self.params.quality_rows and server_round == self.cfg["rounds"]:
-            synth = self.synthesize(arrays, self.params.quality_rows, self.cfg["seed"])
+            try:
+                synth = self.synthesize(arrays, self.params.quality_rows, self.cfg["seed"])
+            except DivergedModel:  # e.g. strong DP noise: a diverged model draws no row
+                return out | {"diverged": 1.0}
             schema = data.table.schema
             out |= quality_report(
                 data.table.train, synth, data.table.test, list(schema.numeric),

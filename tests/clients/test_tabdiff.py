@@ -191,3 +191,17 @@ def test_sampler_returns_valid_rows() -> None:
         assert num.shape == (50, 2) and codes.shape == (50, 2)
         assert torch.isfinite(num).all() and (codes[:, 1] < 5).all() and (codes >= 0).all()
     assert model.k_raw.shape == (2,) and torch.allclose(model.k_raw, k_to_raw(torch.tensor(1.0)))
+
+
+def test_a_diverged_model_is_reported_not_a_crash() -> None:
+    """Strong DP noise can make the global denoiser give non-finite outputs (found in the privacy
+    benchmark: local-dp eps 1, central-dp sigma 1): sampling raises DivergedModel (never
+    torch.multinomial's error), and server evaluation reports ``diverged`` instead of quality."""
+    import pytest
+
+    from flowerbed.clients.tabdiff.sampler import DivergedModel
+
+    m = build_model(DiffusionSpec(n_num=2, cat_sizes=(3, 5), hidden=16, layers=1), 0)
+    params = {k: torch.full_like(v, float("nan")) for k, v in model_params(m).items()}
+    with pytest.raises(DivergedModel):
+        sample_rows(m, params, 10, steps=3, seed=0)
