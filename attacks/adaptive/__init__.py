@@ -93,8 +93,7 @@ def model_loss_adaptive(base: str, method: str, settings: InversionSettings) -> 
         @classmethod
         def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
             p = cfg["attack"]["params"]
-            budget = {k: v for k, v in p.items() if k in ("restarts", "iterations") and v > 0}
-            icfg = with_budget(settings, budget, cfg["seed"])
+            icfg = with_budget(settings, p, cfg["seed"])  # 0 = the attack's own budget
             contract = model_loss_of(cfg)
             plain = RememberingAttack(contract, method, icfg, base)
             adaptive = DefenseAwareModelLoss(contract, method, icfg, f"{base}-adaptive",
