@@ -51,8 +51,8 @@ from flowerbed.apps.inline import InlineGrid
 import bare_client, bare_server
 rounds, clients, data = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 app = tomllib.loads((Path(bare_server.__file__).parent / "pyproject.toml").read_text())
-config = {**app["tool"]["flwr"]["app"]["config"]}  # the app's defaults, as flwr run gives them
-config.update({"num-server-rounds": rounds, "data-dir": data, "lr": 0.05, "batch-size": 64})
+config = {**app["tool"]["flwr"]["app"]["config"],  # the app's defaults, as flwr run gives them
+          "num-server-rounds": rounds, "data-dir": data, "lr": 0.05, "batch-size": 64}
 grid = InlineGrid(bare_client.app, clients, run_config=config)
 bare_server.main(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                run_config=config))
