@@ -610,6 +610,33 @@ def superexec(
     run(ctx.args, (*WARM_MODULES, *(warm_module or [])))
 
 
+@app.command(
+    "supernode", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def supernode(
+    ctx: typer.Context,
+    idle_poll: Annotated[
+        float, typer.Option(help="seconds between pulls that find no message (Flower: 3)")
+    ] = 0.2,
+    reply_poll: Annotated[
+        float, typer.Option(help="seconds between looks for the ClientApp's reply (Flower: 0.5)")
+    ] = 0.05,
+    idle_backoff: Annotated[
+        float, typer.Option(help="after this many idle seconds poll every 3 s, as Flower does")
+    ] = 60.0,
+) -> None:
+    """Flower's SuperNode (any flower-supernode flag) polling for messages every --idle-poll s."""
+    from flowerbed.apps.supernode import PollClock, run
+    from flowerbed.server.deploy import poll_problem
+
+    for name, value in (("idle-poll", idle_poll), ("reply-poll", reply_poll)):
+        if (problem := poll_problem(name, value)) is not None:
+            fail(problem)
+    if idle_backoff < 0:
+        fail(f"--idle-backoff must be >= 0 seconds, got {idle_backoff}")
+    run(ctx.args, PollClock(idle_poll, reply_poll, idle_backoff))
+
+
 deploy_app = typer.Typer(
     no_args_is_help=True, help="A loopback federation (SuperLink + SuperNodes)."
 )
@@ -625,6 +652,12 @@ def deploy_up(
     superexec: Annotated[
         str, typer.Option(help="warm (flowerbed superexec, forked ClientApps) | flower")
     ] = "warm",
+    supernode: Annotated[
+        str, typer.Option(help="flowerbed (Flower's SuperNode, short polls) | flower")
+    ] = "flowerbed",
+    idle_poll: Annotated[
+        float, typer.Option(help="flowerbed supernode: seconds between empty pulls (Flower: 3)")
+    ] = 0.2,
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
     from flowerbed.server.deploy import RegistrationError, up
@@ -632,12 +665,16 @@ def deploy_up(
     if nodes < 1:
         fail("--nodes must be >= 1")
     try:
-        state = up(nodes, directory, insecure=insecure, superexec=superexec)
+        state = up(nodes, directory, insecure=insecure, superexec=superexec,
+                   supernode=supernode, idle_poll=idle_poll)  # fmt: skip
     except (ConfigError, RegistrationError) as exc:
         fail(str(exc))
         return
     mode = "insecure" if insecure else "TLS + SuperNode auth"
-    out.print(f"SuperLink {state['address']} ({mode}), {nodes} SuperNodes; state in {state['dir']}")
+    out.print(
+        f"SuperLink {state['address']} ({mode}), {nodes} SuperNodes; state in {state['dir']}",
+        soft_wrap=True,
+    )
     out.print(f"run on it: flowerbed run quickstart clients.num={nodes} --engine deployment")
 
 
@@ -739,7 +776,7 @@ def deploy_register(
                 time.sleep(2)
                 continue
             for key, what in outcome.items():
-                out.print(f"{key}: {what}")
+                out.print(f"{key}: {what}", soft_wrap=True)
             return
 
 

@@ -1,14 +1,15 @@
 """Where a deployment round's seconds go: per-message phases from the SuperNodes' own logs.
 
 Runs flowerbed's quickstart on a loopback federation (``flowerbed deploy up``, TLS + SuperNode
-auth) with Flower's DEBUG log (every line carries a millisecond timestamp), once per SuperExec
-kind (``warm``: ``flowerbed superexec``; ``flower``: Flower's own, one ``flwr-clientapp``
-interpreter per message), then splits each message's life on each node into the phases below
+auth) with Flower's DEBUG log (every line carries a millisecond timestamp), once per arm
+(``flower``: Flower's SuperExec, one ``flwr-clientapp`` interpreter per message, and Flower's
+SuperNode; ``warm``: ``flowerbed superexec`` beside Flower's SuperNode; ``fast``: ``flowerbed
+superexec`` and ``flowerbed supernode``, whose idle and reply polls are 0.2 s / 0.05 s), then splits each message's life on each node into the phases below
 (median over nodes, rounds and both message types; the first message of a run is left out).
 
     python benchmarks/deployment_profile.py --nodes 2 --rounds 3
     python benchmarks/deployment_profile.py --quick      # 2 SuperNodes, 2 rounds
-    python benchmarks/deployment_profile.py --nodes 8 --rounds 2 --kinds warm
+    python benchmarks/deployment_profile.py --nodes 8 --rounds 2 --kinds warm fast
 
 DEBUG logging adds a little to every phase (the SuperExec's task polls are logged too).
 """
@@ -44,11 +45,18 @@ PHASES = {
     "launch": "task poll + process start (fork, or exec + interpreter + flwr import) + task input",
     "fab": "FAB unpacked, verified, installed (Flower does it per message)",
     "clientapp": "ClientApp: imports, config, data, the work, reply pushed to the SuperNode",
-    "handoff": "SuperNode notices the reply (it polls every 0.5 s)",
+    "handoff": "SuperNode notices the reply (Flower polls every 0.5 s, flowerbed 0.05 s)",
     "push": "SuperNode pushes the reply to the SuperLink",
-    "wait": "until the SuperNode's next pull finds the next message (it sleeps 3 s when none)",
+    "wait": "until the SuperNode's next pull finds the next message (Flower sleeps 3 s when "
+    "none, flowerbed 0.2 s)",
 }
-NAMES = {"flower": "Flower's SuperExec", "warm": "flowerbed superexec"}
+#: arm: (SuperExec, SuperNode) as ``deploy.up`` takes them
+ARMS = {"flower": ("flower", "flower"), "warm": ("warm", "flower"), "fast": ("warm", "flowerbed")}
+NAMES = {
+    "flower": "Flower's SuperExec and SuperNode",
+    "warm": "flowerbed superexec, Flower's SuperNode",
+    "fast": "flowerbed superexec and supernode",
+}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
@@ -95,7 +103,8 @@ def phases(directory: Path, nodes: int) -> dict[str, list[float]]:
 def profile(kind: str, nodes: int, rounds: int, work: Path) -> tuple[dict[str, float], float]:
     os.environ["FLWR_LOG_LEVEL"] = "DEBUG"
     fed = work / f"fed-{kind}"
-    state = deploy.up(nodes, fed, superexec=kind)
+    superexec, supernode = ARMS[kind]
+    state = deploy.up(nodes, fed, superexec=superexec, supernode=supernode)
     try:
         cfg = load_experiment(
             "quickstart",
@@ -117,7 +126,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 SuperNodes, 2 rounds")
     parser.add_argument(
-        "--kinds", nargs="+", choices=list(NAMES), default=list(NAMES), help="SuperExecs to profile"
+        "--kinds", nargs="+", choices=list(NAMES), default=list(NAMES), help="arms to profile"
     )
     args = parser.parse_args()
     if args.quick:

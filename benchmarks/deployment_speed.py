@@ -4,12 +4,13 @@ Both arms train the same MLP (Adult, [64, 32], SGD lr 0.05 momentum 0.9, batch 6
 epoch, FedAvg over every node, federated + central evaluation) on a loopback federation of N
 SuperNodes (TLS + SuperNode auth), submitted the same way (``flwr run --stream``):
 
-* ``flowerbed``: ``flowerbed deploy up``'s federation: every SuperNode runs ``--isolation
+* ``flowerbed``: ``flowerbed deploy up``'s federation: every SuperNode is ``flowerbed
+  supernode`` (Flower's, polling every 0.2 s instead of sleeping 3 s) running ``--isolation
   process`` beside a ``flowerbed superexec`` (warm zygote, one forked child per message), and
   flowerbed's ServerApp polls for replies every 0.2 s;
-* ``bare``: the same federation with ``superexec="flower"``: every SuperNode starts Flower's own
-  ``flower-superexec`` (one ``flwr-clientapp`` interpreter per message), Flower's Grid polls
-  every 3 s.
+* ``bare``: the same federation with ``superexec="flower"`` and ``supernode="flower"``: every
+  SuperNode is Flower's ``flower-supernode`` starting Flower's own ``flower-superexec`` (one
+  ``flwr-clientapp`` interpreter per message), Flower's Grid polls every 3 s.
 
 Both federations are up at once and runs alternate (flowerbed, bare, bare, flowerbed, ...), so
 machine load hits both arms alike. Per-round time is what each ServerApp measures between two
@@ -121,7 +122,7 @@ def measure(nodes: int, pairs: int, rounds: int) -> dict:
     }
     try:
         states["flowerbed"] = deploy.up(nodes, feds["flowerbed"], superexec="warm")
-        states["bare"] = deploy.up(nodes, feds["bare"], superexec="flower")
+        states["bare"] = deploy.up(nodes, feds["bare"], superexec="flower", supernode="flower")
         for pair in range(pairs):
             for arm in ("flowerbed", "bare") if pair % 2 == 0 else ("bare", "flowerbed"):
                 state = states[arm]

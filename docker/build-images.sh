@@ -48,7 +48,7 @@ if [ "${FORCE:-0}" = 1 ] || ! have "$BASE"; then
     rm -rf "$root"
 fi
 
-for target in superlink supernode superexec; do
+for target in superlink superexec; do  # the SuperNodes run the flowerbed image
     if [ "${FORCE:-0}" = 1 ] || ! have "flwr/$target:$FLWR_VERSION"; then
         step "stand-in flwr/$target:$FLWR_VERSION"
         docker build -q --network host --target "$target" --build-arg "BASE_IMAGE=$BASE" \

@@ -28,8 +28,5 @@ USER app
 FROM base AS superlink
 ENTRYPOINT ["flower-superlink"]
 
-FROM base AS supernode
-ENTRYPOINT ["flower-supernode"]
-
 FROM base AS superexec
 ENTRYPOINT ["flower-superexec"]

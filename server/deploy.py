@@ -47,6 +47,19 @@ SUPERNODE_MAX_WAIT_S = 600
 ALREADY_REGISTERED = "already in use"
 #: who executes a SuperNode's ClientApps: flowerbed's warm SuperExec, or Flower's own
 SUPEREXECS = ("warm", "flower")
+#: which SuperNode runs: ``flowerbed supernode`` (Flower's, its fixed 3 s / 0.5 s polls
+#: shortened: apps/supernode.py) or Flower's own ``flower-supernode``
+SUPERNODES = ("flowerbed", "flower")
+#: the seconds ``flowerbed supernode`` may poll at (Flower's own idle sleep is 3 s)
+POLL_RANGE = (0.01, 3.0)
+
+
+def poll_problem(name: str, seconds: float) -> str | None:
+    """One line naming what is wrong with a polling interval, or None."""
+    low, high = POLL_RANGE
+    if not low <= seconds <= high:
+        return f"--{name} must be between {low} and {high} seconds, got {seconds}"
+    return None
 
 
 # ---- certificates and keys ---------------------------------------------------------------------
@@ -281,7 +294,11 @@ def supernode_command(
     Retries are unlimited in number and bounded in time per call (``max_wait_s``), so a node
     rides out a SuperLink restart; refusals (unknown key, TLS failure) end it at once.
     """
-    cmd = [bin_path("flower-supernode"), "--superlink", state["address"],
+    if state.get("supernode", "flower") == "flowerbed":
+        cmd = [bin_path("flowerbed"), "supernode", "--idle-poll", str(state["idle_poll"])]
+    else:
+        cmd = [bin_path("flower-supernode")]
+    cmd += ["--superlink", state["address"],
            "--port", str(state["node_ports"][index]), "--max-wait-time", str(max_wait_s),
            "--node-config", f"partition-id={index} num-partitions={state['nodes']}"]  # fmt: skip
     if state.get("superexec", "flower") == "warm":  # its SuperExec is ours, a separate process
@@ -339,8 +356,13 @@ def up(
     insecure: bool = False,
     port: int | None = None,
     superexec: str = "warm",
+    supernode: str = "flowerbed",
+    idle_poll: float = 0.2,
 ) -> dict[str, Any]:
     """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state.
+
+    ``supernode="flowerbed"``: each node is ``flowerbed supernode`` (Flower's SuperNode polling
+    every ``idle_poll`` s instead of 3 s when it finds no message); ``"flower"``: Flower's own.
 
     ``superexec="warm"``: each SuperNode runs with ``--isolation process`` beside its own
     ``flowerbed superexec`` (warm, forked ClientApp processes); ``"flower"``: each SuperNode
@@ -350,6 +372,10 @@ def up(
     """
     if superexec not in SUPEREXECS:
         raise ConfigError(f"superexec must be one of {', '.join(SUPEREXECS)}, got '{superexec}'")
+    if supernode not in SUPERNODES:
+        raise ConfigError(f"supernode must be one of {', '.join(SUPERNODES)}, got '{supernode}'")
+    if (problem := poll_problem("idle-poll", idle_poll)) is not None:
+        raise ConfigError(problem)
     directory = directory.resolve()
     if _state_path(directory).is_file():
         old = load_state(directory)
@@ -367,7 +393,7 @@ def up(
     state: dict[str, Any] = {
         "dir": str(directory), "nodes": nodes, "insecure": insecure, "port": port,
         "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)],
-        "processes": {}, "superexec": superexec,
+        "processes": {}, "superexec": superexec, "supernode": supernode, "idle_poll": idle_poll,
     }  # fmt: skip
     env = _federation_env(directory)
     certs, keys = directory / "certs", directory / "keys"

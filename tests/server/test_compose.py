@@ -57,6 +57,9 @@ def test_compose_uses_142_single_port_tls_and_auth():
         assert f"--auth-supernode-private-key=keys/supernode{i}" in cmd
         assert f"partition-id={i} num-partitions={len(nodes)}" in cmd
         assert "--clientappio-api-address" not in cmd  # rejected by 1.42
+        # the flowerbed image's `flowerbed supernode` (short polls), Flower's flags unchanged
+        assert services[name]["image"] == "flowerbed-superexec:latest"
+        assert 'flowerbed supernode "$$@"' in services[name]["entrypoint"][2]
         executor = services[f"superexec-clientapp-{i}"]
         assert any(f"--runtime-api-address={name}:" in c for c in executor["command"])
     assert "shm_size" in services["superexec-serverapp"]
