@@ -1,4 +1,5 @@
-"""Shared fixtures: quiet Flower logs, a tmp output dir, single-threaded torch."""
+"""Shared fixtures: quiet Flower logs, a tmp output dir, single-threaded torch; how the suite's
+files are spread over the xdist workers (pyproject's ``-n 2``)."""
 
 import logging
 
@@ -7,6 +8,47 @@ import torch
 
 torch.set_num_threads(1)
 logging.getLogger("flwr").setLevel(logging.WARNING)
+
+#: files that share one session fixture run on one worker (one loopback Ray cluster)
+SHARED = {
+    "tests/server/test_ray_run.py": "ray-cluster",
+    "tests/server/test_ray_sweep.py": "ray-cluster",
+}
+#: the longest groups (federations, Ray, plug-ins on every engine) are handed out first, so that
+#: no worker starts one of them while the other has nothing left
+LONGEST_FIRST = (
+    "ray-cluster",
+    "tests/server/test_deploy.py",
+    "tests/apps/test_plugins.py",
+    "tests/clients/test_dsm.py",
+    "tests/server/test_engines.py",
+    "tests/attacks/test_adaptive.py",
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the group of files sharing a fixture."""
+    name = nodeid.split("::", 1)[0]
+    return SHARED.get(name, name)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with :func:`group_of` as the scope (its own ``loadgroup`` writes
+    the group into ``item._nodeid``, which pytest 9 no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return FileGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest groups first (xdist hands the work units out in this order: pyproject's
+    ``--no-loadscope-reorder``); the order of tests inside a file is kept."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))
 
 
 @pytest.fixture

@@ -87,6 +87,8 @@ def on_path(site: PluginSite) -> Iterator[None]:
 
     registries = [COMPONENTS.workloads, COMPONENTS.datasets, COMPONENTS.strategies,
                   COMPONENTS.attacks, COMPONENTS.defenses]  # fmt: skip
+    for registry in registries:  # flowerbed's own modules registered before the snapshot (a
+        registry.names()  # module first imported in the block would not register again)
     saved = [(dict(r._entries), dict(r._origins), set(r._loaded_points)) for r in registries]
     modules = set(sys.modules)
     sys.path.insert(0, str(site.site))

@@ -106,12 +106,15 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
 
 def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
     """Every message of a flowerbed run went to a child of its node's zygote, none to a fresh
-    ``flwr-clientapp`` interpreter (runs after the quickstart test on this federation)."""
+    ``flwr-clientapp`` interpreter (runs after the quickstart test on this federation); the
+    nodes are ``flowerbed supernode`` with its short polls in place."""
     for i in range(2):
         log = (Path(federation["dir"]) / f"superexec{i}.log").read_text()
         assert "(flowerbed.apps.client_app:app): warm" in log, log[-2000:]
         assert "Start `flwr-clientapp` process" not in log, log[-2000:]
         assert "before it replied" not in log, log[-2000:]  # no child counted as crashed
+        node_log = (Path(federation["dir"]) / f"supernode{i}.log").read_text()
+        assert "flowerbed supernode: idle poll 0.2 s" in node_log, node_log[-2000:]
     # the encoded table was built once for the whole federation, in its machine cache
     cache = Path(federation["dir"]) / "flwr" / "flowerbed-cache"
     assert len(list(cache.glob("encoded-table-*/meta.json"))) == 1
@@ -300,52 +303,50 @@ def test_register_cli_one_line_error_when_nothing_listens(tmp_path):
     assert "is the SuperLink up" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_superlink_killed_mid_run_fails_clearly_then_nodes_come_back(tmp_path):
+def test_superlink_killed_mid_run_fails_clearly_then_nodes_come_back(federation, tmp_path):
     """Kill -9 the SuperLink after round 1: the submitter ends with one clear line (no hang);
-    restarted on the same port and database, the same SuperNodes serve the next run."""
+    restarted on the same port and database, the same SuperNodes serve the next run (the
+    module's TLS federation: its last run, so no other test sees the restart)."""
     import os
     import signal
     import threading
 
-    state = deploy.up(2, tmp_path / "fed", insecure=True)
-    try:
-        overrides = ["clients.num=2", "engine=deployment", f"deployment.dir={state['dir']}",
-                     f"output.dir={tmp_path}", "output.plots=false"]  # fmt: skip
-        outcome: dict = {}
+    overrides = ["clients.num=2", "engine=deployment", f"deployment.dir={federation['dir']}",
+                 f"output.dir={tmp_path}", "output.plots=false", TINY]  # fmt: skip
+    outcome: dict = {}
 
-        def submit() -> None:
-            try:
-                outcome["summary"] = run_deployment(
-                    load_experiment("quickstart", [*overrides, "rounds=3"]), tmp_path / "run1"
-                )
-            except DeploymentError as exc:
-                outcome["error"] = str(exc)
+    def submit() -> None:
+        try:
+            outcome["summary"] = run_deployment(
+                load_experiment("quickstart", [*overrides, "rounds=20"]), tmp_path / "run1"
+            )
+        except DeploymentError as exc:
+            outcome["error"] = str(exc)
 
-        submitter = threading.Thread(target=submit)
-        submitter.start()
-        log = tmp_path / "run1" / "flower.log"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and '"round": 1' not in (
-            log.read_text() if log.is_file() else ""
-        ):
-            time.sleep(1)
-        os.kill(state["processes"]["superlink"]["pid"], signal.SIGKILL)
-        submitter.join(timeout=300)
-        if submitter.is_alive():  # stop our own flwr CLI before failing
-            for child in psutil.Process().children(recursive=True):
-                child.kill()
-            pytest.fail("the submitter hung after the SuperLink died")
-        assert "error" in outcome, outcome
-        assert "\n" not in outcome["error"]
-        assert "Connection to the SuperLink is unavailable" in outcome["error"], outcome["error"]
+    submitter = threading.Thread(target=submit)
+    submitter.start()
+    log = tmp_path / "run1" / "flower.log"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and '"round": 1' not in (
+        log.read_text() if log.is_file() else ""
+    ):
+        time.sleep(0.1)
+    os.kill(federation["processes"]["superlink"]["pid"], signal.SIGKILL)
+    submitter.join(timeout=300)
+    if submitter.is_alive():  # stop our own flwr CLI before failing
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+        pytest.fail("the submitter hung after the SuperLink died")
+    assert "error" in outcome, outcome
+    assert "\n" not in outcome["error"]
+    assert "Connection to the SuperLink is unavailable" in outcome["error"], outcome["error"]
 
-        deploy.restart_superlink(tmp_path / "fed")
-        summary = run_deployment(
-            load_experiment("quickstart", [*overrides, "rounds=1"]), tmp_path / "run2"
-        )
-        assert summary["clients"] == 2 and summary["failures"] == 0
-    finally:
-        deploy.down(tmp_path / "fed")
+    restarted = deploy.restart_superlink(Path(federation["dir"]))
+    federation["processes"]["superlink"] = restarted["processes"]["superlink"]
+    summary = run_deployment(
+        load_experiment("quickstart", [*overrides, "rounds=1"]), tmp_path / "run2"
+    )
+    assert summary["clients"] == 2 and summary["failures"] == 0
 
 
 def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
