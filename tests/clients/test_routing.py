@@ -12,22 +12,18 @@ import torch
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads.routing import (
-    BenchmarkParams,
-    KMeansConfig,
+from flowerbed.clients.workloads.routing.data import BenchmarkParams, pool, sample_coverage
+from flowerbed.clients.workloads.routing.federated import benchmark_for
+from flowerbed.clients.workloads.routing.kmeans import KMeansConfig, fit_kmeans_router
+from flowerbed.clients.workloads.routing.metrics import ndch, score_router
+from flowerbed.clients.workloads.routing.mlp import (
     MLPConfig,
     RouterMLP,
-    benchmark_for,
-    fit_kmeans_router,
-    load_eval_table,
-    make_synthetic_benchmark,
     masked_router_loss,
-    ndch,
-    pool,
-    sample_coverage,
-    score_router,
     train_mlp,
 )
+from flowerbed.clients.workloads.routing.synthetic import make_synthetic_benchmark
+from flowerbed.clients.workloads.routing.tables import load_eval_table
 from flowerbed.server.experiment import load_experiment, resolve
 from tests.clients.routing_fixture import make_table
 
@@ -331,7 +327,7 @@ def test_personalised_router_beats_the_global_one_where_clients_quality_differs(
 def test_ngram_encoder_ignores_tokens_of_one_prompt() -> None:
     """``tfidf-ngrams`` keeps only word / character n-grams seen in two prompts, so prompts that
     differ by an id alone embed alike (plain ``tfidf`` keeps the ids); other prompts stay apart."""
-    from flowerbed.clients.workloads.routing import embed_texts
+    from flowerbed.clients.workloads.routing.tables import embed_texts
 
     texts = [f"easy question: cell gene #{d * 4}" for d in "123"]
     texts += [f"hard question: court tort #{d * 4}" for d in "456"]

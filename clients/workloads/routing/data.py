@@ -1,0 +1,146 @@
+"""What a routing benchmark is: queries with their (partly observed) evaluations, per-client
+train/test sets with model coverage, and the knobs of the data (synthetic or a real table)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowerbed.clients.core.params import param
+
+
+@dataclass
+class RouterData:
+    """Queries with their evaluations: ``y``/``cost`` are observed where ``mask`` is True.
+
+    ``p_true``/``cost_true`` are the expected correctness and cost (synthetic data); for real
+    tables they equal the observed outcomes.
+    """
+
+    emb: np.ndarray  # [n, d] float32, unit norm
+    y: np.ndarray  # [n, M] float32 in {0, 1} (0 where unobserved)
+    cost: np.ndarray  # [n, M] float32 (0 where unobserved)
+    mask: np.ndarray  # [n, M] bool, evaluated
+    p_true: np.ndarray  # [n, M]
+    cost_true: np.ndarray  # [n, M]
+    topic: np.ndarray  # [n] int
+
+    def __len__(self) -> int:
+        return len(self.emb)
+
+
+@dataclass
+class Benchmark:
+    """Per-client train/test sets, a global test set and each client's model coverage."""
+
+    train: list[RouterData]
+    test: list[RouterData]
+    global_test: RouterData
+    coverage: np.ndarray  # [N, M] bool
+    model_names: list[str]
+    mixtures: np.ndarray  # [N, T] topic mixture per client
+    fallback_draws: list[int] = field(default_factory=list)  # table: redrawn per client
+
+    @property
+    def num_models(self) -> int:
+        return len(self.model_names)
+
+
+@dataclass
+class BenchmarkParams:
+    """Knobs of the data: synthetic generator, or a real table when ``table_path`` is set."""
+
+    dim: int = param(32, ge=1)
+    topics: int = param(10, ge=1)
+    models: int = param(11, ge=1)
+    specialists: int = param(2, ge=0)
+    n_train: int = param(200, ge=1)
+    n_test: int = param(200, ge=1)
+    n_global_test: int = param(2000, ge=1)
+    coverage: float = param(0.3, gt=0, le=1)
+    coverage_bias: float = param(0.5, ge=0, le=1)
+    #: std of per-(client, model) skill offsets: clients whose users find the models better or
+    #: worse than the population does (0: quality depends on the query alone, as in the paper)
+    client_skill: float = param(0.0, ge=0)
+    exclude_models: list[int] = field(default_factory=list)
+    table_path: str | None = None
+    model_columns: list[str] = field(default_factory=list)  # table: correctness (empty: infer)
+    prices: dict[str, Any] = field(default_factory=dict)  # table: model -> cost per query
+    prompt_column: str = "prompt"
+    topic_column: str = "eval_name"
+    encoder: str = "tfidf"
+    cost_unit: float = param(1000.0, gt=0)
+    lambdas: int = param(41, ge=2)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def sample_coverage(
+    rng: np.random.Generator,
+    num_clients: int,
+    prices: np.ndarray,
+    coverage: float,
+    bias: float,
+    exclude: list[int] | tuple[int, ...] = (),
+) -> np.ndarray:
+    """Each client evaluates ``max(1, round(coverage * M))`` models, cheap ones more likely
+    (P ~ price^-bias); then every uncovered model (but the excluded) is swapped in for a model
+    another client also covers, so that each model is evaluated by someone when possible."""
+    num_models = len(prices)
+    allowed = np.setdiff1d(np.arange(num_models), np.asarray(exclude, dtype=int))
+    size = int(min(max(1, round(coverage * num_models)), len(allowed)))
+    if size < 2 <= len(allowed):
+        warnings.warn(
+            f"coverage {coverage} x {num_models} models gives each client {size} model: a "
+            f"client-local router has nothing to choose from (raise workload.params.coverage "
+            f"to >= {1.5 / num_models:.2f})",
+            stacklevel=2,
+        )
+    weights = prices[allowed] ** (-bias)
+    cov = np.zeros((num_clients, num_models), dtype=bool)
+    for k in range(num_clients):
+        cov[k, rng.choice(allowed, size=size, replace=False, p=weights / weights.sum())] = True
+    for m in rng.permutation(allowed):
+        if cov[:, m].any():
+            continue
+        spare = [(k, j) for k in range(num_clients) for j in np.flatnonzero(cov[k])]
+        spare = [(k, j) for k, j in spare if cov[:, j].sum() > 1]
+        if not spare:
+            break  # fewer slots than models: nothing more can be covered
+        k, j = spare[rng.integers(len(spare))]
+        cov[k, j], cov[k, m] = False, True
+    return cov
+
+
+def observe(data: RouterData, models: np.ndarray) -> RouterData:
+    """Keep only the evaluations of ``models`` (bool [M]) as observed training labels."""
+    mask = np.broadcast_to(models, data.mask.shape).copy()
+    return RouterData(
+        emb=data.emb,
+        y=np.where(mask, data.y, 0).astype(np.float32),
+        cost=np.where(mask, data.cost, 0).astype(np.float32),
+        mask=mask,
+        p_true=data.p_true,
+        cost_true=data.cost_true,
+        topic=data.topic,
+    )
+
+
+def client_topics(
+    rng: np.random.Generator, num_clients: int, topics: int, alpha: float
+) -> np.ndarray:
+    return rng.dirichlet(np.full(topics, alpha), size=num_clients)
+
+
+def subset(data: RouterData, idx: np.ndarray) -> RouterData:
+    return RouterData(*(getattr(data, f)[idx] for f in RouterData.__dataclass_fields__))
+
+
+def pool(parts: list[RouterData]) -> RouterData:
+    fields = RouterData.__dataclass_fields__
+    return RouterData(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
