@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -188,8 +189,15 @@ def test_table_costs_from_prices_or_cost_columns() -> None:
     [
         ({"prices": {"gpt-5": 1.0}}, "prices names 'gpt-5', which is not a column"),
         ({"model_columns": ["mid-70b"]}, "no cost for model 'mid-70b'"),
-        ({"prices": {"mid-70b": {"per_token": 1.0}}}, "prices.mid-70b.tokens: no column"),
-        ({"prices": {"mid-70b": "cheap"}}, "must be a number or a mapping"),
+        (
+            {"prices": {"mid-70b": {"per_token": 1.0, "tokens": "n"}}},
+            "prices.mid-70b.tokens: no column",
+        ),
+        (
+            {"prices": {"mid-70b": {"per_token": 1.0}}},
+            "'mid-70b' must be a number >= 0 or a mapping",
+        ),
+        ({"prices": {"mid-70b": "cheap"}}, "'mid-70b' must be a number >= 0 or a mapping"),
         ({"prompt_column": "question"}, "needs a 'question' column"),
         ({"model_columns": ["subject"], "prices": {"subject": 1.0}}, "correctness in [0, 1]"),
     ],
@@ -199,6 +207,30 @@ def test_table_errors_name_the_problem(kwargs: dict, message: str) -> None:
     frame["subject"] = 3.0  # not a correctness column
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_eval_table(frame, dim=4, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("table_path=evals.xlsx", "table_path: 'evals.xlsx' is not an evaluation table (allowed: a .csv, .parquet, .pkl file)"),
+        ("table_path=missing.csv", "table_path: evaluation table not found: missing.csv"),
+        ("exclude_models=[-1]", "every value of workload.params.exclude_models must be >= 0 (got [-1])"),
+        ("model_columns=[small-7b,small-7b]", "model_columns: column 'small-7b' named twice (each model once)"),
+        ("prices.small-7b=-1", "prices: 'small-7b' must be a number >= 0 or a mapping with keys per_token, tokens"),
+        ("prices.small-7b.per_token=0.1", "prices: 'small-7b' must be a number >= 0 or a mapping"),
+        ("prompt_column=''", "workload.params.prompt_column: a column name must be a non-empty string"),
+        ("encoder=bert-base", "encoder 'bert-base' needs sentence-transformers, which is not installed (allowed: tfidf, tfidf-ngrams, or a sentence-transformers model)"),
+    ],
+)  # fmt: skip
+def test_bad_data_source_is_one_line_exit_2(tmp_path: Path, override: str, needle: str) -> None:
+    """Each data-source field has a rule: a bad value stops the CLI before anything starts."""
+    from tests.apps.test_cli import _one_line_exit_2, _run
+
+    if override.startswith("encoder=") and importlib.util.find_spec("sentence_transformers"):
+        pytest.skip("sentence-transformers is installed: any model name passes the rule")
+    _one_line_exit_2(
+        *_run(tmp_path, "routing-synthetic-kmeans", f"workload.params.{override}"), needle
+    )
 
 
 def _table_cfg(tmp_path: Path, kind: str = "kmeans", extra: list[str] = ()) -> dict:

@@ -3,8 +3,10 @@ train/test sets with model coverage, and the knobs of the data (synthetic or a r
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,79 @@ class Benchmark:
         return len(self.model_names)
 
 
+#: built-in text encoders (anything else names a sentence-transformers model)
+TFIDF_ENCODERS = ("tfidf", "tfidf-ngrams")
+#: the evaluation-table formats ``tables.read_table`` reads, by suffix
+TABLE_SUFFIXES = (".csv", ".parquet", ".pkl")
+PRICE_KEYS = ("per_token", "tokens", "fixed")
+
+
+def table_problem(path: str | None) -> str | None:
+    """The rule of ``table_path``: unset (synthetic data), or an existing CSV, parquet or pickle."""
+    if path is None:
+        return None
+    if Path(path).suffix not in TABLE_SUFFIXES:
+        return f"'{path}' is not an evaluation table (allowed: a {', '.join(TABLE_SUFFIXES)} file)"
+    if not Path(path).is_file():
+        return f"evaluation table not found: {path}"
+    return None
+
+
+def column_problem(name: str) -> str | None:
+    """The rule of a column name: a non-empty string."""
+    return None if isinstance(name, str) and name else "a column name must be a non-empty string"
+
+
+def columns_problem(names: list[str]) -> str | None:
+    """The rule of ``model_columns``: distinct non-empty column names (empty list: infer)."""
+    for name in names:
+        problem = column_problem(name)
+        if problem:
+            return problem
+    twice = sorted({n for n in names if names.count(n) > 1})
+    return f"column '{twice[0]}' named twice (each model once)" if twice else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def price_problem(model: str, spec: Any) -> str | None:
+    """What is wrong with ``prices[model]``: a cost per query (a number >= 0) or
+    ``{per_token: P, tokens: COLUMN}`` (optional ``fixed``: a cost added per query)."""
+    if _number(spec):
+        return None
+    if (
+        isinstance(spec, dict)
+        and not set(spec) - set(PRICE_KEYS)
+        and isinstance(spec.get("tokens"), str)
+        and all(_number(spec[k]) for k in ("per_token", "fixed") if k in spec)
+    ):
+        return None
+    return (
+        f"'{model}' must be a number >= 0 or a mapping with keys per_token, tokens (a column; "
+        f"and optional fixed), got {spec!r}"
+    )
+
+
+def prices_problem(prices: dict[str, Any]) -> str | None:
+    """The rule of ``prices``: each model's cost per query (``price_problem``)."""
+    return next((p for m, spec in prices.items() if (p := price_problem(m, spec))), None)
+
+
+def encoder_problem(encoder: str) -> str | None:
+    """The rule of ``encoder``: a TF-IDF encoder, or a sentence-transformers model (a name or a
+    local path) when sentence-transformers is installed."""
+    if encoder in TFIDF_ENCODERS:
+        return None
+    if importlib.util.find_spec("sentence_transformers") is None:
+        return (
+            f"encoder '{encoder}' needs sentence-transformers, which is not installed "
+            f"(allowed: {', '.join(TFIDF_ENCODERS)}, or a sentence-transformers model)"
+        )
+    return None if encoder else "encoder must be a non-empty name"
+
+
 @dataclass
 class BenchmarkParams:
     """Knobs of the data: synthetic generator, or a real table when ``table_path`` is set."""
@@ -65,13 +140,14 @@ class BenchmarkParams:
     #: std of per-(client, model) skill offsets: clients whose users find the models better or
     #: worse than the population does (0: quality depends on the query alone, as in the paper)
     client_skill: float = param(0.0, ge=0)
-    exclude_models: list[int] = field(default_factory=list)
-    table_path: str | None = None
-    model_columns: list[str] = field(default_factory=list)  # table: correctness (empty: infer)
-    prices: dict[str, Any] = field(default_factory=dict)  # table: model -> cost per query
-    prompt_column: str = "prompt"
-    topic_column: str = "eval_name"
-    encoder: str = "tfidf"
+    exclude_models: list[int] = param(factory=list, ge=0)  # model indexes no client evaluates
+    table_path: str | None = param(None, check=table_problem)
+    #: table: the correctness columns (empty: every column with a cost)
+    model_columns: list[str] = param(factory=list, check=columns_problem)
+    prices: dict[str, Any] = param(factory=dict, check=prices_problem)  # table: model -> cost
+    prompt_column: str = param("prompt", check=column_problem)
+    topic_column: str = param("eval_name", check=column_problem)
+    encoder: str = param("tfidf", check=encoder_problem)
     cost_unit: float = param(1000.0, gt=0)
     lambdas: int = param(41, ge=2)
 

@@ -13,18 +13,19 @@ import pandas as pd
 
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads.routing.data import (
+    TFIDF_ENCODERS,
     Benchmark,
     BenchmarkParams,
     RouterData,
     client_topics,
+    encoder_problem,
     observe,
+    price_problem,
     sample_coverage,
     subset,
+    table_problem,
     unit,
 )
-
-#: built-in text encoders (anything else names a sentence-transformers model)
-TFIDF_ENCODERS = ("tfidf", "tfidf-ngrams")
 
 
 def _tfidf(texts: list[str], encoder: str):
@@ -57,13 +58,11 @@ def embed_texts(texts: list[str], encoder: str = "tfidf", dim: int = 32, seed: i
         k = max(1, min(dim, tfidf.shape[1] - 1, len(texts) - 1))
         emb = TruncatedSVD(k, random_state=seed).fit_transform(tfidf)
     else:
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError:
-            raise ConfigError(
-                f"encoder '{encoder}' needs sentence-transformers "
-                f"(or use encoder={' or '.join(TFIDF_ENCODERS)})"
-            ) from None
+        problem = encoder_problem(encoder)
+        if problem:
+            raise ConfigError(problem)
+        from sentence_transformers import SentenceTransformer
+
         emb = SentenceTransformer(encoder).encode(texts, convert_to_numpy=True)
     return unit(np.asarray(emb, dtype=np.float64)).astype(np.float32)
 
@@ -72,11 +71,12 @@ def read_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     """A table from CSV, parquet or pickle (by suffix), or a DataFrame as is."""
     if isinstance(source, pd.DataFrame):
         return source
+    problem = table_problem(str(source))
+    if problem:
+        raise ConfigError(problem)
     path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"evaluation table not found: {path}")
-    reader = {".pkl": pd.read_pickle, ".parquet": pd.read_parquet}.get(path.suffix, pd.read_csv)
-    return reader(path)
+    reader = {".csv": pd.read_csv, ".pkl": pd.read_pickle, ".parquet": pd.read_parquet}
+    return reader[path.suffix](path)
 
 
 def table_models(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) -> list[str]:
@@ -120,14 +120,12 @@ def table_costs(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) 
                 f"workload.params.prices.{m} (a number, or {{per_token: P, tokens: COLUMN}})"
             )
         spec = prices[m]
-        if isinstance(spec, int | float) and not isinstance(spec, bool):
+        problem = price_problem(m, spec)
+        if problem:
+            raise ConfigError(f"workload.params.prices: {problem}")
+        if not isinstance(spec, dict):
             out[:, j] = float(spec)
             continue
-        if not isinstance(spec, dict) or set(spec) - {"per_token", "tokens", "fixed"}:
-            raise ConfigError(
-                f"workload.params.prices.{m} must be a number or a mapping with keys "
-                f"per_token, tokens (and optional fixed), got {spec!r}"
-            )
         column = spec.get("tokens")
         if column not in frame.columns:
             raise ConfigError(
