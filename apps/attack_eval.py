@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.attacks.baselines import CONFIGS, ORACLE, random_reconstruction
+from flowerbed.attacks.baseline_common import CONFIGS, ORACLE, random_reconstruction
 from flowerbed.attacks.goliath import Knowledge, invert, observed_target
 from flowerbed.attacks.inversion import SETTINGS, InversionSettings
 from flowerbed.attacks.inversion.attack import ModelLossAttack

@@ -15,7 +15,7 @@ import torch
 def main(quick: bool = False) -> None:
     """``quick``: one regime, one seed, 5 iterations (checks the script runs, CI)."""
     from flowerbed.apps.attack_eval import experiment, make_case
-    from flowerbed.attacks.baselines import CONFIGS, IG
+    from flowerbed.attacks.baseline_common import CONFIGS, IG
     from flowerbed.attacks.goliath import invert
     from flowerbed.attacks.metrics import tableak_accuracy
     from flowerbed.clients.workloads.tabdiff import encoded

@@ -42,19 +42,15 @@ from flowerbed.apps.inline import InlineGrid  # noqa: E402
 from flowerbed.clients.core.config import load_base, to_json  # noqa: E402
 from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
 from flowerbed.clients.workloads import WORKLOADS  # noqa: E402
-from flowerbed.clients.workloads.routing import (  # noqa: E402
-    BenchmarkParams,
-    KMeansConfig,
+from flowerbed.clients.workloads.routing.data import BenchmarkParams, RouterData, pool  # noqa: E402
+from flowerbed.clients.workloads.routing.federated import benchmark_for  # noqa: E402
+from flowerbed.clients.workloads.routing.kmeans import KMeansConfig, fit_kmeans_router  # noqa: E402
+from flowerbed.clients.workloads.routing.metrics import ndch, score_router  # noqa: E402
+from flowerbed.clients.workloads.routing.mlp import (  # noqa: E402
     MLPConfig,
-    RouterData,
-    benchmark_for,
-    fit_kmeans_router,
     fit_mlp_router,
     mlp_predict,
-    ndch,
     personalise_mlp,
-    pool,
-    score_router,
 )
 from flowerbed.server.experiment import load_experiment  # noqa: E402
 from flowerbed.server.runner import OrderedGrid  # noqa: E402
@@ -220,7 +216,7 @@ def random_auc(test: RouterData) -> float:
     """Uniformly random model per query (mixing with abstention along the hull)."""
     costs, accs = test.cost_true.mean(0), test.p_true.mean(0)
     c_lo, c_hi = float(costs.min()), float(costs.max())
-    from flowerbed.clients.workloads.routing import hull_auc
+    from flowerbed.clients.workloads.routing.metrics import hull_auc
 
     return hull_auc(np.array([costs.mean()]), np.array([accs.mean()]), c_lo, c_hi)
 
@@ -361,18 +357,18 @@ def plot(result: dict, path: Path) -> None:
 #: hand-made mutants (file, original text, replacement) and the claim tests that must kill them
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "constant router (MLP)": (
-        "clients/workloads/routing.py",
+        "clients/workloads/routing/mlp.py",
         "    return torch.sigmoid(logits).numpy().astype(np.float64), np.exp(",
         "    return np.full(logits.shape, 0.5), np.exp(",
     ),
     "constant router (K-means)": (
-        "clients/workloads/routing.py",
+        "clients/workloads/routing/kmeans.py",
         "    w = soft_assign(emb, centroids, temperature)\n    return w @ acc, w @ cost",
         "    w = soft_assign(emb, centroids, temperature)\n"
         "    return np.full((len(w), acc.shape[1]), 0.5), w @ cost",
     ),
     "cluster-blind K-means (one cluster for every query)": (
-        "clients/workloads/routing.py",
+        "clients/workloads/routing/kmeans.py",
         "    return d2.argmin(1)",
         "    return np.zeros(len(x), dtype=int)",
     ),

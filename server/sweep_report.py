@@ -148,17 +148,6 @@ def strength_of(setting: str) -> str:
     return ",".join(found) if found else setting
 
 
-def attacked_rounds(frame: pd.DataFrame, metric: str) -> list[tuple[int, str]]:
-    """(round, column) of the per-round versions of ``attack.success``-style metrics."""
-    scope, _, name = metric.partition(".")
-    found = []
-    for col in frame.columns:
-        m = re.fullmatch(rf"{re.escape(scope)}\.r(\d+)\.{re.escape(name)}", str(col))
-        if m:
-            found.append((int(m.group(1)), col))
-    return sorted(found)
-
-
 @dataclass
 class Panel:
     """One workload x protocol (an arm of the sweep, or the whole sweep) and its settings."""

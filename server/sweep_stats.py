@@ -230,10 +230,6 @@ def pair_keys(frame: pd.DataFrame, params: list[str], exclude: list[str]) -> tup
     return run_keys, repeat_keys
 
 
-def settings_order(frame: pd.DataFrame, rows: str) -> list[str]:
-    return list(dict.fromkeys(frame[rows].astype(str)))
-
-
 def dominance(frame: pd.DataFrame, rows: str, utility: str, sign: float, run_keys: list[str],
               repeat_keys: list[str]) -> dict[str, dict[str, Comparison]]:  # fmt: skip
     """For every setting A, every other setting B: B's paired comparison against A (utility per

@@ -14,7 +14,11 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
-from flowerbed.clients.workloads.routing import KMeansConfig, kmeans_tables, server_kmeans_init
+from flowerbed.clients.workloads.routing.kmeans import (
+    KMeansConfig,
+    kmeans_tables,
+    server_kmeans_init,
+)
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 from flowerbed.strategies.routing import as_numpy, as_record, scalar_metrics, valid_replies

@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams
-from flowerbed.clients.workloads.routing import HEAD_PREFIXES
+from flowerbed.clients.workloads.routing.mlp import HEAD_PREFIXES
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 from flowerbed.strategies.routing import (

@@ -4,8 +4,9 @@ The engine inverts ``clients.tabdiff.model.diffusion_loss`` -- the very function
 with. Goliath = tabular-aware objective (per-group normalised gradient matching of numeric,
 categorical and shared parameters + noise prior + mask/noise-level consistency) optimised by a
 cyclic loop, closed-form initialisation, restarts scored by gradient match, and multi-round
-aggregation (Hungarian row alignment + per-cell vote). The baselines (``attacks.baselines``) are
-other settings of the same engine, so every method gets the same observer and budget knobs.
+aggregation (Hungarian row alignment + per-cell vote). The baselines (``attacks.dlg``, ``idlg``,
+``inverting_gradients``, ``tableak``, ``random_baseline``; settings in ``attacks.baseline_common``)
+are other settings of the same engine, so every method gets the same observer and budget knobs.
 
 Modules: ``knowledge`` (what the attacker knows and sees), ``objective`` (gradient matching,
 variables), ``closed_forms``, ``optimisation`` (the engine), ``aggregation`` (multi-round),

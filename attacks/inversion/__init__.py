@@ -8,7 +8,9 @@ attack reads a fully connected first layer in closed form. Ground truth enters o
 
 Modules: ``knowledge`` (view, settings, reconstruction), ``simulate`` (local steps, distances),
 ``labels`` (iDLG), ``analytic``, ``optimisation``, ``attack`` (the observer plug-in),
-``scoring`` (ground truth, scorer only). Registration: ``flowerbed.attacks.baselines``.
+``scoring`` (ground truth, scorer only). Registrations: one module per attack (``attacks.dlg``,
+``attacks.idlg``, ``attacks.inverting_gradients``, ``attacks.tableak``, ``attacks.random_baseline``,
+``attacks.analytic_fc``; what they share: ``attacks.baseline_common``).
 """
 
 from __future__ import annotations

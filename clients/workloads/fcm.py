@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from flowerbed.clients.workloads.fcm_data import (
     get_task,
     make_dataset,
     make_scenario,
+    schedule_problem,
     schedule_scenario,
     task_problem,
 )
@@ -304,7 +305,7 @@ class FCM(Workload):
         )  # a formula (overrides data)
         scenario: ScenarioKind = ScenarioKind("evolving")  # full|partial|evolving|central|schedule
         # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
-        schedule: dict[str, Any] = field(default_factory=dict)
+        schedule: dict[str, Any] = param(factory=dict, check=schedule_problem)
         hold_fraction: float = param(0.5, ge=0, le=1)  # share of concepts each client labels
         central_clients: int = param(5, ge=1)  # 'central': pool this many clients, all labels
         model: ConceptModel = ConceptModel("cem")  # cem | cbm

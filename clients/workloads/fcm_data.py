@@ -416,6 +416,28 @@ class Scenario:
         return tuple(n for n in self.concept_names if self.intro_round[n] <= 1)
 
 
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def schedule_problem(schedule: dict[str, Any]) -> str | None:
+    """The rule of ``workload.params.schedule``: ``{concept: {clients: [ids >= 0], round: r >= 1}}``
+    (the concepts and the number of clients are checked when the workload is built)."""
+    for name, entry in schedule.items():
+        entry = entry or {}
+        if not isinstance(entry, dict):
+            return f"{name}: must be a mapping {{clients: [ids], round: r}}, got {entry!r}"
+        extra = sorted(set(entry) - {"clients", "round"})
+        if extra:
+            return f"{name}: unknown key '{extra[0]}' (allowed: clients, round)"
+        clients = entry.get("clients", [])
+        if not isinstance(clients, list) or not all(_whole(k, 0) for k in clients):
+            return f"{name}.clients must be a list of client ids >= 0, got {clients!r}"
+        if not _whole(entry.get("round", 1), 1):
+            return f"{name}.round must be an integer >= 1, got {entry['round']!r}"
+    return None
+
+
 def schedule_scenario(
     schedule: dict[str, Any], concept_names: tuple[str, ...], num_clients: int
 ) -> Scenario:
@@ -429,23 +451,19 @@ def schedule_scenario(
             f"workload.params.schedule: {what} (concepts: {', '.join(concept_names)}; every "
             "concept needs {clients: [...], round: r})"
         )
+    problem = schedule_problem(schedule)
+    if problem:
+        raise ConfigError(f"workload.params.schedule.{problem}")
     holds: list[list[str]] = [[] for _ in range(num_clients)]
     intro = {}
     for name in concept_names:
         entry = schedule[name] or {}
-        extra = sorted(set(entry) - {"clients", "round"})
-        if extra:
-            raise ConfigError(
-                f"workload.params.schedule.{name}: unknown key '{extra[0]}' (allowed: clients, round)"
-            )
         clients = [int(k) for k in entry.get("clients", [])]
-        if any(k < 0 or k >= num_clients for k in clients):
+        if any(k >= num_clients for k in clients):
             raise ConfigError(
                 f"workload.params.schedule.{name}.clients: ids must be in 0..{num_clients - 1}"
             )
         intro[name] = int(entry.get("round", 1))
-        if intro[name] < 1:
-            raise ConfigError(f"workload.params.schedule.{name}.round must be >= 1")
         for k in clients:
             holds[k].append(name)
     return Scenario(concept_names, tuple(tuple(h) for h in holds), intro)

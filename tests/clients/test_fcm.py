@@ -208,6 +208,22 @@ def test_schedule_gives_explicit_holdings_and_arrival_rounds() -> None:
         schedule_scenario({**schedule, "a": {"clients": [3]}}, ("a", "b", "c"), 3)
 
 
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("{a: {clients: [0], when: 2}}", "a: unknown key 'when' (allowed: clients, round)"),
+        ("{a: {clients: [-1]}}", "a.clients must be a list of client ids >= 0, got [-1]"),
+        ("{a: {clients: [0], round: 0}}", "a.round must be an integer >= 1, got 0"),
+        ("{a: 3}", "a: must be a mapping {clients: [ids], round: r}, got 3"),
+    ],
+)
+def test_a_malformed_schedule_is_a_config_error(schedule: str, message: str) -> None:
+    """The schedule's shape is checked when the config is resolved (before anything starts)."""
+    with pytest.raises(ConfigError) as err:
+        load_experiment("fcm-trig-evolving", [f"workload.params.schedule={schedule}"])
+    assert str(err.value) == f"workload.params.schedule: {message}"
+
+
 def test_yaml_task_and_schedule_run_through_config(tmp_path) -> None:
     """A task and a schedule given only as config: the registry grows when the scheduled
     concept arrives, and the final model round-trips through its arrays."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -12,22 +13,18 @@ import torch
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads.routing import (
-    BenchmarkParams,
-    KMeansConfig,
+from flowerbed.clients.workloads.routing.data import BenchmarkParams, pool, sample_coverage
+from flowerbed.clients.workloads.routing.federated import benchmark_for
+from flowerbed.clients.workloads.routing.kmeans import KMeansConfig, fit_kmeans_router
+from flowerbed.clients.workloads.routing.metrics import ndch, score_router
+from flowerbed.clients.workloads.routing.mlp import (
     MLPConfig,
     RouterMLP,
-    benchmark_for,
-    fit_kmeans_router,
-    load_eval_table,
-    make_synthetic_benchmark,
     masked_router_loss,
-    ndch,
-    pool,
-    sample_coverage,
-    score_router,
     train_mlp,
 )
+from flowerbed.clients.workloads.routing.synthetic import make_synthetic_benchmark
+from flowerbed.clients.workloads.routing.tables import load_eval_table
 from flowerbed.server.experiment import load_experiment, resolve
 from tests.clients.routing_fixture import make_table
 
@@ -192,8 +189,15 @@ def test_table_costs_from_prices_or_cost_columns() -> None:
     [
         ({"prices": {"gpt-5": 1.0}}, "prices names 'gpt-5', which is not a column"),
         ({"model_columns": ["mid-70b"]}, "no cost for model 'mid-70b'"),
-        ({"prices": {"mid-70b": {"per_token": 1.0}}}, "prices.mid-70b.tokens: no column"),
-        ({"prices": {"mid-70b": "cheap"}}, "must be a number or a mapping"),
+        (
+            {"prices": {"mid-70b": {"per_token": 1.0, "tokens": "n"}}},
+            "prices.mid-70b.tokens: no column",
+        ),
+        (
+            {"prices": {"mid-70b": {"per_token": 1.0}}},
+            "'mid-70b' must be a number >= 0 or a mapping",
+        ),
+        ({"prices": {"mid-70b": "cheap"}}, "'mid-70b' must be a number >= 0 or a mapping"),
         ({"prompt_column": "question"}, "needs a 'question' column"),
         ({"model_columns": ["subject"], "prices": {"subject": 1.0}}, "correctness in [0, 1]"),
     ],
@@ -203,6 +207,30 @@ def test_table_errors_name_the_problem(kwargs: dict, message: str) -> None:
     frame["subject"] = 3.0  # not a correctness column
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_eval_table(frame, dim=4, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("table_path=evals.xlsx", "table_path: 'evals.xlsx' is not an evaluation table (allowed: a .csv, .parquet, .pkl file)"),
+        ("table_path=missing.csv", "table_path: evaluation table not found: missing.csv"),
+        ("exclude_models=[-1]", "every value of workload.params.exclude_models must be >= 0 (got [-1])"),
+        ("model_columns=[small-7b,small-7b]", "model_columns: column 'small-7b' named twice (each model once)"),
+        ("prices.small-7b=-1", "prices: 'small-7b' must be a number >= 0 or a mapping with keys per_token, tokens"),
+        ("prices.small-7b.per_token=0.1", "prices: 'small-7b' must be a number >= 0 or a mapping"),
+        ("prompt_column=''", "workload.params.prompt_column: a column name must be a non-empty string"),
+        ("encoder=bert-base", "encoder 'bert-base' needs sentence-transformers, which is not installed (allowed: tfidf, tfidf-ngrams, or a sentence-transformers model)"),
+    ],
+)  # fmt: skip
+def test_bad_data_source_is_one_line_exit_2(tmp_path: Path, override: str, needle: str) -> None:
+    """Each data-source field has a rule: a bad value stops the CLI before anything starts."""
+    from tests.apps.test_cli import _one_line_exit_2, _run
+
+    if override.startswith("encoder=") and importlib.util.find_spec("sentence_transformers"):
+        pytest.skip("sentence-transformers is installed: any model name passes the rule")
+    _one_line_exit_2(
+        *_run(tmp_path, "routing-synthetic-kmeans", f"workload.params.{override}"), needle
+    )
 
 
 def _table_cfg(tmp_path: Path, kind: str = "kmeans", extra: list[str] = ()) -> dict:
@@ -331,7 +359,7 @@ def test_personalised_router_beats_the_global_one_where_clients_quality_differs(
 def test_ngram_encoder_ignores_tokens_of_one_prompt() -> None:
     """``tfidf-ngrams`` keeps only word / character n-grams seen in two prompts, so prompts that
     differ by an id alone embed alike (plain ``tfidf`` keeps the ids); other prompts stay apart."""
-    from flowerbed.clients.workloads.routing import embed_texts
+    from flowerbed.clients.workloads.routing.tables import embed_texts
 
     texts = [f"easy question: cell gene #{d * 4}" for d in "123"]
     texts += [f"hard question: court tort #{d * 4}" for d in "456"]

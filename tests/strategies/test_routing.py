@@ -13,15 +13,15 @@ from flowerbed.apps.inline import InlineGrid
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.runtime import CONFIG_KEY
 from flowerbed.clients.workloads import WORKLOADS
-from flowerbed.clients.workloads.routing import (
+from flowerbed.clients.workloads.routing.data import pool
+from flowerbed.clients.workloads.routing.federated import benchmark_for
+from flowerbed.clients.workloads.routing.kmeans import (
     KMeansConfig,
-    benchmark_for,
     cluster_stats,
     kmeans_tables,
     kmeanspp,
     lloyd,
     lloyd_stats,
-    pool,
 )
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import OrderedGrid

@@ -1,11 +1,13 @@
-"""Gradient-inversion baselines, on tabular diffusion and on any model that exposes its loss.
+"""What the gradient-inversion baselines share: their settings of Goliath's engine, their params,
+needs and observers (each baseline is registered in its own module: ``dlg``, ``idlg``,
+``inverting_gradients``, ``tableak``, ``random_baseline``, ``analytic_fc``).
 
-``dlg``, ``idlg``, ``inverting-gradients`` and ``random-baseline`` declare two alternative needs:
-``tabular-diffusion`` (then they are settings of Goliath's engine, below) or ``model-loss`` (then
-they run ``attacks.inversion`` on the workload's model-loss contract: any torch classifier, with its
-local steps replayed). ``analytic-fc`` (input recovery through a fully connected first layer) needs
-``model-loss`` + ``linear-first-layer``. The observer, budget knobs and per-round metrics are the
-same for all.
+``dlg``, ``idlg``, ``inverting-gradients``, ``tableak`` and ``random-baseline`` declare two
+alternative needs: ``tabular-diffusion`` (then they are settings of Goliath's engine, below) or
+``model-loss`` (then they run ``attacks.inversion`` on the workload's model-loss contract: any
+torch classifier, with its local steps replayed). ``analytic-fc`` (input recovery through a fully
+connected first layer) needs ``model-loss`` + ``linear-first-layer``. The observer, budget knobs
+and per-round metrics are the same for all.
 
 On tabular diffusion each is a setting of ``attacks.goliath``'s engine (same simulated client, same
 budget):
@@ -28,12 +30,11 @@ budget):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.goliath import (
     GOLIATH,
     InversionConfig,
@@ -44,7 +45,6 @@ from flowerbed.attacks.goliath import (
     decode,
     with_config,
 )
-from flowerbed.attacks.goliath.knowledge import prior_rows
 from flowerbed.attacks.inversion import SETTINGS, InversionSettings, with_budget
 from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
@@ -119,71 +119,20 @@ def model_loss_observer(strategy: Any, cfg: dict[str, Any], writer: Any, method:
                           rounds=p["rounds"], keep_prior_guess=method != "random")  # fmt: skip
 
 
-def _register(name: str, description: str, base: InversionConfig) -> None:
-    @ATTACKS.register(name, description)
-    class Entry:
-        Params = BaselineParams
-        needs = (ON_DIFFUSION, ON_MODEL_LOSS) if name in SETTINGS else ON_DIFFUSION
-        config = base
+class EngineSetting:
+    """A baseline that is a setting of Goliath's engine on tabular diffusion (``config``) and of
+    ``attacks.inversion``'s optimisation loop on a model-loss workload (``SETTINGS[name]``)."""
 
-        @classmethod
-        def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-            p = cfg["attack"]["params"]
-            if not on_diffusion(cfg):
-                return model_loss_observer(strategy, cfg, writer, "optimised", SETTINGS[name], name)
-            icfg = with_config(cls.config, p, cfg["seed"])
-            return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                                  p["target_clients"], rounds=p["rounds"])  # fmt: skip
-
-
-_register("dlg", "Deep Leakage from Gradients (L2, joint labels)", DLG)
-_register("idlg", "iDLG: DLG + analytic label / category-support recovery", IDLG)
-_register("inverting-gradients", "Inverting Gradients (cosine, signed Adam, box, TV prior)", IG)
-_register("tableak", "TabLeak adapted (softmax/sigmoid priors, pooled restarts)", TABLEAK)
-
-
-class RandomRows(TabularInversion):
-    """Each cell drawn from the public marginals (``goliath.knowledge.prior_rows``: the agreed
-    preprocessing's quantiles and category frequencies); ignores the update."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg, GOLIATH)
-        self.seed = int(cfg["seed"])
-
-    def reconstruct(self, know: Knowledge, target: dict, batch: int) -> Reconstruction:
-        return prior_rows(know, batch, self.seed)
-
-
-@ATTACKS.register("random-baseline", "Draws from the public prior, ignoring the update (floor)")
-class RandomBaseline:
     Params = BaselineParams
     needs = (ON_DIFFUSION, ON_MODEL_LOSS)
+    config: ClassVar[InversionConfig]
+    registry_name: ClassVar[str]
 
     @classmethod
     def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        p = cfg["attack"]["params"]
+        p, name = cfg["attack"]["params"], cls.registry_name
         if not on_diffusion(cfg):
-            return model_loss_observer(strategy, cfg, writer, "random", InversionSettings(),
-                                       "random-baseline")  # fmt: skip
-        return AttackObserver(strategy, writer, RandomRows(cfg), TruthScorer(cfg),
-                              p["target_clients"], rounds=p["rounds"], keep_prior_guess=False)  # fmt: skip
-
-
-@ATTACKS.register("analytic-fc", "Analytic input recovery through a fully connected first layer")
-class AnalyticFirstLayer:
-    """x = (dL/dW)_i / (dL/db)_i per first-layer neuron (exact for one example; for a batch, the
-    inputs several neurons agree on), labels by iDLG + update matching."""
-
-    needs = frozenset({Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER})
-
-    @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)
-        rounds: list[int] = param(
-            factory=list, ge=0
-        )  # attacked rounds (1..rounds: checked on resolve); empty = all
-
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        return model_loss_observer(strategy, cfg, writer, "analytic", InversionSettings(),
-                                   "analytic-fc")  # fmt: skip
+            return model_loss_observer(strategy, cfg, writer, "optimised", SETTINGS[name], name)
+        icfg = with_config(cls.config, p, cfg["seed"])
+        return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
+                              p["target_clients"], rounds=p["rounds"])  # fmt: skip
