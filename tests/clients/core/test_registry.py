@@ -16,14 +16,6 @@ PENDING = {
     ("attacks", "inverting-gradients"): "flowerbed.attacks.baselines",
     ("attacks", "random-baseline"): "flowerbed.attacks.baselines",
     ("attacks", "tableak"): "flowerbed.attacks.baselines",
-    ("attacks", "goliath-adaptive"): "flowerbed.attacks.adaptive",
-    # the defense-aware variant of every model-loss attack, made by one loop (adaptive/model_loss)
-    ("attacks", "analytic-fc-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "dlg-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "idlg-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "inverting-gradients-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "tableak-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "model-stealing-adaptive"): "flowerbed.attacks.adaptive.stealing",
     ("workloads", "routing-mlp"): "flowerbed.clients.workloads.routing",
     ("workloads", "routing-kmeans"): "flowerbed.clients.workloads.routing",
 }
