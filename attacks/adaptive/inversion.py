@@ -23,7 +23,9 @@ it matches to the mechanism, whichever defense publishes it; everything else is 
   inverted as one batch of N x B rows (the union of the group's rows is what can leak).
 
 The observer hands this attack the group members of a secure-aggregation reply (public to the
-server); ground truth stays in the scorer (``attacks.adaptive.scoring``).
+server) and answers with the candidate ``attacks.adaptive.selection`` picks (the unaware
+reconstruction, the prior guess or this attack's); ground truth stays in the scorer
+(``attacks.adaptive.scoring``).
 """
 
 from __future__ import annotations
