@@ -413,7 +413,7 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path, close: bool = True) 
     key_in = [max(math.ceil(c / KEY_COLUMNS) for c in counts[r * cols : (r + 1) * cols])
               * KEY_LINE_IN + 0.2 for r in range(nrows)]  # fmt: skip
     heights = [h for r in range(nrows) for h in (PANEL_IN, key_in[r])]
-    fig = plt.figure(figsize=(5.6 * cols, sum(heights) + 0.9))
+    fig = plt.figure(figsize=(5.6 * cols, sum(heights) + 1.2))
     grid = fig.add_gridspec(2 * nrows, cols, height_ratios=heights)
     axes = [fig.add_subplot(grid[2 * (i // cols), i % cols]) for i in range(len(panels))]
     key_axes = [fig.add_subplot(grid[2 * (i // cols) + 1, i % cols]) for i in range(len(panels))]
@@ -465,10 +465,13 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path, close: bool = True) 
         ax.set_title(panel.name or sweep.name, fontsize=10)
         labelled.append((ax, kax, panel.utility, points))
     names = {"prior": "prior (advantage 0)" if any(p.advantage for p in panels) else "prior"}
+    ncol = min(len(handles), 6 if cols > 1 else 4)  # a legend as wide as the figure at most
     fig.legend(list(handles.values()), [names.get(k, k) for k in handles], loc="lower center",
-               ncol=min(len(handles), 6), fontsize=8, frameon=False)  # fmt: skip
+               ncol=ncol, fontsize=8, frameon=False)  # fmt: skip
     fig.suptitle(f"{sweep.name}: privacy-utility frontier (bars: 95 % bootstrap intervals)", fontsize=11)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1 - 0.4 / fig.get_figheight()))
+    legend_in = 0.15 + 0.2 * math.ceil(len(handles) / max(ncol, 1))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.4 / height))
     for ax, kax, utility, points in labelled:  # after the layout: boxes measured where they stay
         ax.set_xlim(ax.get_xlim())
         ax.set_ylim(ax.get_ylim())
@@ -510,7 +513,6 @@ def short_labels(settings: list[str]) -> dict[str, str]:
 PANEL_IN = 4.2  # height of a frontier panel, inches
 KEY_COLUMNS = 2  # columns of a panel's key table
 KEY_LINE_IN = 0.17  # height of a key-table line, inches
-KEY_CHARS = 48  # a key-table entry is cut to this many characters
 #: slots tried for a point's number, nearest first: rings of radii (points) x directions
 SLOTS = [(r * math.cos(a * math.pi / 8), r * math.sin(a * math.pi / 8))
          for r in (9, 14, 20, 28, 38, 50, 64, 80) for a in range(16)]  # fmt: skip
@@ -581,16 +583,23 @@ def _drawn(ax: Any, step: float = 2.0) -> Any:
 
 def key_table(fig: Any, kax: Any, entries: list[tuple[str, str]]) -> list[Any]:
     """The key under a panel: ``number  setting`` per point, in the point's colour, in
-    ``KEY_COLUMNS`` columns of lines ``KEY_LINE_IN`` high (the key axes are sized for them)."""
-    height = kax.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi
+    ``KEY_COLUMNS`` columns of lines ``KEY_LINE_IN`` high (the key axes are sized for them); an
+    entry wider than its column is cut (with "…") to fit."""
+    renderer = fig.canvas.get_renderer()
+    frame = kax.get_window_extent(renderer)
+    width = frame.width / KEY_COLUMNS - 6  # pixels, a gap between the columns
     rows = max(math.ceil(len(entries) / KEY_COLUMNS), 1)
     texts = []
     for i, (name, colour) in enumerate(entries):
         col, row = divmod(i, rows)
-        label = name if len(name) <= KEY_CHARS else name[: KEY_CHARS - 1] + "…"
-        y = 1 - (row + 0.5) * KEY_LINE_IN / max(height, 1e-9)
-        texts.append(kax.text(col / KEY_COLUMNS, y, f"{i + 1:>2}  {label}", fontsize=7,
-                              color=colour, va="center", ha="left", transform=kax.transAxes))  # fmt: skip
+        y = 1 - (row + 0.5) * KEY_LINE_IN / max(frame.height / fig.dpi, 1e-9)
+        text = kax.text(col / KEY_COLUMNS, y, f"{i + 1:>2}  {name}", fontsize=7, color=colour,
+                        va="center", ha="left", transform=kax.transAxes)  # fmt: skip
+        label = name
+        while label and text.get_window_extent(renderer).width > width:
+            label = label[:-1]
+            text.set_text(f"{i + 1:>2}  {label}…")
+        texts.append(text)
     return texts
 
 

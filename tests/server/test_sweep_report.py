@@ -103,7 +103,8 @@ def _crowded_study(n: int = 15):
     rows = []
     settings = [(f"dp-sgd(max_grad_norm=1.0,noise_multiplier={0.1 * (i + 1):.1f})", 0.5 + 0.0005 * i,
                  0.40 + 0.004 * ((i * 7) % 5)) for i in range(n)]  # fmt: skip
-    for setting, utility, leak in [*settings, ("none", 0.2, 0.9)]:
+    wide = "local-dp(clipping_norm=1.0,epsilon=10.0,sensitivity=1.0)"  # a long key-table entry
+    for setting, utility, leak in [*settings, (wide, 0.45, 0.1), ("none", 0.2, 0.9)]:
         for seed in range(3):
             rows.append({
                 "defenses": setting, "seed": seed, "cell": f"{setting}-{seed}",
@@ -117,9 +118,9 @@ def _crowded_study(n: int = 15):
 
 
 def test_crowded_frontier_labels_do_not_overlap(tmp_path):
-    """15 settings a few pixels apart: every label the plot writes (the
-    number beside each point, the key table's entries, the panel's titles) has a box of its
-    own, measured with the renderer's window extents."""
+    """15 settings a few pixels apart (and a long setting name): every label the plot writes
+    (the number beside each point, the key table's entries, titles, legend) has a box of its
+    own inside the figure, measured with the renderer's window extents."""
     from matplotlib.text import Text
 
     from flowerbed.server.sweep_report import frontier_plot
@@ -134,5 +135,8 @@ def test_crowded_frontier_labels_do_not_overlap(tmp_path):
     overlapping = [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1 :]
                    if p.overlaps(q)]  # fmt: skip
     keys = [t for t in texts if t.get_text().strip().isdigit()]
-    assert len(keys) == 16, [t.get_text() for t in texts]  # 15 settings and undefended
+    assert len(keys) == 17, [t.get_text() for t in texts]  # 15 + local-dp + undefended
     assert overlapping == [], f"{len(overlapping)} overlapping pairs: {overlapping[:5]}"
+    page = fig.bbox
+    cut = [a for a, p in boxes if p.x0 < page.x0 or p.x1 > page.x1 or p.y0 < page.y0 or p.y1 > page.y1]  # fmt: skip
+    assert cut == [], f"cut off by the figure's edge: {cut}"
