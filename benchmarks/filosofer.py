@@ -4,7 +4,7 @@ Five seeds (victim, attacker subset and masks all derive from the seed); per rel
 user's accuracy (TEE included), the exposed weights' accuracy and output entropy, the TEE's share
 of parameters and FLOPs, the stealing attacker's best test accuracy at q = 2 / 5 / 10 % of the
 training pool next to the black-box bound, and the gap of the plain and of the defense-aware
-attacker (attacks/adaptive/stealing.py); then the same per seed (the tables of
+attacker (attacks/adaptive/model_stealing_adaptive.py); then the same per seed (the tables of
 docs/methods/filosofer.md and docs/methods/adaptive-attacks.md). One process per seed, at most one
 per core. ``PYTHONPATH=. python benchmarks/filosofer.py`` (``--seeds 0 1 2``; ``--recovery``: the
 adapters' recovery of the original release, seed 0).
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from flowerbed.attacks.adaptive.stealing import adaptive_steal
+from flowerbed.attacks.adaptive.model_stealing_adaptive import adaptive_steal
 from flowerbed.attacks.model_stealing import SCHEMES, stealing_table
 
 QS = (0.02, 0.05, 0.1)

@@ -386,23 +386,35 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
         plt.close(fig)
 
 
-def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
+def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path, close: bool = True) -> Any:
     """Worst-case leakage vs utility, one panel per arm: a line per defense family ordered by
-    utility, 95 % intervals as bars, undefended as a star, the prior (advantage 0) as a line."""
+    utility, 95 % intervals as bars, undefended as a star, the prior (advantage 0) as a line.
+    Each point carries a number placed in a free slot near it (a leader line back to it); the
+    key table under the panel names the setting of each number. Returns the figure (closed
+    unless ``close`` is False)."""
     import matplotlib.pyplot as plt
 
     rep = sweep.report
     panels = panels_of(sweep, ok)
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.6 * cols, 4.6 * nrows), squeeze=False)
+    counts = [sum(_plottable(e, p.utility) for e in p.estimates.values()) for p in panels]
+    key_in = [max(math.ceil(c / KEY_COLUMNS) for c in counts[r * cols : (r + 1) * cols])
+              * KEY_LINE_IN + 0.2 for r in range(nrows)]  # fmt: skip
+    heights = [h for r in range(nrows) for h in (PANEL_IN, key_in[r])]
+    fig = plt.figure(figsize=(5.6 * cols, sum(heights) + 1.2))
+    grid = fig.add_gridspec(2 * nrows, cols, height_ratios=heights)
+    axes = [fig.add_subplot(grid[2 * (i // cols), i % cols]) for i in range(len(panels))]
+    key_axes = [fig.add_subplot(grid[2 * (i // cols) + 1, i % cols]) for i in range(len(panels))]
+    for kax in key_axes:
+        kax.set_axis_off()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     families = list(dict.fromkeys(family_of(s) for p in panels for s in p.estimates))
     families = [f for f in families if f != UNDEFENDED]
     handles: dict[str, Any] = {}
     labelled = []
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        points = []
+    for ax, kax, panel in zip(axes, key_axes, panels, strict=True):
+        points = []  # (key-table entry, estimates, colour)
         for fam in families:
             mine = [s for s in panel.estimates if family_of(s) == fam]
             pts = [
@@ -416,7 +428,7 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
             colour = colours[families.index(fam) % len(colours)]
             handles[fam] = _errorbars(ax, panel.utility, [e for _, e in pts], colour, "o", "-")
             short = short_labels([s for s, _ in pts])
-            points += [(short[s], e) for s, e in pts]
+            points += [(f"{fam}: {short[s]}", e, colour) for s, e in pts]
         base = [
             e
             for s, e in panel.estimates.items()
@@ -426,7 +438,7 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
             handles["undefended"] = _errorbars(
                 ax, panel.utility, base, "black", "*", "none", size=14
             )
-            points += [("undefended", base[0])]
+            points += [("undefended", base[0], "black")]
         if panel.advantage:
             handles["prior"] = ax.axhline(0.0, color="grey", ls="--", lw=1)
         elif panel.prior:
@@ -440,24 +452,24 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path) -> None:
         low, high = ax.get_ylim()  # leakage on one scale in every panel: nothing to 1 at least
         ax.set_ylim(min(low, -0.05), max(high, 1.05))
         ax.set_title(panel.name or sweep.name, fontsize=10)
-        labelled.append((ax, panel.utility, points))
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
+        labelled.append((ax, kax, panel.utility, points))
     names = {"prior": "prior (advantage 0)" if any(p.advantage for p in panels) else "prior"}
+    ncol = min(len(handles), 6 if cols > 1 else 4)  # a legend as wide as the figure at most
     fig.legend(list(handles.values()), [names.get(k, k) for k in handles], loc="lower center",
-               ncol=min(len(handles), 6), fontsize=8, frameon=False)  # fmt: skip
+               ncol=ncol, fontsize=8, frameon=False)  # fmt: skip
     fig.suptitle(f"{sweep.name}: privacy-utility frontier (bars: 95 % bootstrap intervals)", fontsize=11)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
-    for (
-        ax,
-        utility,
-        points,
-    ) in labelled:  # after the layout: label boxes are measured where they will be
+    legend_in = 0.15 + 0.2 * math.ceil(len(handles) / max(ncol, 1))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.4 / height))
+    for ax, kax, utility, points in labelled:  # after the layout: boxes measured where they stay
         ax.set_xlim(ax.get_xlim())
         ax.set_ylim(ax.get_ylim())
-        place_labels(fig, ax, [(n, e[utility].mean, e["worst_case"].mean) for n, e in points])
+        place_labels(fig, ax, [(n, e[utility].mean, e["worst_case"].mean) for n, e, _ in points])
+        key_table(fig, kax, [(n, c) for n, _, c in points])
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    if close:
+        plt.close(fig)
+    return fig
 
 
 def _plottable(est: dict[str, Estimate], utility: str) -> bool:
@@ -487,25 +499,40 @@ def short_labels(settings: list[str]) -> dict[str, str]:
     }
 
 
-OFFSETS = [(5, 5), (5, -11), (-5, 5), (-5, -11), (0, 13), (0, -17), (12, 0), (-12, 0),
-           (10, 16), (-10, 16), (10, -22), (-10, -22), (0, 26), (0, -30), (22, 8), (-22, 8)]  # fmt: skip
+PANEL_IN = 4.2  # height of a frontier panel, inches
+KEY_COLUMNS = 2  # columns of a panel's key table
+KEY_LINE_IN = 0.17  # height of a key-table line, inches
+#: slots tried for a point's number, nearest first: rings of radii (points) x directions
+SLOTS = [(r * math.cos(a * math.pi / 8), r * math.sin(a * math.pi / 8))
+         for r in (9, 14, 20, 28, 38, 50, 64, 80) for a in range(16)]  # fmt: skip
 
 
 def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> list[Any]:
-    """Annotate each point with the first offset whose box overlaps no earlier label (or the one
-    that overlaps least): readable labels without a label-placement dependency."""
+    """Number the points 1..n (the key table names them): each number goes to the nearest slot
+    whose box is inside the axes and clear of the other numbers and of everything drawn (the
+    points, the lines and error bars: ``_drawn``), else to the slot that overlaps least, with a
+    leader line back to its point. A number is a few characters wide, so crowded points still
+    find free slots where their names would collide."""
+    from matplotlib.text import Text
+
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
+    drawn = _drawn(ax)
     placed: list[Any] = []
     texts = []
-    for name, x, y in points:
+    for number, (_, x, y) in enumerate(points, 1):
         best = None
-        for dx, dy in OFFSETS:
-            text = ax.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
-                               ha="left" if dx >= 0 else "right", va="bottom" if dy >= 0 else "top")  # fmt: skip
-            box = text.get_window_extent(renderer)
+        for dx, dy in SLOTS:
+            text = ax.annotate(str(number), (x, y), xytext=(dx, dy), textcoords="offset points",
+                               fontsize=7, ha="center", va="center",
+                               arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5,
+                                           "shrinkA": 1, "shrinkB": 2})  # fmt: skip
+            text.update_positions(renderer)  # the text's own box, not its leader line
+            box = Text.get_window_extent(text, renderer).padded(1)
             outside = box.width * box.height - _area(box, frame)  # cut off by the axes
-            overlap = sum(_area(box, other) for other in placed) + outside
+            inside = (drawn[:, 0] >= box.x0) & (drawn[:, 0] <= box.x1)
+            inside &= (drawn[:, 1] >= box.y0) & (drawn[:, 1] <= box.y1)
+            overlap = sum(_area(box, other) for other in placed) + outside + float(inside.sum())
             if best is None or overlap < best[0]:
                 if best is not None:
                     best[1].remove()
@@ -516,6 +543,52 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
                 break
         placed.append(best[2])
         texts.append(best[1])
+    return texts
+
+
+def _drawn(ax: Any, step: float = 2.0) -> Any:
+    """Display coordinates of what the axes draw (lines, error bars, markers), sampled every
+    ``step`` pixels along each segment, plus a ring around each marker."""
+    import numpy as np
+
+    segments = []
+    for line in ax.lines:
+        xy = line.get_transform().transform(line.get_xydata())
+        segments += list(zip(xy[:-1], xy[1:], strict=True))
+        size = line.get_markersize() * ax.figure.dpi / 72 / 2 if line.get_marker() not in (None, "None", "") else 0  # fmt: skip
+        for px, py in xy if size else []:
+            ring = [(px + size * math.cos(t), py + size * math.sin(t)) for t in np.linspace(0, 2 * math.pi, 12)]  # fmt: skip
+            segments += [(np.array(px_py), np.array((px, py))) for px_py in ring]
+    for coll in ax.collections:
+        for seg in getattr(coll, "get_segments", list)():
+            xy = coll.get_transform().transform(seg)
+            segments += list(zip(xy[:-1], xy[1:], strict=True))
+    samples = [np.zeros((0, 2))]
+    for a, b in segments:
+        n = max(int(np.hypot(*(b - a)) / step), 1) + 1
+        samples.append(a + np.linspace(0, 1, n)[:, None] * (b - a))
+    return np.concatenate(samples)
+
+
+def key_table(fig: Any, kax: Any, entries: list[tuple[str, str]]) -> list[Any]:
+    """The key under a panel: ``number  setting`` per point, in the point's colour, in
+    ``KEY_COLUMNS`` columns of lines ``KEY_LINE_IN`` high (the key axes are sized for them); an
+    entry wider than its column is cut (with "…") to fit."""
+    renderer = fig.canvas.get_renderer()
+    frame = kax.get_window_extent(renderer)
+    width = frame.width / KEY_COLUMNS - 6  # pixels, a gap between the columns
+    rows = max(math.ceil(len(entries) / KEY_COLUMNS), 1)
+    texts = []
+    for i, (name, colour) in enumerate(entries):
+        col, row = divmod(i, rows)
+        y = 1 - (row + 0.5) * KEY_LINE_IN / max(frame.height / fig.dpi, 1e-9)
+        text = kax.text(col / KEY_COLUMNS, y, f"{i + 1:>2}  {name}", fontsize=7, color=colour,
+                        va="center", ha="left", transform=kax.transAxes)  # fmt: skip
+        label = name
+        while label and text.get_window_extent(renderer).width > width:
+            label = label[:-1]
+            text.set_text(f"{i + 1:>2}  {label}…")
+        texts.append(text)
     return texts
 
 

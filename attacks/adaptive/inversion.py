@@ -23,7 +23,9 @@ it matches to the mechanism, whichever defense publishes it; everything else is 
   inverted as one batch of N x B rows (the union of the group's rows is what can leak).
 
 The observer hands this attack the group members of a secure-aggregation reply (public to the
-server); ground truth stays in the scorer (``attacks.adaptive.scoring``).
+server) and answers with the candidate ``attacks.adaptive.selection`` picks (the unaware
+reconstruction, the prior guess or this attack's); ground truth stays in the scorer
+(``attacks.adaptive.scoring``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from flowerbed.attacks.adaptive.selection import (
+    carries_evidence,
+    changes_update,
+    choice_metrics,
+    choose,
+    noise_sd_per_lr,
+)
 from flowerbed.attacks.goliath.attack import TabularInversion
 from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
 from flowerbed.attacks.goliath.knowledge import (
@@ -45,12 +54,14 @@ from flowerbed.attacks.goliath.knowledge import (
     Knowledge,
     Reconstruction,
     decode,
+    local_steps,
     observed_target,
 )
 from flowerbed.attacks.goliath.objective import match_loss, simulate
 from flowerbed.attacks.goliath.optimisation import invert, rows_score
 from flowerbed.attacks.observer import AttackObserver, as_tensors
-from flowerbed.attacks.prior import PriorKeeping, keep_prior
+from flowerbed.attacks.prior import KEEPER_SALT, keep_prior
+from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.defenses import (
     GaussianNoise,
     Mechanism,
@@ -220,20 +231,69 @@ class DefenseAwareInversion(TabularInversion):
         seen.append(Observation(server_round, sent, target, examples))
         del seen[: -max(self.average_rounds, 1)]
 
-    def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Reconstruction) -> float:  # fmt: skip
-        """The defense-aware objective for ``rec``'s rows: matched through the defenses' view."""
-        know = self.knowledge(sent)
-        target = observed_target(know, sent, reply)
-        aware = replace(know, view=self.view_for(target))
-        return rows_score(aware, target, rec.num, rec.cat, self.icfg, self.icfg.seed)
+    def _averaged(self, members: tuple[int, ...]) -> list[Observation]:
+        """The observations the attack inverts together: the latest alone, or (DP noise, FedSGD)
+        every recorded one of the same batch size, averaged."""
+        seen = self.history[members]
+        latest = seen[-1]
+        same = [o for o in seen if o.examples == latest.examples]
+        fedsgd = self.workload.protocol.kind == "fedsgd"
+        return same if self.averages_noise and len(same) > 1 and fedsgd else [latest]
+
+    # -- the selection's interface (``attacks.adaptive.selection``) ------------------------------
+    @property
+    def identity(self) -> bool:
+        """No published mechanism changes a client's update: the unaware attack is the answer."""
+        return not changes_update(self.mechanisms)
+
+    def noise_variance(self, members: tuple[int, ...], examples: int) -> float | None:
+        """Per-entry variance of the published on-update noise in the matching target's units
+        (FedSGD: gradient = delta / lr; FedAvg: the delta), for an aggregate of ``members``;
+        None without such noise or where its scale is not known in those units."""
+        protocol = self.workload.protocol
+        batch = max(examples // max(len(members), 1), 1)
+        steps = local_steps(protocol, batch)
+        total, noisy = 0.0, False
+        for m in self.mechanisms:
+            if not (isinstance(m, GaussianNoise) and m.on_update):
+                continue
+            if (
+                m.where == "per-example"
+                and protocol.kind != "fedsgd"
+                and protocol.optimizer != "sgd"
+            ):
+                return None  # Adam's steps reshape the noise: no known scale
+            sd = noise_sd_per_lr(m, protocol.lr, batch, protocol.batch_size, steps)
+            if sd is None:
+                return None
+            scale = 1.0 if protocol.kind == "fedsgd" else protocol.lr
+            total, noisy = total + (sd * scale) ** 2, True
+        return total / max(len(members), 1) if noisy else None
+
+    def evidence(self, members: tuple[int, ...]) -> bool | None:
+        """The noise test (``selection.carries_evidence``) on what the attack inverts: the latest
+        target, or the mean of the averaged ones (its noise variance over their number)."""
+        seen = self._averaged(members)
+        variance = self.noise_variance(members, seen[-1].examples)
+        if variance is None:
+            return None
+        mean = {k: sum(o.target[k] for o in seen) / len(seen) for k in seen[-1].target}
+        return carries_evidence(mean, variance / len(seen))
+
+    def objective(self, members: tuple[int, ...], rec: Reconstruction) -> float:
+        """The defense-aware objective of ``rec``'s rows on the latest update of ``members``
+        (``match``: the engine's match through the defenses' view, latents refitted)."""
+        latest = self.history[members][-1]
+        know = self.knowledge(latest.sent)
+        aware = replace(know, view=self.view_for(latest.target))
+        return rows_score(aware, latest.target, rec.num, rec.cat, self.icfg, self.icfg.seed)
 
     def invert_latest(self, members: tuple[int, ...]) -> Reconstruction:
         """Invert the latest observation of ``members`` (averaged with earlier ones under DP noise)."""
-        seen = self.history[members]
-        latest = seen[-1]
+        same = self._averaged(members)
+        latest = same[-1]
         know = self.knowledge(latest.sent)
-        same = [o for o in seen if o.examples == latest.examples]
-        if self.averages_noise and len(same) > 1 and know.protocol.kind == "fedsgd":
+        if len(same) > 1:
             return self._invert_average(know, same)
         aware = replace(know, view=self.view_for(latest.target))
         rec = invert(aware, latest.target, latest.examples, self.icfg)
@@ -295,20 +355,26 @@ class DefenseAwareObserver(AttackObserver):
     """Runs the defense-aware attack and, beside it, the unaware one on the same replies.
 
     Every round it records the targets' updates (the averaging attacker needs earlier rounds); in
-    the attacked rounds it scores the adaptive reconstruction under ``attack.*`` and the unaware
-    Goliath's under ``attack.unaware_*`` (only for individual updates: under secure aggregation the
-    unaware attacker has nothing to invert). A secure-aggregation reply is attacked when its group
-    holds a target client, and scored against the union of the group's rows.
+    the attacked rounds it scores the unaware attack's reconstruction under ``attack.unaware_*``
+    (only for individual updates: under secure aggregation the unaware attacker has nothing to
+    invert) and the defense-aware attacker's answer under ``attack.*``: the one of (prior guess,
+    unaware, aware) that ``selection.choose`` picks, without ground truth, with the choice in
+    ``attack.chosen_*``. A secure-aggregation reply is attacked when its group holds a target
+    client, and scored against the union of the group's rows.
+
+    ``attack`` offers ``observe``, ``invert_latest``, ``identity``, ``evidence``, ``objective``
+    and ``prior_guess`` (``DefenseAwareInversion``, ``model_loss.DefenseAwareModelLoss``).
     """
 
     def __init__(
-        self, inner: Any, writer: Any, attack: DefenseAwareInversion, scorer: Any,
-        targets: list[int], rounds: list[int] | None, unaware: TabularInversion | None,
+        self, inner: Any, writer: Any, attack: Any, scorer: Any,
+        targets: list[int], rounds: list[int] | None, unaware: Any | None,
     ) -> None:  # fmt: skip
-        super().__init__(inner, writer, attack, scorer, targets, aggregate=False, rounds=rounds)
+        super().__init__(inner, writer, attack, scorer, targets, aggregate=False, rounds=rounds,
+                         keep_prior_guess=False)  # fmt: skip
         self.adaptive = attack
-        seed = int(scorer.cfg["seed"]) if hasattr(scorer, "cfg") else 0
-        self.unaware = None if unaware is None else keep_prior(unaware, seed)
+        self.seed = int(scorer.cfg["seed"]) if hasattr(scorer, "cfg") else 0
+        self.unaware = None if unaware is None else keep_prior(unaware, self.seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -330,14 +396,46 @@ class DefenseAwareObserver(AttackObserver):
                 continue
             key: Any = members[0] if len(members) == 1 else members
             record: dict[str, float] = {}
+            candidates: dict[str, Any] = {}
             if self.unaware is not None and len(members) == 1:
-                rec = self.unaware.invert(sent, observed, examples)
-                record |= self._score(server_round, key, sent, rec, "unaware_")
-            rec = self.adaptive.invert_latest(members)
-            if isinstance(self.attack, PriorKeeping):
-                rec = self.attack.keep(sent, observed, examples, rec)
+                candidates["unaware"] = self.unaware.invert(sent, observed, examples)
+                record |= self._score(server_round, key, sent, candidates["unaware"], "unaware_")
+            rec = self.answer(members, server_round, sent, observed, examples, candidates)
             record = self._score(server_round, key, sent, rec, "") | record
             shown.append((key, sent, rec))
             self._record(server_round, key, record)
         self._illustrate(server_round, shown)
         return self.inner.aggregate_train(server_round, replies)
+
+    def answer(
+        self, members: tuple[int, ...], server_round: int, sent: dict[str, torch.Tensor],
+        observed: dict[str, torch.Tensor], examples: int, candidates: dict[str, Any],
+    ) -> Any:  # fmt: skip
+        """The defense-aware attacker's answer (``selection.choose``), its choice attached as
+        ``rec.choice`` (the metrics ``_score`` records)."""
+        identity = self.adaptive.identity
+        evidence = None if identity else self.adaptive.evidence(members)
+        if not identity:  # the prior guess: public knowledge, seeded per reply
+            seed = client_seed(self.seed, members[0], server_round, salt=KEEPER_SALT)
+            candidates["prior"] = self.adaptive.prior_guess(sent, observed, examples, seed)
+        # the aware inversion, unless the unaware one is the answer (nothing to adapt to) or the
+        # update holds no evidence above the noise (the prior is)
+        if not (identity and "unaware" in candidates) and evidence is not False:
+            candidates["aware"] = self.adaptive.invert_latest(members)
+        choice = choose(candidates, lambda r: self.adaptive.objective(members, r), identity,
+                        evidence)  # fmt: skip
+        rec = choice.rec
+        rec.choice = choice_metrics(choice, evidence)
+        return rec
+
+    def _score(self, rnd: int, pid: Any, sent: dict, rec: Any, prefix: str) -> dict[str, float]:
+        scores = super()._score(rnd, pid, sent, rec, prefix)
+        extra = getattr(rec, "choice", None) if not prefix else None
+        if extra:  # the choice's counts, kept in the summary as fractions of attacked replies
+            self.scores[-1] |= extra
+            self.writer.log(rnd, "attack", extra)
+            for key in extra:
+                values = [s[key] for s in self.scores if key in s]
+                self.writer.set_final(f"attack.{key}", sum(values) / len(values))
+            scores |= extra
+        return scores

@@ -28,23 +28,44 @@ run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from flowerbed.attacks.adaptive.inversion import complete_low_rank, compose, grid_view, topk_view
+from flowerbed.attacks.adaptive.inversion import (
+    DefenseAwareObserver,
+    complete_low_rank,
+    compose,
+    grid_view,
+    topk_view,
+)
+from flowerbed.attacks.adaptive.selection import (
+    carries_evidence,
+    changes_update,
+    noise_sd_per_lr,
+    rounding_nll,
+)
+from flowerbed.attacks.inversion import with_budget
 from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, ServerView
+from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
+from flowerbed.attacks.inversion.knowledge import (
+    InversionSettings,
+    Recovered,
+    ServerView,
+    server_view,
+)
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.simulate import observed
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import (
-    Aggregation,
     GaussianNoise,
     Mechanism,
     Quantisation,
     Sparsification,
+    published_mechanisms,
 )
 from flowerbed.clients.model_loss import ModelLoss
 from flowerbed.clients.workloads import Examples
@@ -60,19 +81,11 @@ def grid_step(update: torch.Tensor, bits: int) -> float:
 
 def update_noise_std(mechanism: GaussianNoise, contract: ModelLoss, batch: int) -> float | None:
     """Per-entry sd of a mechanism's noise in the attacker's update units (``(sent - reply) /
-    lr``); None where the mechanism's noise is not known in those units (FedAvg's many steps of
-    DP-SGD noise are, approximately: sqrt(steps) x one step's)."""
-    if mechanism.clipping_norm is None:
-        return None
-    sd = mechanism.noise_multiplier * mechanism.clipping_norm
+    lr``; ``selection.noise_sd_per_lr``); None where it is not known in those units (FedAvg's many
+    steps of DP-SGD noise are, approximately: sqrt(steps) x one step's)."""
     training = contract.training
-    if mechanism.where == "update":  # added to the model delta the client sends
-        return sd / training.lr
-    if mechanism.where == "per-example":  # on the sum of a step's clipped gradients, / batch
-        steps = len(training.plan(max(batch, 1)))
-        per_step = sd / max(min(batch, training.batch_size), 1)
-        return per_step * steps**0.5
-    return None
+    steps = len(training.plan(max(batch, 1)))
+    return noise_sd_per_lr(mechanism, training.lr, batch, training.batch_size, steps)
 
 
 class RememberingAttack(ModelLossAttack):
@@ -103,8 +116,47 @@ class DefenseAwareModelLoss(ModelLossAttack):
     @property
     def adapts(self) -> bool:
         """Whether any published mechanism changes how the update is read."""
-        return any(isinstance(m, (Sparsification, Quantisation, Aggregation))
-                   or (isinstance(m, GaussianNoise) and m.on_update) for m in self.mechanisms)  # fmt: skip
+        return changes_update(self.mechanisms)
+
+    # -- the selection's interface (``attacks.adaptive.selection``) ------------------------------
+    @property
+    def identity(self) -> bool:
+        """No published mechanism changes a client's update: the unaware attack is the answer."""
+        return not self.adapts
+
+    def evidence(self, members: tuple[int, ...]) -> bool | None:
+        """The noise test (``selection.carries_evidence``) on the latest update of ``members``;
+        None without published on-update noise of a known scale. An aggregate of N clients'
+        means carries 1/N of one client's noise variance."""
+        sent, reply, examples = self.latest[members]
+        n = max(len(members), 1)
+        total, noisy = 0.0, False
+        for m in self.mechanisms:
+            if isinstance(m, GaussianNoise) and m.on_update:
+                std = update_noise_std(m, self.contract, examples // n)
+                if std is None:
+                    return None
+                total, noisy = total + std**2, True
+        if not noisy:
+            return None
+        update = server_view(self.contract, sent, reply, examples).update
+        return carries_evidence(update, total / n)
+
+    def objective(self, members: tuple[int, ...], rec: Recovered) -> float:
+        """The defense-aware objective of ``rec`` on the latest update of ``members``: under
+        stochastic quantisation the rounding likelihood of the observed grid values given
+        ``rec``'s simulated update (``selection.rounding_nll``), else the attack's update
+        distance through the published view (top-k: kept coordinates; ``match``)."""
+        sent, reply, examples = self.latest[members]
+        self.members = len(members)
+        bits = [m.bits for m in self.mechanisms if isinstance(m, Quantisation)]
+        if not bits:
+            return self.match(sent, reply, rec)
+        plain = replace(self.view(sent, reply, examples), reading=None)
+        dtype = next(iter(plain.params.values())).dtype
+        with torch.enable_grad():
+            sim = observed(plain, rec.x.to(dtype), rec.y, create_graph=False)
+        return rounding_nll(sim, plain.update, min(bits))
 
     def view(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> ServerView:  # fmt: skip
         base = super().view(sent, reply, num_examples)
@@ -179,3 +231,47 @@ class ClassifierGroupScorer(ClassifierScorer):
         if isinstance(partition_id, tuple):
             out["group_size"] = float(len(partition_id))
         return out
+
+
+# -- the registered entries: one per model-loss attack, each in its own ``<base>_adaptive`` module --
+DESCRIPTION = (
+    "defense-aware {base} on a model-loss workload (reads the update through the defenses' "
+    "public mechanisms)"
+)
+
+
+@dataclass
+class ModelLossAdaptiveParams:
+    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+    restarts: int = param(0, ge=0)  # 0 = the attack's own default
+    iterations: int = param(0, ge=0)  # 0 = the attack's own default (optimisation attacks)
+    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+    compare_unaware: bool = True  # also run the unaware attack on the same replies
+
+
+def model_loss_adaptive(base: str, method: str, settings: InversionSettings, module: str) -> type:
+    """The defense-aware variant of the model-loss attack ``base`` (module docstring), as a class
+    of ``module`` (the registering module, named after the registration)."""
+    needs = {Capability.MODEL_LOSS}
+    if method == "analytic":
+        needs.add(Capability.LINEAR_FIRST_LAYER)
+
+    class Entry:
+        Params = ModelLossAdaptiveParams
+
+        @classmethod
+        def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
+            p = cfg["attack"]["params"]
+            icfg = with_budget(settings, p, cfg["seed"])  # 0 = the attack's own budget
+            contract = model_loss_of(cfg)
+            plain = RememberingAttack(contract, method, icfg, base)
+            adaptive = DefenseAwareModelLoss(contract, method, icfg, f"{base}-adaptive",
+                                             published_mechanisms(cfg), plain)  # fmt: skip
+            unaware = plain if p["compare_unaware"] else None
+            return DefenseAwareObserver(strategy, writer, adaptive, ClassifierGroupScorer(cfg),
+                                        p["target_clients"], p["rounds"], unaware)  # fmt: skip
+
+    Entry.needs = frozenset(needs)  # type: ignore[attr-defined]
+    Entry.__name__ = Entry.__qualname__ = f"{base.title().replace('-', '')}Adaptive"
+    Entry.__module__ = module
+    return Entry

@@ -14,8 +14,8 @@ from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, complete_low_rank
+from flowerbed.attacks.adaptive.model_stealing_adaptive import adaptive_steal, flag
 from flowerbed.attacks.adaptive.scoring import GroupScorer
-from flowerbed.attacks.adaptive.stealing import adaptive_steal, flag
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
 from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
 from flowerbed.attacks.observer import as_tensors

@@ -45,7 +45,7 @@ def test_model_stealing_needs_the_filosofer_workload(inline_cfg):
 
 
 def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(inline_cfg):
-    from flowerbed.attacks.adaptive.stealing import ModelStealingAdaptive
+    from flowerbed.attacks.adaptive.model_stealing_adaptive import ModelStealingAdaptive
 
     cfg = inline_cfg("filosofer", "defenses=[{name: filosofer, params: {rho: 0.05}}]")
     assert ModelStealingAdaptive.wrap(None, cfg, None).params.rho == 0.05

@@ -91,3 +91,52 @@ def test_utility_moves_with_defense_strength(study):
     assert abs(loss["topk(fraction=0.01)"] - loss["topk(fraction=0.5)"]) > 1e-3
     eps = cells["dp.epsilon"]
     assert eps[dp_strong] < eps[dp_weak]
+
+
+def _crowded_study(n: int = 15):
+    """A frontier panel of ``n`` dp-sgd settings whose points all but coincide (a cluster a few
+    pixels wide beside the undefended point far off), 3 seeds each."""
+    from types import SimpleNamespace
+
+    from flowerbed.server.sweep_report import ReportConfig
+
+    rows = []
+    settings = [(f"dp-sgd(max_grad_norm=1.0,noise_multiplier={0.1 * (i + 1):.1f})", 0.5 + 0.0005 * i,
+                 0.40 + 0.004 * ((i * 7) % 5)) for i in range(n)]  # fmt: skip
+    wide = "local-dp(clipping_norm=1.0,epsilon=10.0,sensitivity=1.0)"  # a long key-table entry
+    for setting, utility, leak in [*settings, (wide, 0.45, 0.1), ("none", 0.2, 0.9)]:
+        for seed in range(3):
+            rows.append({
+                "defenses": setting, "seed": seed, "cell": f"{setting}-{seed}",
+                "central.loss": utility + 0.0002 * seed,
+                "attack.unaware_success": leak + 0.002 * seed, "attack.success": leak,
+            })  # fmt: skip
+    rep = ReportConfig(rows="defenses", value="attack.unaware_success", adaptive="attack.success",
+                       utility="central.loss")  # fmt: skip
+    sweep = SimpleNamespace(name="crowded", report=rep, arms=[], grid={"defenses": []})
+    return sweep, pd.DataFrame(rows)
+
+
+def test_crowded_frontier_labels_do_not_overlap(tmp_path):
+    """15 settings a few pixels apart (and a long setting name): every label the plot writes
+    (the number beside each point, the key table's entries, titles, legend) has a box of its
+    own inside the figure, measured with the renderer's window extents."""
+    from matplotlib.text import Text
+
+    from flowerbed.server.sweep_report import frontier_plot
+
+    sweep, frame = _crowded_study()
+    fig = frontier_plot(sweep, frame, tmp_path / "frontier.png", close=False)
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    texts = [t for t in texts if not any(t in ax.get_xticklabels() + ax.get_yticklabels()
+                                          for ax in fig.axes)]  # fmt: skip
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in texts]
+    overlapping = [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1 :]
+                   if p.overlaps(q)]  # fmt: skip
+    keys = [t for t in texts if t.get_text().strip().isdigit()]
+    assert len(keys) == 17, [t.get_text() for t in texts]  # 15 + local-dp + undefended
+    assert overlapping == [], f"{len(overlapping)} overlapping pairs: {overlapping[:5]}"
+    page = fig.bbox
+    cut = [a for a, p in boxes if p.x0 < page.x0 or p.x1 > page.x1 or p.y0 < page.y0 or p.y1 > page.y1]  # fmt: skip
+    assert cut == [], f"cut off by the figure's edge: {cut}"

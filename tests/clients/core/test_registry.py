@@ -6,19 +6,8 @@ from flowerbed.server.experiment import COMPONENTS
 
 KINDS = ("workloads", "datasets", "strategies", "attacks", "defenses")
 
-#: registrations still in a module not named after them: code other branches are changing now
-#: (attacks/adaptive/ with the one attack shape, issue #37 part 4). Each one fixed must leave
-#: this list.
-PENDING = {
-    ("attacks", "goliath-adaptive"): "flowerbed.attacks.adaptive",
-    # the defense-aware variant of every model-loss attack, made by one loop (adaptive/model_loss)
-    ("attacks", "analytic-fc-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "dlg-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "idlg-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "inverting-gradients-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "tableak-adaptive"): "flowerbed.attacks.adaptive",
-    ("attacks", "model-stealing-adaptive"): "flowerbed.attacks.adaptive.stealing",
-}
+#: registrations in a module not named after them (none left: each method has its module)
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def registrations() -> list[tuple[str, str, str]]:

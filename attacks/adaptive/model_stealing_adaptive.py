@@ -101,10 +101,7 @@ class ModelStealingAdaptive(ModelStealing):
     needs = frozenset({Capability.MODEL_RELEASE})
 
     @dataclass
-    class Params:
-        q: float = param(0.05, gt=0, le=1)
-        lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
-        steps: int = param(150, ge=1)
+    class Params(ModelStealing.Params):  # the plain attack's budget (q, lrs, steps), and:
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 

@@ -1,0 +1,15 @@
+"""``tableak-adaptive``: the defense-aware tableak on a model-loss workload (``attacks.adaptive.model_loss``).
+
+The attack reads the update through the defenses' public mechanisms; the unaware tableak runs
+beside it and the answer is chosen by ``attacks.adaptive.selection``.
+"""
+
+from __future__ import annotations
+
+from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
+from flowerbed.attacks.inversion import SETTINGS
+
+TableakAdaptive = ATTACKS.register("tableak-adaptive", DESCRIPTION.format(base="tableak"))(
+    model_loss_adaptive("tableak", "optimised", SETTINGS["tableak"], __name__)
+)
