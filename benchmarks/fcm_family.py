@@ -112,7 +112,12 @@ def run_family_one(
         }  # fmt: skip
         metrics = run_inline(cfg)["metrics"]
     prefix = "train.local-" if base == "Local only" else "eval."
-    return {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
+    row = {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
+    if method in (*POOLED, "F-CMs, all labels"):
+        # every concept is labelled by the last round, so no final lacked-concept score exists;
+        # the run's metrics keep the last one reported (an early round's): not a final number
+        row.pop("concept_acc_lacked", None)
+    return row
 
 
 def _job(args: tuple) -> tuple[tuple, dict[str, float], float]:

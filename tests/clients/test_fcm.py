@@ -387,6 +387,9 @@ def test_pooled_run_has_exactly_the_federated_labels_and_arrivals() -> None:
             assert mine.get(f"nc.{name}", 0) == sum(m.get(f"nc.{name}", 0) for m in replies)
         mask = pooled.label_mask(rnd)
         assert mask.sum() == sum(m["nc-total"] for m in replies)
+        for k in range(3):  # row i of client k's block: exactly client k's labels now
+            own = [n in fed.held(k, rnd) for n in fed.scenario.concept_names]
+            np.testing.assert_array_equal(mask[50 * k : 50 * (k + 1)], [own] * 50)
     assert "nc.z_pos" not in pooled.fit(arrays, data, {"partition-id": 0, "server-round": 2},
                                         RecordDict())[1]  # fmt: skip
     assert (
