@@ -55,6 +55,13 @@ DECOMPOSITION = (
     ("label count", "Centralised, arrivals", "Centralised, federated labels"),
     ("federation / optimisation", "Centralised, federated labels", "F-CMs"),
 )
+#: the same gap, label count and federation taken in the other order (through "F-CMs, all labels"):
+#: where the two orders disagree the factors interact
+DECOMPOSITION_ALT = (
+    ("late arrival", CENTRAL, "Centralised, arrivals"),
+    ("federation / optimisation, every label", "Centralised, arrivals", "F-CMs, all labels"),
+    ("label count, federated", "F-CMs, all labels", "F-CMs"),
+)
 #: rounds a grown concept's task-head block stays frozen in the "F-CMs, warm-up" arm
 WARMUP = 3
 
@@ -193,16 +200,20 @@ def summary(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
             [100 * (tm["F-CMs"] - max(tm[m] for m in present if m in tm)) for tm in rows], "min"
         )
     out["decomposition"] = decomposition(results)
+    out["decomposition_alt"] = decomposition(results, DECOMPOSITION_ALT)
     return out
 
 
-def decomposition(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+def decomposition(
+    results: dict[str, dict[str, dict[str, float]]], path: tuple = DECOMPOSITION
+) -> dict[str, Any]:
     """centralised - F-CMs split into its three factors (points): late arrival (centralised -
     centralised with the scheduled arrivals), label count (arrivals - the federated per-example
     labels, pooled), federation / optimisation (pooled with federated labels - F-CMs). The parts
     add up to the gap on every run that has all four arms. Distributions over those runs and over
-    tasks (mean of seeds); ``pooled_check``: the largest |pooled all labels - centralised|."""
-    arms = {CENTRAL, "F-CMs", *(m for _, a, b in DECOMPOSITION for m in (a, b))}
+    tasks (mean of seeds); ``pooled_check``: the largest |pooled all labels - centralised|.
+    ``path``: the chain of arms from centralised to F-CMs (DECOMPOSITION or DECOMPOSITION_ALT)."""
+    arms = {CENTRAL, "F-CMs", *(m for _, a, b in path for m in (a, b))}
     per_run: dict[str, list[float]] = {}
     per_task: dict[str, dict[str, list[float]]] = {}
     check = []
@@ -212,7 +223,7 @@ def decomposition(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, 
             check.append(abs(acc["Centralised, pooled all labels"] - acc[CENTRAL]))
         if not arms <= set(acc):
             continue
-        parts = {label: acc[a] - acc[b] for label, a, b in DECOMPOSITION}
+        parts = {label: acc[a] - acc[b] for label, a, b in path}
         parts["gap (sum)"] = acc[CENTRAL] - acc["F-CMs"]
         for label, value in parts.items():
             per_run.setdefault(label, []).append(value)
@@ -221,6 +232,10 @@ def decomposition(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, 
         "runs": {k: _dist(v, "max") for k, v in per_run.items()},
         "tasks": {k: _dist([float(np.mean(t)) for t in v.values()], "max")
                   for k, v in per_task.items()},
+        "per_task": {
+            t: {k: float(np.mean(v[t])) for k, v in per_task.items()}
+            for t in sorted(per_task.get("gap (sum)", {}), key=lambda t: int(t[4:]))
+        },
         "pooled_check_max_abs": max(check) if check else None,
         "pooled_check_runs": len(check),
     }  # fmt: skip
@@ -254,17 +269,30 @@ def render(s: dict[str, Any]) -> str:
     for method, value in s["median_task_accuracy"].items():
         lines.append(f"| {method} | {s['tasks_per_method'][method]} | {value:.3f} |")
     dec = s.get("decomposition", {})
-    if dec.get("runs"):
+    for part, dec_key in (("", "decomposition"), (" (other order)", "decomposition_alt")):
+        d_all = s.get(dec_key, {})
+        if not d_all.get("runs"):
+            continue
         lines += [
-            "\n| centralised - F-CMs, by factor (points) | over | n | median | mean | 90th pct | max |",
+            f"\n| centralised - F-CMs, by factor{part} (points) | over | n | median | mean "
+            "| 90th pct | max |",
             "|---|---|---|---|---|---|---|",
         ]
         for over in ("runs", "tasks"):
-            for label, d in dec[over].items():
+            for label, d in d_all[over].items():
                 lines.append(
                     f"| {label} | {over} | {d['n']} | {d['median']:+.2f} | {d['mean']:+.2f} "
                     f"| {d['p10']:+.2f} | {d['worst']:+.2f} |"
                 )
+    if dec.get("per_task"):
+        labels = [label for label, _, _ in DECOMPOSITION]
+        lines += [
+            "\n| task (mean of its seeds, points) | gap | " + " | ".join(labels) + " |",
+            "|---|---|" + "---|" * len(labels),
+        ]
+        for task, parts in dec["per_task"].items():
+            cells = " | ".join(f"{parts[label]:+.2f}" for label in labels)
+            lines.append(f"| {task} | {parts['gap (sum)']:+.2f} | {cells} |")
     if dec.get("pooled_check_runs"):
         lines.append(
             f"\npooled all labels vs centralised: max |difference| "
