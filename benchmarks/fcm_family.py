@@ -11,7 +11,9 @@ parents per concept (DAG depth) and a logic / count / vote task formula, run on 
 concept held by a single client). Nobody tuned anything on these tasks. Per (task, seed) the
 summary takes gap = centralised - F-CMs task accuracy and F-CMs - best non-adaptive FedAvg
 baseline (the best of the three on that task and seed), in points; and reports their median,
-10th percentile and worst over the family, with the mean lacked-concept accuracy.
+10th percentile and worst over the family, with the mean lacked-concept accuracy. With the pooled
+arms (``POOLED``) it splits centralised - F-CMs into late arrival, label count and federation /
+optimisation (``DECOMPOSITION``); ``--summary`` takes several JSON files (merged per task-seed).
 """
 
 from __future__ import annotations
