@@ -11,7 +11,9 @@ parents per concept (DAG depth) and a logic / count / vote task formula, run on 
 concept held by a single client). Nobody tuned anything on these tasks. Per (task, seed) the
 summary takes gap = centralised - F-CMs task accuracy and F-CMs - best non-adaptive FedAvg
 baseline (the best of the three on that task and seed), in points; and reports their median,
-10th percentile and worst over the family, with the mean lacked-concept accuracy.
+10th percentile and worst over the family, with the mean lacked-concept accuracy. With the pooled
+arms (``POOLED``) it splits centralised - F-CMs into late arrival, label count and federation /
+optimisation (``DECOMPOSITION``); ``--summary`` takes several JSON files (merged per task-seed).
 """
 
 from __future__ import annotations
@@ -40,7 +42,28 @@ NON_ADAPTIVE = (
 )
 BASE_PRESET = "fcm-dag6-schedule"
 #: diagnostic arms (``--methods``): F-CMs with one factor of the gap to centralised removed
-DIAGNOSTICS = ("F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps", "F-CMs, warm-up")
+DIAGNOSTICS = (
+    "F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps", "F-CMs, warm-up",
+    "Centralised, federated labels", "Centralised, arrivals", "Centralised, pooled all labels",
+)  # fmt: skip
+#: the pooled arms (``workload.params.pooled``): one client with every client's data, each example
+#: keeping its own client's labels (federated labels), or every example labelling every concept at
+#: the scheduled rounds (arrivals), or every label from round 1 (must equal the centralised arm)
+POOLED = DIAGNOSTICS[4:]
+CENTRAL = "Centralised, full labels"
+#: the decomposition of centralised - F-CMs: (label, minuend, subtrahend)
+DECOMPOSITION = (
+    ("late arrival", CENTRAL, "Centralised, arrivals"),
+    ("label count", "Centralised, arrivals", "Centralised, federated labels"),
+    ("federation / optimisation", "Centralised, federated labels", "F-CMs"),
+)
+#: the same gap, label count and federation taken in the other order (through "F-CMs, all labels"):
+#: where the two orders disagree the factors interact
+DECOMPOSITION_ALT = (
+    ("late arrival", CENTRAL, "Centralised, arrivals"),
+    ("federation / optimisation, every label", "Centralised, arrivals", "F-CMs, all labels"),
+    ("label count, federated", "F-CMs, all labels", "F-CMs"),
+)
 #: rounds a grown concept's task-head block stays frozen in the "F-CMs, warm-up" arm
 WARMUP = 3
 
@@ -75,6 +98,14 @@ def run_family_one(
     elif method == "F-CMs, warm-up":  # a grown concept's task-head block frozen WARMUP rounds
         base = "F-CMs"
         extra.append(f"strategy.params.warmup={WARMUP}")
+    elif method in POOLED:  # one client with the pool; labels per example as its client had
+        everyone = list(range(item["clients"]))
+        if method != "Centralised, federated labels":
+            schedule = {c: {**e, "clients": everyone} for c, e in schedule.items()}
+        if method == "Centralised, pooled all labels":
+            schedule = {c: {**e, "round": 1} for c, e in schedule.items()}
+        base = "F-CMs"
+        extra += ["workload.params.pooled=true", "clients.num=1"]
     elif method == "Centralised, same steps":  # pooled data, batches as many times larger
         base = "Centralised, full labels"
         extra.append(f"workload.params.batch_size={32 * item['clients']}")
@@ -90,7 +121,12 @@ def run_family_one(
         }  # fmt: skip
         metrics = run_inline(cfg)["metrics"]
     prefix = "train.local-" if base == "Local only" else "eval."
-    return {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
+    row = {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}
+    if method in (*POOLED, "F-CMs, all labels"):
+        # every concept is labelled by the last round, so no final lacked-concept score exists;
+        # the run's metrics keep the last one reported (an early round's): not a final number
+        row.pop("concept_acc_lacked", None)
+    return row
 
 
 def _job(args: tuple) -> tuple[tuple, dict[str, float], float]:
@@ -165,7 +201,46 @@ def summary(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
         out["task_fcm_minus_best_non_adaptive_per_task"] = _dist(
             [100 * (tm["F-CMs"] - max(tm[m] for m in present if m in tm)) for tm in rows], "min"
         )
+    out["decomposition"] = decomposition(results)
+    out["decomposition_alt"] = decomposition(results, DECOMPOSITION_ALT)
     return out
+
+
+def decomposition(
+    results: dict[str, dict[str, dict[str, float]]], path: tuple = DECOMPOSITION
+) -> dict[str, Any]:
+    """centralised - F-CMs split into its three factors (points): late arrival (centralised -
+    centralised with the scheduled arrivals), label count (arrivals - the federated per-example
+    labels, pooled), federation / optimisation (pooled with federated labels - F-CMs). The parts
+    add up to the gap on every run that has all four arms. Distributions over those runs and over
+    tasks (mean of seeds); ``pooled_check``: the largest |pooled all labels - centralised|.
+    ``path``: the chain of arms from centralised to F-CMs (DECOMPOSITION or DECOMPOSITION_ALT)."""
+    arms = {CENTRAL, "F-CMs", *(m for _, a, b in path for m in (a, b))}
+    per_run: dict[str, list[float]] = {}
+    per_task: dict[str, dict[str, list[float]]] = {}
+    check = []
+    for key, by_method in sorted(results.items()):
+        acc = {m: 100 * r["task_accuracy"] for m, r in by_method.items()}
+        if CENTRAL in acc and "Centralised, pooled all labels" in acc:
+            check.append(abs(acc["Centralised, pooled all labels"] - acc[CENTRAL]))
+        if not arms <= set(acc):
+            continue
+        parts = {label: acc[a] - acc[b] for label, a, b in path}
+        parts["gap (sum)"] = acc[CENTRAL] - acc["F-CMs"]
+        for label, value in parts.items():
+            per_run.setdefault(label, []).append(value)
+            per_task.setdefault(label, {}).setdefault(key.split("-seed")[0], []).append(value)
+    return {
+        "runs": {k: _dist(v, "max") for k, v in per_run.items()},
+        "tasks": {k: _dist([float(np.mean(t)) for t in v.values()], "max")
+                  for k, v in per_task.items()},
+        "per_task": {
+            t: {k: float(np.mean(v[t])) for k, v in per_task.items()}
+            for t in sorted(per_task.get("gap (sum)", {}), key=lambda t: int(t[4:]))
+        },
+        "pooled_check_max_abs": max(check) if check else None,
+        "pooled_check_runs": len(check),
+    }  # fmt: skip
 
 
 def render(s: dict[str, Any]) -> str:
@@ -195,6 +270,36 @@ def render(s: dict[str, Any]) -> str:
     )
     for method, value in s["median_task_accuracy"].items():
         lines.append(f"| {method} | {s['tasks_per_method'][method]} | {value:.3f} |")
+    dec = s.get("decomposition", {})
+    for part, dec_key in (("", "decomposition"), (" (other order)", "decomposition_alt")):
+        d_all = s.get(dec_key, {})
+        if not d_all.get("runs"):
+            continue
+        lines += [
+            f"\n| centralised - F-CMs, by factor{part} (points) | over | n | median | mean "
+            "| 90th pct | max |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for over in ("runs", "tasks"):
+            for label, d in d_all[over].items():
+                lines.append(
+                    f"| {label} | {over} | {d['n']} | {d['median']:+.2f} | {d['mean']:+.2f} "
+                    f"| {d['p10']:+.2f} | {d['worst']:+.2f} |"
+                )
+    if dec.get("per_task"):
+        labels = [label for label, _, _ in DECOMPOSITION]
+        lines += [
+            "\n| task (mean of its seeds, points) | gap | " + " | ".join(labels) + " |",
+            "|---|---|" + "---|" * len(labels),
+        ]
+        for task, parts in dec["per_task"].items():
+            cells = " | ".join(f"{parts[label]:+.2f}" for label in labels)
+            lines.append(f"| {task} | {parts['gap (sum)']:+.2f} | {cells} |")
+    if dec.get("pooled_check_runs"):
+        lines.append(
+            f"\npooled all labels vs centralised: max |difference| "
+            f"{dec['pooled_check_max_abs']:.2f} points over {dec['pooled_check_runs']} runs"
+        )
     return "\n".join(lines)
 
 
@@ -226,6 +331,7 @@ def main() -> None:
     tasks, seeds = range(args.first, args.first + args.tasks), args.seeds
     if args.quick:
         sizes, tasks, seeds = {"rounds": 6, "n_train": 60, "n_test": 200}, range(2), [0]
+        args.methods = list(dict.fromkeys([*args.methods, *POOLED]))
     # seed-major: a run cut short has whole seeds over all tasks
     jobs = [
         (i, m, s, sizes["rounds"], args.override, sizes["n_train"], sizes["n_test"])

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS, Workload
@@ -169,10 +170,14 @@ def local_train(
     rand_int: float,
     seed: int,
     frozen: tuple[str, ...] = (),
+    label_mask: np.ndarray | None = None,
 ) -> tuple[Params, float]:
     """Joint training: task CE + concept BCE masked to ``held``. Modules of lacked concepts are
     frozen (``train_lacked=False``, F-CMs) or trained by the task gradient only (FedAvg baselines).
-    ``frozen``: concepts in warm-up, whose task-head block ``task.in.<name>`` is not trained."""
+    ``frozen``: concepts in warm-up, whose task-head block ``task.in.<name>`` is not trained.
+    ``label_mask`` [n, data concepts]: which (example, concept) labels exist (pooled data with
+    per-example labels); the BCE is the mean over the labelled pairs of ``held`` concepts and
+    RandInt uses a true label only where it exists. ``None``: every example labels ``held``."""
     concepts = concepts_of(params)
     params = {k: v.detach().clone() for k, v in params.items()}
     trainable = [
@@ -188,6 +193,7 @@ def local_train(
     cols = [data.concept_names.index(n) for n in concepts]
     c = torch.from_numpy(data.c[:, cols])
     mask = torch.tensor([n in held for n in concepts], dtype=torch.bool)
+    labelled = None if label_mask is None else torch.from_numpy(label_mask[:, cols]) & mask
     total, steps = 0.0, 0
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=gen)
@@ -195,11 +201,16 @@ def local_train(
             b = order[start : start + batch_size]
             # RandInt: ground truth replaces held concepts w.p. rand_int (mask tiled over the batch)
             hit = (torch.rand(len(concepts), generator=gen) < rand_int) & mask
-            task_logits, concept_logits = forward(
-                params, spec, x[b], concepts, c[b], hit.expand(len(b), -1)
-            )
+            hits = hit.expand(len(b), -1) if labelled is None else hit & labelled[b]
+            task_logits, concept_logits = forward(params, spec, x[b], concepts, c[b], hits)
             loss = F.cross_entropy(task_logits, y[b])
-            if mask.any():
+            if labelled is not None:
+                if labelled[b].any():
+                    pairs = F.binary_cross_entropy_with_logits(
+                        concept_logits, c[b], reduction="none"
+                    )[labelled[b]]
+                    loss = loss + concept_weight * pairs.mean()
+            elif mask.any():
                 bce = F.binary_cross_entropy_with_logits(concept_logits[:, mask], c[b][:, mask])
                 loss = loss + concept_weight * bce
             opt.zero_grad()
@@ -307,7 +318,10 @@ class FCM(Workload):
         # scenario=schedule: {concept: {clients: [ids], round: r}} for every concept
         schedule: dict[str, Any] = param(factory=dict, check=schedule_problem)
         hold_fraction: float = param(0.5, ge=0, le=1)  # share of concepts each client labels
-        central_clients: int = param(5, ge=1)  # 'central': pool this many clients, all labels
+        central_clients: int = param(5, ge=1)  # 'central' / pooled: pool this many clients
+        # pooled: one client with the data of central_clients clients, each example keeping the
+        # labels (and arrival rounds) its own client has in the scenario; needs clients.num=1
+        pooled: bool = False
         model: ConceptModel = ConceptModel("cem")  # cem | cbm
         hidden: int = param(32, ge=1)
         emb: int = param(8, ge=1)
@@ -334,7 +348,10 @@ class FCM(Workload):
         self.spec = ModelSpec(
             probe.x.shape[1], p.hidden, p.emb, p.task_hidden, probe.n_classes, p.model
         )
-        num = p.central_clients if p.scenario == "central" else cfg["clients"]["num"]
+        problem = self._pooled_problem(cfg) if p.pooled else None
+        if problem:
+            raise ConfigError(f"workload.params.pooled=true {problem}")
+        num = p.central_clients if p.scenario == "central" or p.pooled else cfg["clients"]["num"]
         if p.scenario == "schedule":  # any other scenario ignores the schedule
             self.scenario: Scenario = schedule_scenario(p.schedule, probe.concept_names, num)
         else:
@@ -343,6 +360,16 @@ class FCM(Workload):
             )
         self.test = make_dataset(self.task, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
 
+    def _pooled_problem(self, cfg: dict[str, Any]) -> str | None:
+        p = self.params
+        if p.scenario == "central":
+            return "needs a federated scenario (full|partial|evolving|schedule); central is pooled"
+        if p.local_only:
+            return "and local_only=true exclude each other (pooled is one centralised client)"
+        if cfg["clients"]["num"] != 1:
+            return f"runs one client holding the pool: clients.num must be 1 (got {cfg['clients']['num']})"
+        return None
+
     def initial_concepts(self) -> tuple[str, ...]:
         if self.params.initial_concepts == "all":
             return self.scenario.concept_names
@@ -350,7 +377,7 @@ class FCM(Workload):
 
     def load_partition(self, partition_id: int, num_partitions: int) -> ConceptData:
         p, seed = self.params, self.cfg["seed"]
-        if p.scenario != "central":
+        if p.scenario != "central" and not p.pooled:
             return make_dataset(self.task, p.n_train, client_seed(seed, partition_id, 0), "train")
         parts = [
             make_dataset(self.task, p.n_train, client_seed(seed, i, 0), "train")
@@ -363,10 +390,29 @@ class FCM(Workload):
         return to_arrays(init_params(self.spec, self.initial_concepts(), self.cfg["seed"]))
 
     def held(self, partition_id: int, server_round: int) -> tuple[str, ...]:
-        """Concepts this client has labels for now (central: every one)."""
+        """Concepts this client has labels for now (central: every one; pooled: those any pooled
+        client has)."""
         if self.params.scenario == "central":
             return self.scenario.concept_names
+        if self.params.pooled:
+            owners = range(self.params.central_clients)
+            have = {n for k in owners for n in self.scenario.available(k, server_round)}
+            return tuple(n for n in self.scenario.concept_names if n in have)
         return self.scenario.available(partition_id, server_round)
+
+    def label_mask(self, server_round: int) -> np.ndarray | None:
+        """Pooled: [pool examples, concepts] — example ``i`` of client ``k``'s block is labelled
+        for the concepts client ``k`` holds at ``server_round`` (federated label availability).
+        ``None`` otherwise (every example labels every held concept)."""
+        p = self.params
+        if not p.pooled:
+            return None
+        names = self.scenario.concept_names
+        rows = [
+            [n in self.scenario.available(k, server_round) for n in names]
+            for k in range(p.central_clients)
+        ]
+        return np.repeat(np.asarray(rows, dtype=bool).reshape(-1, len(names)), p.n_train, axis=0)
 
     def fit(
         self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any], state: RecordDict
@@ -380,11 +426,15 @@ class FCM(Workload):
         held = tuple(n for n in available if n in concepts_of(params))
         registry = json.loads(str(config.get(REGISTRY_KEY, "{}"))).get("concepts", [])
         frozen = tuple(e["name"] for e in registry if e.get("task_from", 0) > rnd)
+        mask = self.label_mask(rnd)
+        cols = [self.scenario.concept_names.index(n) for n in held]
+        if mask is not None and mask[:, cols].all():  # every pooled example labels every held
+            mask = None  # concept: the plain loss (so all labels reproduce 'central' bit for bit)
         trained, loss = local_train(
             params, self.spec, data, held,
             train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
             batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
-            seed=client_seed(self.cfg["seed"], pid, rnd), frozen=frozen,
+            seed=client_seed(self.cfg["seed"], pid, rnd), frozen=frozen, label_mask=mask,
         )  # fmt: skip
         local_scores = {}
         if p.local_only:  # the evaluate hook gets no client state, so score the local model here
@@ -396,10 +446,13 @@ class FCM(Workload):
             if not k.startswith("concept.") or p.train_lacked or k.split(".")[1] in held
         ]  # fmt: skip
         n = len(data.y)
+        names = self.scenario.concept_names
+        full = self.label_mask(rnd)
+        labels = {m: n if full is None else int(full[:, names.index(m)].sum()) for m in available}
         metrics: dict[str, float] = {"num-examples": n, "num-task-labels": n, "train-loss": loss}
         for name in available:  # announcements: also concepts the model does not have yet
-            metrics[f"nc.{name}"] = n
-        metrics["nc-total"] = n * len(held)
+            metrics[f"nc.{name}"] = labels[name]
+        metrics["nc-total"] = sum(labels[m] for m in held)
         metrics.update({f"local-{k}": v for k, v in local_scores.items()})
         return to_arrays(trained, send), metrics
 

@@ -362,3 +362,115 @@ def test_warm_up_of_grown_concepts_raises_task_accuracy_on_generated_tasks(tmp_p
     warm = [_family_run(tmp_path, i, 2) for i in (1, 2, 6)]
     assert np.mean(warm) >= np.mean(plain) + 0.01, (plain, warm)
     assert min(w - p for w, p in zip(warm, plain, strict=True)) >= -0.005, (plain, warm)
+
+
+# -- pooled: centralised optimisation with the federated label availability (issue 41) -----------
+
+POOL_SCHEDULE = {
+    "a_pos": {"clients": [0, 1, 2], "round": 1},
+    "b_pos": {"clients": [1], "round": 1},
+    "z_pos": {"clients": [0, 2], "round": 3},
+}
+
+
+def _pool_pair(**params: object) -> tuple[FCM, FCM]:
+    """The federated workload (3 clients, POOL_SCHEDULE) and the pooled one over the same data."""
+    common = {"scenario": "schedule", "schedule": POOL_SCHEDULE, "n_train": 50, **params}
+    fed = FCM(_cfg(**common))
+    cfg = _cfg(pooled=True, central_clients=3, **common)
+    cfg["clients"]["num"] = 1
+    return fed, FCM(cfg)
+
+
+def _all_concepts(workload: FCM):  # noqa: ANN202 - an ArrayRecord with every concept's module
+    return to_arrays(init_params(workload.spec, workload.scenario.concept_names, 0))
+
+
+def test_pooled_run_has_exactly_the_federated_labels_and_arrivals() -> None:
+    fed, pooled = _pool_pair()
+    data = pooled.load_partition(0, 1)
+    parts = [fed.load_partition(k, 3) for k in range(3)]
+    np.testing.assert_array_equal(data.x, np.concatenate([d.x for d in parts]))
+    arrays = _all_concepts(fed)
+    for rnd in (1, 2, 3):
+        replies = [
+            fed.fit(arrays, parts[k], {"partition-id": k, "server-round": rnd}, RecordDict())[1]
+            for k in range(3)
+        ]
+        _, mine = pooled.fit(arrays, data, {"partition-id": 0, "server-round": rnd}, RecordDict())
+        assert mine["nc-total"] == sum(m["nc-total"] for m in replies)
+        for name in POOL_SCHEDULE:
+            assert mine.get(f"nc.{name}", 0) == sum(m.get(f"nc.{name}", 0) for m in replies)
+        mask = pooled.label_mask(rnd)
+        assert mask.sum() == sum(m["nc-total"] for m in replies)
+        for k in range(3):  # row i of client k's block: exactly client k's labels now
+            own = [n in fed.held(k, rnd) for n in fed.scenario.concept_names]
+            np.testing.assert_array_equal(mask[50 * k : 50 * (k + 1)], [own] * 50)
+    assert "nc.z_pos" not in pooled.fit(arrays, data, {"partition-id": 0, "server-round": 2},
+                                        RecordDict())[1]  # fmt: skip
+    assert (
+        pooled.held(0, 2) == ("a_pos", "b_pos") and pooled.held(0, 3) == fed.scenario.concept_names
+    )
+
+
+def test_pooled_training_never_reads_a_label_its_client_lacked() -> None:
+    """Changing the concept labels that no client had (b_pos outside client 1; z_pos before
+    round 3) leaves the pooled run's trained model bit-identical; a label it has does not."""
+    _, pooled = _pool_pair(rand_int=0.5)
+    data = pooled.load_partition(0, 1)
+    arrays = _all_concepts(pooled)
+    names = pooled.scenario.concept_names
+
+    def trained(c: np.ndarray, rnd: int) -> dict[str, np.ndarray]:
+        other = type(data)(data.x, c, data.y, data.concept_names, data.n_classes)
+        sent, _ = pooled.fit(arrays, other, {"partition-id": 0, "server-round": rnd}, RecordDict())
+        return {k: v.numpy() for k, v in sent.items()}
+
+    def same(a: dict, b: dict) -> bool:
+        return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+    for rnd in (2, 3):
+        lacked = ~pooled.label_mask(rnd)
+        assert lacked.any(axis=0)[names.index("b_pos")]
+        flipped = np.where(lacked, 1 - data.c, data.c).astype(np.float32)
+        assert same(trained(data.c, rnd), trained(flipped, rnd))
+    had = pooled.label_mask(3)
+    assert not same(trained(data.c, 3), trained(np.where(had, 1 - data.c, data.c), 3))
+
+
+def test_pooled_with_every_label_from_round_one_is_the_centralised_run(tmp_path) -> None:
+    """Pooling every client's data with every label at round 1 is the centralised baseline bit
+    for bit (the decomposition's reference); the federated labels then give a different run."""
+    schedule = {c: {**e, "clients": [0, 1, 2], "round": 1} for c, e in POOL_SCHEDULE.items()}
+    small = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false", "rounds=2",
+             "clients.num=1", "workload.params.n_train=60", "workload.params.n_test=200",
+             "workload.params.central_clients=3"]  # fmt: skip
+
+    def run(extra: list[str], sched: dict) -> dict[str, float]:
+        cfg = load_experiment("fcm-trig-evolving", small + extra)
+        cfg["workload"]["params"]["schedule"] = sched
+        return run_inline(cfg)["metrics"]
+
+    central = run(["workload.params.scenario=central"], {})
+    pooled = ["workload.params.scenario=schedule", "workload.params.pooled=true"]
+    assert run(pooled, schedule)["eval.task_accuracy"] == central["eval.task_accuracy"]
+    assert run(pooled, schedule)["central.concept_accuracy"] == central["central.concept_accuracy"]
+    federated_labels = run(pooled, POOL_SCHEDULE)
+    assert federated_labels["central.concept_accuracy"] != central["central.concept_accuracy"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"scenario": "central"}, "needs a federated scenario"),
+        ({"local_only": True}, "local_only=true exclude each other"),
+        ({"num": 3}, "clients.num must be 1 (got 3)"),
+    ],
+)
+def test_pooled_bad_combinations_are_one_line_errors(change: dict, message: str) -> None:
+    params = {"scenario": "partial", **{k: v for k, v in change.items() if k != "num"}}
+    cfg = _cfg(pooled=True, **params)
+    cfg["clients"]["num"] = change.get("num", 1)
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        FCM(cfg)
+    assert "\n" not in str(err.value) and str(err.value).startswith("workload.params.pooled=true")
