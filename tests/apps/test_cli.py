@@ -19,22 +19,12 @@ from flowerbed.clients.runtime import should_fail
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.tabular_mlp import TabularMLP
 from flowerbed.server.processes import free_port, stop_group
+from tests.cli_helpers import one_line_exit_2, run_cli
 
 runner = CliRunner()
 
 
-def _run(tmp_path, *args, engine="inline"):
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["run", *args, "--engine", engine, "--out", str(out)])
-    return result, out
-
-
-def _one_line_exit_2(result, out, needle):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert needle in lines[0], lines[0]
-    assert not out.exists()
+_run, _one_line_exit_2 = run_cli, one_line_exit_2
 
 
 @pytest.mark.parametrize(

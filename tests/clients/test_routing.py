@@ -224,12 +224,12 @@ def test_table_errors_name_the_problem(kwargs: dict, message: str) -> None:
 )  # fmt: skip
 def test_bad_data_source_is_one_line_exit_2(tmp_path: Path, override: str, needle: str) -> None:
     """Each data-source field has a rule: a bad value stops the CLI before anything starts."""
-    from tests.apps.test_cli import _one_line_exit_2, _run
+    from tests.cli_helpers import one_line_exit_2, run_cli
 
     if override.startswith("encoder=") and importlib.util.find_spec("sentence_transformers"):
         pytest.skip("sentence-transformers is installed: any model name passes the rule")
-    _one_line_exit_2(
-        *_run(tmp_path, "routing-synthetic-kmeans", f"workload.params.{override}"), needle
+    one_line_exit_2(
+        *run_cli(tmp_path, "routing-synthetic-kmeans", f"workload.params.{override}"), needle
     )
 
 
