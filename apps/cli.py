@@ -616,8 +616,11 @@ def superexec(
 def supernode(
     ctx: typer.Context,
     idle_poll: Annotated[
-        float, typer.Option(help="seconds between pulls that find no message (Flower: 3)")
-    ] = 0.2,
+        float, typer.Option(help="seconds before the first pull after a message (Flower: 3)")
+    ] = 0.1,
+    idle_max: Annotated[
+        float, typer.Option(help="each further empty pull waits twice as long, up to this")
+    ] = 1.0,
     reply_poll: Annotated[
         float, typer.Option(help="seconds between looks for the ClientApp's reply (Flower: 0.5)")
     ] = 0.05,
@@ -625,16 +628,19 @@ def supernode(
         float, typer.Option(help="after this many idle seconds poll every 3 s, as Flower does")
     ] = 60.0,
 ) -> None:
-    """Flower's SuperNode (any flower-supernode flag) polling for messages every --idle-poll s."""
+    """Flower's SuperNode (any flower-supernode flag) asking for its next message after 0.1 s,
+    0.2 s, 0.4 s, ... (up to --idle-max) instead of every 3 s."""
     from flowerbed.apps.supernode import PollClock, run
     from flowerbed.server.deploy import poll_problem
 
-    for name, value in (("idle-poll", idle_poll), ("reply-poll", reply_poll)):
+    for name, value in (("idle-poll", idle_poll), ("idle-max", idle_max), ("reply-poll", reply_poll)):  # fmt: skip
         if (problem := poll_problem(name, value)) is not None:
             fail(problem)
+    if idle_max < idle_poll:
+        fail(f"--idle-max ({idle_max}) must be >= --idle-poll ({idle_poll})")
     if idle_backoff < 0:
         fail(f"--idle-backoff must be >= 0 seconds, got {idle_backoff}")
-    run(ctx.args, PollClock(idle_poll, reply_poll, idle_backoff))
+    run(ctx.args, PollClock(idle_poll, reply_poll, idle_backoff, idle_max))
 
 
 deploy_app = typer.Typer(
@@ -656,8 +662,8 @@ def deploy_up(
         str, typer.Option(help="flowerbed (Flower's SuperNode, short polls) | flower")
     ] = "flowerbed",
     idle_poll: Annotated[
-        float, typer.Option(help="flowerbed supernode: seconds between empty pulls (Flower: 3)")
-    ] = 0.2,
+        float, typer.Option(help="flowerbed supernode: first wait after a message (Flower: 3 s)")
+    ] = 0.1,
 ) -> None:
     """Start SuperLink + N SuperNodes on loopback (TLS and SuperNode auth unless --insecure)."""
     from flowerbed.server.deploy import RegistrationError, up

@@ -4,7 +4,8 @@ Runs flowerbed's quickstart on a loopback federation (``flowerbed deploy up``, T
 auth) with Flower's DEBUG log (every line carries a millisecond timestamp), once per arm
 (``flower``: Flower's SuperExec, one ``flwr-clientapp`` interpreter per message, and Flower's
 SuperNode; ``warm``: ``flowerbed superexec`` beside Flower's SuperNode; ``fast``: ``flowerbed
-superexec`` and ``flowerbed supernode``, whose idle and reply polls are 0.2 s / 0.05 s), then splits each message's life on each node into the phases below
+superexec`` and ``flowerbed supernode``, whose idle polls double from 0.1 s to 1 s and whose
+reply poll is 0.05 s), then splits each message's life on each node into the phases below
 (median over nodes, rounds and both message types; the first message of a run is left out).
 
     python benchmarks/deployment_profile.py --nodes 2 --rounds 3
@@ -48,7 +49,7 @@ PHASES = {
     "handoff": "SuperNode notices the reply (Flower polls every 0.5 s, flowerbed 0.05 s)",
     "push": "SuperNode pushes the reply to the SuperLink",
     "wait": "until the SuperNode's next pull finds the next message (Flower sleeps 3 s when "
-    "none, flowerbed 0.2 s)",
+    "none, flowerbed 0.1 s doubling to 1 s)",
 }
 #: arm: (SuperExec, SuperNode) as ``deploy.up`` takes them
 ARMS = {"flower": ("flower", "flower"), "warm": ("warm", "flower"), "fast": ("warm", "flowerbed")}

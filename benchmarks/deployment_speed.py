@@ -5,7 +5,7 @@ epoch, FedAvg over every node, federated + central evaluation) on a loopback fed
 SuperNodes (TLS + SuperNode auth), submitted the same way (``flwr run --stream``):
 
 * ``flowerbed``: ``flowerbed deploy up``'s federation: every SuperNode is ``flowerbed
-  supernode`` (Flower's, polling every 0.2 s instead of sleeping 3 s) running ``--isolation
+  supernode`` (Flower's, asking again after 0.1 s doubling to 1 s instead of every 3 s) running ``--isolation
   process`` beside a ``flowerbed superexec`` (warm zygote, one forked child per message), and
   flowerbed's ServerApp polls for replies every 0.2 s;
 * ``bare``: the same federation with ``superexec="flower"`` and ``supernode="flower"``: every

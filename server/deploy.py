@@ -357,12 +357,13 @@ def up(
     port: int | None = None,
     superexec: str = "warm",
     supernode: str = "flowerbed",
-    idle_poll: float = 0.2,
+    idle_poll: float = 0.1,
 ) -> dict[str, Any]:
     """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state.
 
-    ``supernode="flowerbed"``: each node is ``flowerbed supernode`` (Flower's SuperNode polling
-    every ``idle_poll`` s instead of 3 s when it finds no message); ``"flower"``: Flower's own.
+    ``supernode="flowerbed"``: each node is ``flowerbed supernode`` (Flower's SuperNode asking
+    again after ``idle_poll`` s, then twice as long each time, instead of every 3 s when it finds
+    no message); ``"flower"``: Flower's own.
 
     ``superexec="warm"``: each SuperNode runs with ``--isolation process`` beside its own
     ``flowerbed superexec`` (warm, forked ClientApp processes); ``"flower"``: each SuperNode

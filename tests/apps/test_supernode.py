@@ -1,5 +1,6 @@
-"""``flowerbed supernode``: Flower's SuperNode loop sleeps the short intervals, backs off to
-Flower's 3 s when idle, is bound to the Flower source it was measured on, refuses bad flags."""
+"""``flowerbed supernode``: Flower's SuperNode loop sleeps short, doubling intervals after a
+message, backs off to Flower's 3 s when idle, is bound to the Flower source it was measured on,
+refuses bad flags."""
 
 import flwr.supernode.start_client_internal as loop
 import pytest
@@ -34,38 +35,47 @@ def fake_time(monkeypatch):
 
 
 def test_flowers_two_intervals_become_the_short_polls_and_others_stay(fake_time):
-    clock = PollClock(idle_poll=0.2, reply_poll=0.05, backoff_s=60)
+    clock = PollClock(idle_poll=0.1, reply_poll=0.05, backoff_s=60, idle_max=1.0)
     clock.sleep(FLOWER_IDLE_S)
     clock.sleep(FLOWER_REPLY_S)
     clock.sleep(1.5)  # not one of the loop's two intervals: slept as asked
-    assert clock.sleeps == [0.2, 0.05, 1.5]
-    assert fake_time.now == pytest.approx(1000 + 0.2 + 0.05 + 1.5)
+    assert clock.sleeps == [0.1, 0.05, 1.5]
+    assert fake_time.now == pytest.approx(1000 + 0.1 + 0.05 + 1.5)
     assert clock.monotonic() == fake_time.now  # every other attribute is the real module's
 
 
-def test_an_idle_node_backs_off_to_flowers_3_s_and_a_message_resets_it(fake_time):
-    clock = PollClock(idle_poll=0.2, reply_poll=0.05, backoff_s=2.0)
-    for _ in range(20):  # 4 s of empty pulls (each pull itself takes 1 ms)
+def _idle(clock: PollClock, fake_time: FakeTime, pulls: int) -> None:
+    for _ in range(pulls):  # empty pulls (each pull itself takes 1 ms)
         clock.sleep(FLOWER_IDLE_S)
         fake_time.advance(0.001)
-    fast = [s for s in clock.sleeps if s == 0.2]
-    assert len(fast) == 10 and clock.sleeps[10:] == [3] * 10  # 2 s at 0.2 s, then Flower's 3 s
+
+
+def test_empty_pulls_double_up_to_idle_max_then_flowers_3_s(fake_time):
+    clock = PollClock(idle_poll=0.1, reply_poll=0.05, backoff_s=3.5, idle_max=1.0)
+    _idle(clock, fake_time, 10)
+    assert clock.sleeps == pytest.approx(
+        [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 3, 3, 3, 3]
+    )  # 3.5 s, then 3
+
+
+def test_a_message_starts_the_doubling_again(fake_time):
+    clock = PollClock(idle_poll=0.1, reply_poll=0.05, backoff_s=60, idle_max=1.0)
+    _idle(clock, fake_time, 6)
     clock.sleeps.clear()
     clock.sleep(FLOWER_REPLY_S)  # a message pulled: the ClientApp works, the loop waits
-    clock.sleep(FLOWER_IDLE_S)
-    assert clock.sleeps == [0.05, 0.2]
+    _idle(clock, fake_time, 2)
+    assert clock.sleeps == pytest.approx([0.05, 0.1, 0.2])
 
 
 def test_a_pull_that_took_long_starts_a_new_streak(fake_time):
     """A message processed without any reply wait (the reply was there at once) still shows as
-    a gap between empty pulls: the streak starts again, the node stays fast."""
-    clock = PollClock(idle_poll=0.2, reply_poll=0.05, backoff_s=1.0)
-    for _ in range(6):
-        clock.sleep(FLOWER_IDLE_S)
+    a gap between empty pulls: the streak starts again, the node asks soon."""
+    clock = PollClock(idle_poll=0.1, reply_poll=0.05, backoff_s=1.0, idle_max=1.0)
+    _idle(clock, fake_time, 6)
     assert clock.sleeps[-1] == 3
-    fake_time.advance(2.0)  # pull + ClientApp + push
+    fake_time.advance(2.5)  # pull + ClientApp + push
     clock.sleep(FLOWER_IDLE_S)
-    assert clock.sleeps[-1] == 0.2
+    assert clock.sleeps[-1] == 0.1
 
 
 def test_installed_only_on_the_flower_source_it_was_measured_on(monkeypatch):
@@ -86,6 +96,7 @@ def test_installed_only_on_the_flower_source_it_was_measured_on(monkeypatch):
     [
         ("--idle-poll=5", "--idle-poll must be between 0.01 and 3.0 seconds, got 5.0"),
         ("--reply-poll=0", "--reply-poll must be between 0.01 and 3.0 seconds, got 0.0"),
+        ("--idle-max=0.05", "--idle-max (0.05) must be >= --idle-poll (0.1)"),
         ("--idle-backoff=-1", "--idle-backoff must be >= 0 seconds, got -1.0"),
     ],
 )
