@@ -1,5 +1,5 @@
 """Shared fixtures: quiet Flower logs, a tmp output dir, single-threaded torch; how the suite's
-files are spread over the xdist workers (pyproject's ``-n 2``)."""
+files are spread over the xdist workers (pyproject's ``-n 3``)."""
 
 import logging
 
