@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -58,7 +59,8 @@ class PollClock:
     reply_poll: float = REPLY_POLL_S
     backoff_s: float = IDLE_BACKOFF_S
     idle_max: float = IDLE_MAX_S
-    sleeps: list[float] = field(default_factory=list)  # what was slept, for the tests
+    #: the last sleeps (bounded: a SuperNode runs for days), for the tests
+    sleeps: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     _streak_start: float | None = None
     _streak_pulls: int = 0
     _last_idle_end: float = 0.0

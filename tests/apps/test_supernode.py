@@ -39,7 +39,7 @@ def test_flowers_two_intervals_become_the_short_polls_and_others_stay(fake_time)
     clock.sleep(FLOWER_IDLE_S)
     clock.sleep(FLOWER_REPLY_S)
     clock.sleep(1.5)  # not one of the loop's two intervals: slept as asked
-    assert clock.sleeps == [0.1, 0.05, 1.5]
+    assert list(clock.sleeps) == [0.1, 0.05, 1.5]
     assert fake_time.now == pytest.approx(1000 + 0.1 + 0.05 + 1.5)
     assert clock.monotonic() == fake_time.now  # every other attribute is the real module's
 
@@ -53,7 +53,7 @@ def _idle(clock: PollClock, fake_time: FakeTime, pulls: int) -> None:
 def test_empty_pulls_double_up_to_idle_max_then_flowers_3_s(fake_time):
     clock = PollClock(idle_poll=0.1, reply_poll=0.05, backoff_s=3.5, idle_max=1.0)
     _idle(clock, fake_time, 10)
-    assert clock.sleeps == pytest.approx(
+    assert list(clock.sleeps) == pytest.approx(
         [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 3, 3, 3, 3]
     )  # 3.5 s, then 3
 
@@ -64,7 +64,7 @@ def test_a_message_starts_the_doubling_again(fake_time):
     clock.sleeps.clear()
     clock.sleep(FLOWER_REPLY_S)  # a message pulled: the ClientApp works, the loop waits
     _idle(clock, fake_time, 2)
-    assert clock.sleeps == pytest.approx([0.05, 0.1, 0.2])
+    assert list(clock.sleeps) == pytest.approx([0.05, 0.1, 0.2])
 
 
 def test_a_pull_that_took_long_starts_a_new_streak(fake_time):
