@@ -69,7 +69,9 @@ INIT = '"""The flowerbed {kind} `{name}` (registered in `{module}.py`)."""\n'
 
 DEFENSE = '''\
 """{name}: a flowerbed defense. Its client half is a Flower mod that rewrites the update each
-client sends; a server half (``wrap_strategy`` with ``server_position``) is optional."""
+client sends; a server half (``wrap_strategy(strategy, writer)`` with ``server_position``) is
+optional. It gets ``self.params`` (its Params) and ``self.ctx`` (a DefenseContext: seed, rounds,
+client counts), never the experiment config."""
 
 from __future__ import annotations
 

@@ -21,11 +21,12 @@ from unittest import mock
 import numpy as np
 import torch
 
+from flowerbed.clients.defenses import DefenseContext
 from flowerbed.clients.defenses.central_dp import CentralDp
 from flowerbed.clients.defenses.dp_sgd import OPACUS, PER_SAMPLE, DpSgd
 from flowerbed.clients.defenses.local_dp import LocalDp
 
-CFG = {"seed": 0, "rounds": 1, "clients": {"num": 3, "fraction": 1.0, "min_clients": 2}}
+CFG = DefenseContext(seed=0, rounds=1, num_clients=3, sampled_clients=3, run_key="audit")
 FLOWER_NOISE = "add_gaussian_noise_inplace"
 
 # path -> (defense for a strength and trials, audit route, [(module, function, no-noise stand-in)])

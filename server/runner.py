@@ -21,7 +21,7 @@ from flowerbed.clients.core.errors import ConfigError, RunFailed
 from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import DEFENSES, WIRE_BYTES, build_defenses, dense_bytes
+from flowerbed.clients.defenses import WIRE_BYTES, build_defenses, dense_bytes
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.federation import grid_engine
@@ -326,15 +326,15 @@ def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) ->
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = base_strategy(cfg, workload)
-    defenses = [(DEFENSES.get(d["name"]), d["params"]) for d in cfg["defenses"]]
-    for cls, params in defenses:
-        if cls.server_position == "inner":
-            strategy = cls.wrap_strategy(strategy, cfg, params, writer)
+    defenses = build_defenses(cfg)
+    for defense in defenses:
+        if defense.server_position == "inner":
+            strategy = defense.wrap_strategy(strategy, writer)
     if cfg["attack"]["name"]:
         strategy = ATTACKS.get(cfg["attack"]["name"]).wrap(strategy, cfg, writer)
-    for cls, params in defenses:
-        if cls.server_position == "outer":
-            strategy = cls.wrap_strategy(strategy, cfg, params, writer)
+    for defense in defenses:
+        if defense.server_position == "outer":
+            strategy = defense.wrap_strategy(strategy, writer)
     return strategy
 
 

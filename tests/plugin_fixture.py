@@ -26,7 +26,7 @@ CLIP_NOISE = '''
 
         from flowerbed.clients.core.seeding import client_seed
 
-        seed = client_seed(self.cfg["seed"], int(config["partition-id"]),
+        seed = client_seed(self.ctx.seed, int(config["partition-id"]),
                            int(config.get("server-round", 0)), salt=5)
         rng = np.random.default_rng(seed)
         delta = {k: trained[k].numpy().astype(np.float64) - sent[k].numpy() for k in trained}

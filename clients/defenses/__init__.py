@@ -9,12 +9,16 @@ with a do-nothing default:
   listed** (the first listed is the innermost mod);
 - client side, ``make_private(model, optimizer, loader, state)`` / ``after_training``: the training
   loop itself (DP-SGD with Opacus and its accountant);
-- server side, ``wrap_strategy(strategy, cfg, params, writer)``: a strategy wrapper placed at
+- server side, ``wrap_strategy(strategy, writer)``: a strategy wrapper placed at
   ``server_position`` -- ``inner`` wrappers see replies after the attack's observer (an
   honest-but-curious server observes before it aggregates), ``outer`` wrappers change what the
   server, and so the observer, receives at all (secure aggregation).
 
 ``needs`` lists the workload capabilities the defense depends on (checked at config time).
+
+Inputs, typed: a defense is built from its validated ``Params`` (``self.params``) and a
+``DefenseContext`` (``self.ctx``: the run's seed, rounds, client counts and a key naming the
+experiment), never the whole experiment config, so it cannot read another component's settings.
 
 Public mechanism: ``mechanism()`` returns what the defense does as typed data (a ``Mechanism``:
 ``Sparsification``, ``Quantisation``, ``GaussianNoise``, ``Aggregation``, ``WeightFlipping``),
@@ -29,7 +33,8 @@ metric ``wire-bytes``; the server counts dense array bytes for replies without i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,7 +46,7 @@ from flowerbed.clients.core.registry import NoParams, Registry
 DEFENSES = Registry("defense", (__name__,))
 
 __all__ = [
-    "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "GaussianNoise", "Mechanism",
+    "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "DefenseContext", "GaussianNoise", "Mechanism",
     "Quantisation", "Sparsification", "WeightFlipping", "build_defenses", "dense_bytes",
     "published_mechanisms", "update_mod",
 ]  # fmt: skip
@@ -113,6 +118,32 @@ class WeightFlipping(Mechanism):
     rho: float
 
 
+@dataclass(frozen=True)
+class DefenseContext:
+    """What a defense knows of the run it protects, besides its own ``Params``.
+
+    ``num_clients``: the federation's clients (N); ``sampled_clients``: how many a training
+    round samples (Flower's FedAvg rule for ``clients.fraction``, at least ``min_clients``);
+    ``run_key``: a string naming the experiment (the resolved config without its output
+    settings), for state a client keeps per experiment (a sweep's cells share a client's
+    Context, so e.g. DP-SGD's accountant is kept under this key)."""
+
+    seed: int
+    rounds: int
+    num_clients: int
+    sampled_clients: int
+    run_key: str
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> DefenseContext:
+        """The context of a resolved experiment config."""
+        clients = cfg["clients"]
+        num = int(clients["num"])
+        sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
+        key = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
+        return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, key)
+
+
 class Defense:
     """Base class: every hook is the identity."""
 
@@ -120,9 +151,12 @@ class Defense:
     needs: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
 
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        self.cfg = cfg
-        self.params = self.Params(**params)
+    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
+        """``params``: this defense's ``Params``, or its fields as a mapping (validated here)."""
+        if not isinstance(ctx, DefenseContext):
+            raise TypeError(f"{type(self).__name__} takes a DefenseContext, not {type(ctx).__name__}")  # fmt: skip
+        self.ctx = ctx
+        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
 
     def mods(self) -> list[Any]:
         """Flower client mods, innermost first."""
@@ -144,8 +178,7 @@ class Defense:
         workload's ``private_training_path``. Nothing for defenses that claim no DP guarantee."""
         return {}
 
-    @classmethod
-    def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
+    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
         """The server half: wrap the strategy (identity unless ``server_position`` is set)."""
         return strategy
 
@@ -175,11 +208,13 @@ def update_mod(
     return mod
 
 
-def build_defenses(cfg: dict[str, Any]) -> list[Defense]:
-    return [DEFENSES.get(d["name"])(cfg, d["params"]) for d in cfg["defenses"]]
+def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
+    """The configured defenses, in the order listed, each with its Params and the run's context."""
+    ctx = DefenseContext.of(cfg)
+    return [DEFENSES.get(d["name"])(ctx, d["params"]) for d in cfg["defenses"]]
 
 
-def published_mechanisms(cfg: dict[str, Any]) -> list[Mechanism]:
+def published_mechanisms(cfg: Mapping[str, Any]) -> list[Mechanism]:
     """Every configured defense's public mechanism, in the order the defenses are listed (what the
     server knows about them from the protocol; handed to defense-aware attacks)."""
     return [m for defense in build_defenses(cfg) for m in defense.mechanism()]

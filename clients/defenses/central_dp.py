@@ -3,6 +3,7 @@ and its audit (shared code: ``flower_dp.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,6 @@ from flowerbed.clients.defenses.flower_dp import (
     canary_update,
     flower_wrapper,
     other_update,
-    sampled_clients,
     through_mods,
 )
 
@@ -59,10 +59,10 @@ class CentralDp(Defense):
         p = self.params
         return [GaussianNoise(p.noise_multiplier, p.clipping_norm, "aggregate", on_update=False)]
 
-    @classmethod
-    def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
-        n = sampled_clients(cfg)
-        return CentralDpAccounting(flower_wrapper(strategy, params, n), cfg, params, writer, n)
+    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
+        n, params = self.ctx.sampled_clients, dataclasses.asdict(self.params)
+        return CentralDpAccounting(flower_wrapper(strategy, params, n), params, writer, n,
+                                   self.ctx.num_clients)  # fmt: skip
 
     def audit(self, path: str, seed: int) -> dict[str, float]:
         """``dp.epsilon_audit`` of one round of central DP on this defense's real path: a round of
@@ -76,7 +76,7 @@ class CentralDp(Defense):
         trials = trials_for(p.audit_trials, step, p.delta)
         if trials == 0 or p.adaptive:  # adaptive: the clipping norm moves between rounds
             return {"epsilon_step": step}
-        n = sampled_clients(self.cfg)
+        n = self.ctx.sampled_clients
         params = {f: getattr(p, f) for f in ("noise_multiplier", "clipping_norm", "clipping", "adaptive")}  # fmt: skip
         mods, grid = self.mods(), AuditGrid(n)
         scores: dict[bool, list[float]] = {True: [], False: []}

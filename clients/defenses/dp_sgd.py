@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.dp_audit import AUTO, AuditResult, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
+from flowerbed.clients.defenses import DEFENSES, Defense, DefenseContext, GaussianNoise, Mechanism
 
 STATE_KEY = "dp-sgd"
 #: the private-training code paths a workload can take (``Workload.private_training_path``)
@@ -83,10 +83,10 @@ class DpSgd(Defense):
         # audit steps with and without the canary; 0 = off, -1 = enough to expose epsilon_step
         audit_trials: int = param(AUTO, ge=AUTO)
 
-    def __init__(self, cfg: dict[str, Any], params: dict[str, Any]) -> None:
-        super().__init__(cfg, params)
+    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
         # one accountant per experiment (a sweep's cells share a client's Context)
-        self.namespace = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
+        self.namespace = ctx.run_key
         self._engine: PrivacyEngine | None = None
 
     def make_private(self, model, optimizer, loader, state: RecordDict) -> tuple:  # noqa: ANN001

@@ -164,14 +164,6 @@ def _clip_inputs_inplace(input_arrays: list[np.ndarray], clipping_norm: float) -
 _flower_dp.clip_inputs_inplace = _clip_inputs_inplace  # compute_clip_model_update looks it up here
 
 
-def sampled_clients(cfg: dict[str, Any]) -> int:
-    """How many clients a round samples (Flower's FedAvg rule for ``clients.fraction``)."""
-    clients = cfg["clients"]
-    return max(
-        int(clients["num"] * clients["fraction"]), min(clients["min_clients"], clients["num"])
-    )
-
-
 class CentralDpAccounting(StrategyWrapper):
     """User-level epsilon of DP-FedAvg: one Gaussian mechanism per round, subsampled at n/N.
 
@@ -179,10 +171,10 @@ class CentralDpAccounting(StrategyWrapper):
     the same subsampled-Gaussian bound, so flowerbed reports ``dp.epsilon`` from it.
     """
 
-    def __init__(self, inner: Any, cfg: dict, params: dict, writer: Any, sampled: int) -> None:
+    def __init__(self, inner: Any, params: dict, writer: Any, sampled: int, num_clients: int) -> None:  # fmt: skip
         super().__init__(inner)
         self.writer, self.params = writer, params
-        self.rate = sampled / cfg["clients"]["num"]
+        self.rate = sampled / num_clients
         self.accountant = RDPAccountant()
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):

@@ -55,7 +55,7 @@ class LocalDp(Defense):
         p = self.params
         trials = trials_for(p.audit_trials, p.epsilon, p.delta)
         shift = min(p.clipping_norm, p.sensitivity)  # LocalDpMod's epsilon holds for this shift
-        reported = {"epsilon_step": p.epsilon, "epsilon": p.epsilon * self.cfg["rounds"]}
+        reported = {"epsilon_step": p.epsilon, "epsilon": p.epsilon * self.ctx.rounds}
         if trials == 0:
             return reported
         mods = self.mods()

@@ -35,7 +35,7 @@ class Quantize(Defense):
 
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
         key = [
-            self.cfg["seed"],
+            self.ctx.seed,
             int(config["partition-id"]),
             int(config.get("server-round", 0)),
             11,

@@ -42,9 +42,8 @@ class SecAgg(Defense):
     def mechanism(self) -> list[Mechanism]:
         return [Aggregation(self.params.group_size, self.params.min_clients)]
 
-    @classmethod
-    def wrap_strategy(cls, strategy: Any, cfg: dict[str, Any], params: dict[str, Any], writer: Any) -> Any:  # fmt: skip
-        return AggregateOnlyView(strategy, params["min_clients"], params.get("group_size", 0))
+    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
+        return AggregateOnlyView(strategy, self.params.min_clients, self.params.group_size)
 
 
 def groups_of(pids: list[int], group_size: int, min_clients: int) -> list[list[int]]:

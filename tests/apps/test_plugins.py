@@ -79,7 +79,7 @@ def test_inline_run_attack_scores_its_prior_and_defense_changes_the_model(
 
 def test_the_defense_clips_and_noises_each_update(plugin_site):
     with on_path(plugin_site):
-        from flowerbed.clients.defenses import DEFENSES
+        from flowerbed.clients.defenses import DEFENSES, DefenseContext
 
         cls = DEFENSES.get("clip-noise")
         assert DEFENSES.origin("clip-noise") == "flowerbed-clip-noise 0.1.0 (entry point)"
@@ -88,7 +88,7 @@ def test_the_defense_clips_and_noises_each_update(plugin_site):
         trained = {k: v + rng.normal(size=v.shape) for k, v in sent.items()}  # norm ~ 45
         records = [ArrayRecord({k: Array(v[k]) for k in v}) for v in (sent, trained)]
         config = {"partition-id": 1, "server-round": 2}
-        cfg = {"seed": 0}
+        cfg = DefenseContext(seed=0, rounds=2, num_clients=2, sampled_clients=2, run_key="t")
 
         def update(clip: float, noise: float) -> np.ndarray:
             out = cls(cfg, {"clip": clip, "noise": noise}).transform(*records, config)

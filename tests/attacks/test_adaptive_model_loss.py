@@ -17,7 +17,13 @@ from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.knowledge import SETTINGS
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
-from flowerbed.clients.defenses import Defense, Quantisation, build_defenses, published_mechanisms
+from flowerbed.clients.defenses import (
+    Defense,
+    DefenseContext,
+    Quantisation,
+    build_defenses,
+    published_mechanisms,
+)
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.experiment import load_experiment
 
@@ -109,7 +115,7 @@ def test_every_model_loss_attack_has_an_adaptive_variant_reading_mechanisms_not_
         assert f"{name}-adaptive" in ATTACKS.names()
     cfg, work, _ = _setup(0, "[]")
     aware = DefenseAwareModelLoss(work.model_loss(), "optimised", SETTINGS["tableak"], "t",
-                                  _Rounding(cfg, {}).mechanism())  # fmt: skip
+                                  _Rounding(DefenseContext.of(cfg)).mechanism())  # fmt: skip
     assert aware.adapts
     update = {k: torch.randn(v.shape) for k, v in work.model_loss().module.state_dict().items()}
     sent = {k: torch.zeros_like(v) for k, v in update.items()}

@@ -7,6 +7,7 @@ from opacus.accountants import RDPAccountant
 from flowerbed.apps.inline import run_inline
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.defenses import DefenseContext
 from flowerbed.clients.defenses.compression import quantize, topk
 
 SEEN: dict[int, list] = {}
@@ -205,7 +206,7 @@ def test_defenses_publish_their_public_mechanism():
     from flowerbed.clients.defenses.secagg import SecAgg
     from flowerbed.clients.defenses.topk import TopK
 
-    cfg = {"seed": 0}
+    cfg = DefenseContext(seed=0, rounds=1, num_clients=2, sampled_clients=2, run_key="test")
     assert TopK(cfg, {"fraction": 0.2}).mechanism() == [Sparsification(0.2)]
     assert Quantize(cfg, {"bits": 3}).mechanism() == [Quantisation(3)]
     assert SecAgg(cfg, {"group_size": 4}).mechanism() == [Aggregation(4, 2)]
@@ -219,3 +220,28 @@ def test_defenses_publish_their_public_mechanism():
     (local,) = LocalDp(cfg, {"clipping_norm": 2.0, "epsilon": 1.0}).mechanism()
     assert local.where == "update" and local.on_update and local.clipping_norm == 2.0
     assert local.noise_multiplier == pytest.approx(np.sqrt(2 * np.log(1.25e5)) / 2.0)
+
+
+def test_defenses_get_a_typed_context_not_the_experiment_config():
+    """A defense is built from its Params and a ``DefenseContext`` (seed, rounds, client counts);
+    the experiment config is refused, and no defense module reads one by key."""
+    import re
+    from pathlib import Path
+
+    from flowerbed.clients.defenses import DEFENSES, build_defenses
+    from flowerbed.clients.defenses.topk import TopK
+
+    with pytest.raises(TypeError, match="DefenseContext"):
+        TopK({"seed": 0}, {"fraction": 0.2})
+    # the package's __init__ builds the context from the config; the defenses never see it
+    sources = Path(__file__).resolve().parents[2] / "clients" / "defenses"
+    modules = [p for p in sources.glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) >= len(DEFENSES.names()) - 1
+    readers = [p.name for p in modules if re.search(r"\bcfg\[|\.cfg\b", p.read_text())]
+    assert readers == [], readers
+    cfg = {"seed": 3, "rounds": 4, "clients": {"num": 10, "fraction": 0.3, "min_clients": 2},
+           "defenses": [{"name": "quantize", "params": {"bits": 2}}], "output": {"dir": "x"}}  # fmt: skip
+    (defense,) = build_defenses(cfg)
+    assert defense.ctx == DefenseContext.of(cfg)
+    assert (defense.ctx.seed, defense.ctx.rounds, defense.ctx.sampled_clients) == (3, 4, 3)
+    assert "output" not in defense.ctx.run_key and defense.params.bits == 2

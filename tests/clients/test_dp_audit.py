@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
-from flowerbed.clients.defenses import dp_sgd
+from flowerbed.clients.defenses import DefenseContext, dp_sgd
 from flowerbed.clients.defenses.central_dp import CentralDp
 from flowerbed.clients.defenses.dp_sgd import OPACUS, PER_SAMPLE, DpSgd, step_epsilon
 from flowerbed.clients.defenses.local_dp import LocalDp
 
-CFG = {"seed": 0, "rounds": 1, "clients": {"num": 3, "fraction": 1.0, "min_clients": 2}}
+CFG = DefenseContext(seed=0, rounds=1, num_clients=3, sampled_clients=3, run_key="audit")
 SEEDS = (0, 1, 2)
 
 
