@@ -156,6 +156,11 @@ def measure(
     return rows
 
 
+def one_minute(load: str) -> str:
+    """``"5.9 4.1 1.9 -> 9.2 9.7 7.0"`` as its one-minute averages, ``"5.9 -> 9.2"``."""
+    return " -> ".join(side.split()[0] for side in load.split(" -> "))
+
+
 def markdown_table(results: list[dict]) -> str:
     """One docs/benchmarks.md row per pair: peak RSS and PSS per arm and flowerbed / bare."""
     lines = [
@@ -172,7 +177,7 @@ def markdown_table(results: list[dict]) -> str:
             f"{fb['rss'] / GIB:.2f} / {bare['rss'] / GIB:.2f} GiB (**{fb['rss'] / bare['rss']:.2f}**) | "
             f"{fb['pss'] / GIB:.2f} / {bare['pss'] / GIB:.2f} GiB (**{fb['pss'] / bare['pss']:.2f}**) | "
             f"{fb['cpu_s']:.0f} / {bare['cpu_s']:.0f} | {fb['wall_s']:.0f} / {bare['wall_s']:.0f} s | "
-            f"{result['load']} (`uptime` {result['uptime_utc']} UTC) |"
+            f"{one_minute(result['load'])} (`uptime` {result['uptime_utc']} UTC) |"
         )
     return "\n".join(lines)
 

@@ -48,7 +48,7 @@ def test_the_table_has_both_arms_and_their_ratios():
     result = {
         "flowerbed": {**arm, "rss": 3 * gib, "pss": 2 * gib},
         "bare": {**arm, "rss": 4 * gib, "pss": 2.5 * gib},
-        "load": "1.0 -> 2.0", "uptime_utc": "12:00", "setting": (100_000, 0.01, 2, 300_000),
+        "load": "1.0 0.5 0.2 -> 2.0 1.5 1.2", "uptime_utc": "12:00", "setting": (100_000, 0.01, 2, 300_000),
     }  # fmt: skip
     table = scale_memory.markdown_table([result]).splitlines()
     assert len(table) == 3
@@ -56,3 +56,4 @@ def test_the_table_has_both_arms_and_their_ratios():
         "| 100,000 at 1 %, 2 rounds (300,000 rows) | 3.00 / 4.00 GiB (**0.75**)"
     )
     assert "2.00 / 2.50 GiB (**0.80**)" in table[2]
+    assert table[2].endswith("| 10 / 10 | 20 / 20 s | 1.0 -> 2.0 (`uptime` 12:00 UTC) |")
