@@ -3,13 +3,15 @@
 
     python -m benchmarks.scale_memory                    # 10,000 and 100,000 clients at 1 %
     python -m benchmarks.scale_memory --clients 10000 --pairs 2
+    python -m benchmarks.scale_memory --clients 100000 --rows-per-client 5
     python -m benchmarks.scale_memory --quick            # 100 clients at 5 %, one pair
 
 Both arms train the quickstart MLP on UCI Adult with FedAvg on ``fraction`` of the clients per
 round (training and evaluation), with central evaluation after every round. Adult has 30,162
 training rows; for more clients than a third of that (100,000 clients) both arms draw
-``ROWS_PER_CLIENT`` x clients training rows with replacement from it, the same draw (seed 0:
-flowerbed's ``dataset.resample_rows``, the bare app's ``rows``); the test split is Adult's.
+``--rows-per-client`` (default ``ROWS_PER_CLIENT``) x clients training rows with replacement
+from it, generated at run time, the same draw (seed 0: flowerbed's ``dataset.resample_rows``, the
+bare app's ``rows``), so every client has rows; the test split is Adult's.
 flowerbed hands messages to its virtual nodes through an index by node (``server/dispatch.py``);
 above 10,000 clients the bare arm gets the same (``indexed-dispatch=true``), since Flower's own
 hand-out checks every message in flight once per node per sweep (hours at 100,000 clients).
@@ -23,7 +25,8 @@ Memory is the peak over the run of the summed RSS, and of the summed PSS (each s
 between its sharers, so the sum is what the arm costs the machine), of every process the arm
 started (found by an inherited environment tag, sampled every 0.5 s). Arms run in pairs,
 alternating which goes first; the load average is printed with each pair, since the machine's
-load changes timings (memory much less).
+load changes timings (memory much less). At the end a Markdown table, one row per pair, in the
+shape of docs/benchmarks.md's.
 """
 
 from __future__ import annotations
@@ -54,16 +57,33 @@ ADULT_TRAIN_ROWS = 30_162
 INDEXED_DISPATCH_ABOVE = 10_000
 
 
-def training_rows(clients: int) -> int:
+def training_rows(clients: int, per_client: int = ROWS_PER_CLIENT) -> int:
     """Rows to resample Adult's training split to (0: Adult as it is)."""
-    return 0 if clients * ROWS_PER_CLIENT <= ADULT_TRAIN_ROWS else clients * ROWS_PER_CLIENT
+    return 0 if clients * per_client <= ADULT_TRAIN_ROWS else clients * per_client
+
+
+def bad_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line (None: nothing)."""
+    if min(args.clients) < 1:
+        return f"--clients must be >= 1 (got {min(args.clients)})"
+    if not 0 < args.fraction <= 1:
+        return f"--fraction must be in (0, 1] (got {args.fraction:g})"
+    if min(args.clients) * args.fraction < 1:
+        return (
+            f"--fraction {args.fraction:g} of {min(args.clients)} clients samples none "
+            "(needs clients x fraction >= 1)"
+        )
+    for name in ("rounds", "pairs", "rows_per_client"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})"
+    return None
 
 
 def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
+def flowerbed_arm(clients: int, fraction: float, rounds: int, rows: int, work: Path) -> dict:
     tag = uuid.uuid4().hex
     out = work / f"fb-{tag[:8]}"
     command = [
@@ -71,8 +91,8 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
         f"clients.num={clients}", f"clients.fraction={fraction}", "output.plots=false",
         "--out", str(out),
     ]  # fmt: skip
-    if training_rows(clients):
-        command.append(f"dataset.resample_rows={training_rows(clients)}")
+    if rows:
+        command.append(f"dataset.resample_rows={rows}")
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
         start = time.perf_counter()
         subprocess.run(command, env={**os.environ, TAG: tag}, check=True, capture_output=True)
@@ -82,11 +102,11 @@ def flowerbed_arm(clients: int, fraction: float, rounds: int, work: Path) -> dic
             "cpu_s": memory.cpu_s, "accuracy": summary["metrics"]["central.accuracy"]}  # fmt: skip
 
 
-def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
+def bare_arm(clients: int, fraction: float, rounds: int, rows: int, work: Path) -> dict:
     tag = uuid.uuid4().hex
     run_config = (
         f"num-server-rounds={rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64 "
-        f"fraction={fraction} num-nodes={clients} rows={training_rows(clients)} "
+        f"fraction={fraction} num-nodes={clients} rows={rows} "
         f"indexed-dispatch={str(clients > INDEXED_DISPATCH_ABOVE).lower()}"
     )
     with PeakMemory(tag, pss=True, every_s=0.5) as memory:
@@ -103,17 +123,21 @@ def bare_arm(clients: int, fraction: float, rounds: int, work: Path) -> dict:
             "cpu_s": memory.cpu_s}  # fmt: skip
 
 
-def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict]:
-    rows = []
+def measure(
+    clients: int, fraction: float, rounds: int, pairs: int, rows_per_client: int
+) -> list[dict]:
+    rows, train_rows = [], training_rows(clients, rows_per_client)
     with tempfile.TemporaryDirectory(prefix="fb-scale-") as tmp:
         for pair in range(pairs):
             arms = [("bare", bare_arm), ("flowerbed", flowerbed_arm)]
-            before = load_average()
+            before, started = load_average(), time.strftime("%H:%M", time.gmtime())
             result = {
-                name: fn(clients, fraction, rounds, Path(tmp))
+                name: fn(clients, fraction, rounds, train_rows, Path(tmp))
                 for name, fn in arms[:: 1 if pair % 2 else -1]
             }
             result["load"] = f"{before} -> {load_average()}"
+            result["uptime_utc"] = started
+            result["setting"] = (clients, fraction, rounds, train_rows)
             rows.append(result)
             fb, bare = result["flowerbed"], result["bare"]
             print(
@@ -132,19 +156,55 @@ def measure(clients: int, fraction: float, rounds: int, pairs: int) -> list[dict
     return rows
 
 
+def one_minute(load: str) -> str:
+    """``"5.9 4.1 1.9 -> 9.2 9.7 7.0"`` as its one-minute averages, ``"5.9 -> 9.2"``."""
+    return " -> ".join(side.split()[0] for side in load.split(" -> "))
+
+
+def markdown_table(results: list[dict]) -> str:
+    """One docs/benchmarks.md row per pair: peak RSS and PSS per arm and flowerbed / bare."""
+    lines = [
+        "| clients, sampled per round, rounds | peak RSS flowerbed / bare | peak PSS flowerbed / "
+        "bare | CPU s flowerbed / bare | wall | load average (start -> end) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        clients, fraction, rounds, train_rows = result["setting"]
+        fb, bare = result["flowerbed"], result["bare"]
+        rows = f" ({train_rows:,} rows)" if train_rows else ""
+        lines.append(
+            f"| {clients:,} at {fraction * 100:g} %, {rounds} round{'s' * (rounds > 1)}{rows} | "
+            f"{fb['rss'] / GIB:.2f} / {bare['rss'] / GIB:.2f} GiB (**{fb['rss'] / bare['rss']:.2f}**) | "
+            f"{fb['pss'] / GIB:.2f} / {bare['pss'] / GIB:.2f} GiB (**{fb['pss'] / bare['pss']:.2f}**) | "
+            f"{fb['cpu_s']:.0f} / {bare['cpu_s']:.0f} | {fb['wall_s']:.0f} / {bare['wall_s']:.0f} s | "
+            f"{one_minute(result['load'])} (`uptime` {result['uptime_utc']} UTC) |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--fraction", type=float, default=0.01)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument(
+        "--rows-per-client", type=int, default=ROWS_PER_CLIENT,
+        help="training rows per client when Adult has too few (drawn with replacement, seed 0)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="100 clients at 5 %%, 1 round")
     args = parser.parse_args()
     if args.quick:
         args.clients, args.fraction, args.rounds, args.pairs = [100], 0.05, 1, 1
+    problem = bad_arguments(args)
+    if problem:
+        print(f"scale_memory: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    results = []
     for clients in args.clients:
-        measure(clients, args.fraction, args.rounds, args.pairs)
+        results += measure(clients, args.fraction, args.rounds, args.pairs, args.rows_per_client)
+    print("\n" + markdown_table(results))
 
 
 if __name__ == "__main__":

@@ -65,11 +65,21 @@ class OrderedGrid(Grid):
         node_ids = list(self.inner.get_node_ids())
         if not self.by_partition:
             return sorted(node_ids)
+        ordered = registered_in(self.inner, node_ids)
+        if ordered is not None:
+            return ordered  # Flower's simulation: nothing per node kept here
         unknown = [n for n in node_ids if n not in self.partitions]
         if unknown:
             self.partitions.update(node_partitions(self.inner, unknown))
             _check_unique(self.partitions)
         return sorted(node_ids, key=self.partitions.__getitem__)
+
+    def partition_of(self, node: int) -> int | None:
+        """The partition of ``node`` if known (asked before, or Flower's registration order)."""
+        if node in self.partitions:
+            return self.partitions[node]
+        order = registration_order(self.inner)
+        return None if order is None else order.get(node)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.inner.push_messages(messages)
@@ -103,7 +113,7 @@ class OrderedGrid(Grid):
         node = first.metadata.src_node_id
         cause = client_error(first.error.reason)
         named = re.match(r"partition (\d+): (.*)", cause)
-        partition = named[1] if named else self.partitions.get(node)
+        partition = named[1] if named else self.partition_of(node)
         cause = named[2] if named else cause
         where = f"node {node}" + (f" (partition {partition})" if partition is not None else "")
         raise RunFailed(
@@ -150,14 +160,35 @@ def node_partitions(grid: Grid, node_ids: list[int]) -> dict[int, int]:
     return ask_partitions(grid, node_ids)
 
 
-def registration_order(grid: Grid) -> dict[int, int] | None:
-    """``{node_id: i}``, the order Flower's simulation registered its nodes in; None for any
-    other Grid."""
-    if type(grid).__name__ != "InMemoryGrid":
+def registered_in(grid: Grid, node_ids: list[int]) -> list[int] | None:
+    """``node_ids`` in the order Flower's simulation registered them (partition order, see
+    :func:`node_partitions`), read from its node table on every call so the ServerApp holds
+    nothing per virtual node; None for any other Grid or a node missing from the table."""
+    nodes, lock = _node_table(grid)
+    if nodes is None:
         return None
+    wanted = set(node_ids)
+    with lock:
+        ordered = [n for n in nodes if n in wanted]
+    return ordered if len(ordered) == len(wanted) == len(node_ids) else None
+
+
+def _node_table(grid: Grid) -> tuple[dict | None, Any]:
+    """Flower's in-memory link state's node table (insertion-ordered) and its lock, or Nones."""
+    if type(grid).__name__ != "InMemoryGrid":
+        return None, None
     state = getattr(grid, "state", None)
     nodes, lock = getattr(state, "nodes", None), getattr(state, "lock", None)
     if not isinstance(nodes, dict) or lock is None:
+        return None, None
+    return nodes, lock
+
+
+def registration_order(grid: Grid) -> dict[int, int] | None:
+    """``{node_id: i}``, the order Flower's simulation registered its nodes in; None for any
+    other Grid."""
+    nodes, lock = _node_table(grid)
+    if nodes is None:
         return None
     with lock:
         return {node_id: i for i, node_id in enumerate(nodes)}

@@ -151,7 +151,7 @@ def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(
 ):
     """Flower's own simulation registration (``vce_api._register_nodes``) on its in-memory link
     state and Grid: the runner reads node i -> partition i from the state's node table, for
-    thousands of nodes, without asking any node."""
+    thousands of nodes, without asking any node, and keeps nothing per node in the ServerApp."""
     from flowerbed.server import runner
 
     _, grid, flowers_mapping = flower_simulation(3000)
@@ -162,5 +162,8 @@ def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(
     monkeypatch.setattr(runner, "ask_partitions", asked)
     ordered = runner.OrderedGrid(grid, lambda *_: None, by_partition=True)
     node_ids = ordered.get_node_ids()
-    assert ordered.partitions == flowers_mapping
     assert node_ids == sorted(flowers_mapping, key=flowers_mapping.__getitem__)
+    assert ordered.partitions == {}  # read from Flower's node table on each call, not copied
+    assert ordered.get_node_ids() == node_ids
+    last = node_ids[-1]
+    assert ordered.partition_of(last) == flowers_mapping[last] == 2999
