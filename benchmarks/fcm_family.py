@@ -4,6 +4,8 @@
         --jobs 2 --out fam.json                       # the full family (docs/fcm.md)
     PYTHONPATH=$PWD python -m benchmarks.fcm_family --quick   # seconds: 2 tiny tasks, 1 seed
     PYTHONPATH=$PWD python -m benchmarks.fcm_family --summary fam.json   # only the distribution
+    PYTHONPATH=$PWD nice -n 10 python -m benchmarks.fcm_family --only 4 13 18 --seeds 0 1 2 \
+        --methods "F-CMs, server momentum" "FedAvg full arch, server momentum"   # chosen tasks
 
 Task ``i`` of the family is ``random_dag_task(100 + i)`` with 5-9 concepts, 8-12 inputs, 1-3
 parents per concept (DAG depth) and a logic / count / vote task formula, run on 5-6 clients with
