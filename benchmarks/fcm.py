@@ -149,12 +149,18 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         '        frozen = tuple(e["name"] for e in registry if e.get("task_from", 0) > rnd)\n',
         "        frozen = ()\n",
     ),
+    "server optimiser skipped (plain averaging whatever server_momentum / server_lr)": (
+        "strategies/fcm.py",
+        "        if self.server_lr != 1.0 or self.server_momentum != 0.0:  # default: plain averaging\n",
+        "        if False:\n",
+    ),
 }
 CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_fcm_matches_centralised_task_accuracy_on_a_generated_dag",
     "tests/clients/test_fcm.py::test_lacked_concepts_learnt_through_federation_not_locally",
     "tests/clients/test_fcm.py::test_late_concepts_cost_no_task_accuracy_on_generated_tasks",
     "tests/clients/test_fcm.py::test_warm_up_of_grown_concepts_raises_task_accuracy_on_generated_tasks",
+    "tests/clients/test_fcm.py::test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks",
     "tests/strategies/test_fcm.py",
 ]
 

@@ -4,6 +4,8 @@
         --jobs 2 --out fam.json                       # the full family (docs/fcm.md)
     PYTHONPATH=$PWD python -m benchmarks.fcm_family --quick   # seconds: 2 tiny tasks, 1 seed
     PYTHONPATH=$PWD python -m benchmarks.fcm_family --summary fam.json   # only the distribution
+    PYTHONPATH=$PWD nice -n 10 python -m benchmarks.fcm_family --only 4 13 18 --seeds 0 1 2 \
+        --methods "F-CMs, server momentum" "FedAvg full arch, server momentum"   # chosen tasks
 
 Task ``i`` of the family is ``random_dag_task(100 + i)`` with 5-9 concepts, 8-12 inputs, 1-3
 parents per concept (DAG depth) and a logic / count / vote task formula, run on 5-6 clients with
@@ -45,11 +47,12 @@ BASE_PRESET = "fcm-dag6-schedule"
 DIAGNOSTICS = (
     "F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps", "F-CMs, warm-up",
     "Centralised, federated labels", "Centralised, arrivals", "Centralised, pooled all labels",
+    "F-CMs, server momentum", "FedAvg full arch, server momentum",
 )  # fmt: skip
 #: the pooled arms (``workload.params.pooled``): one client with every client's data, each example
 #: keeping its own client's labels (federated labels), or every example labelling every concept at
 #: the scheduled rounds (arrivals), or every label from round 1 (must equal the centralised arm)
-POOLED = DIAGNOSTICS[4:]
+POOLED = DIAGNOSTICS[4:7]
 CENTRAL = "Centralised, full labels"
 #: the decomposition of centralised - F-CMs: (label, minuend, subtrahend)
 DECOMPOSITION = (
@@ -66,6 +69,8 @@ DECOMPOSITION_ALT = (
 )
 #: rounds a grown concept's task-head block stays frozen in the "F-CMs, warm-up" arm
 WARMUP = 3
+#: server momentum (FedAvgM on the aggregated update) of the "..., server momentum" arms
+SERVER_MOMENTUM = 0.5
 
 
 def family_task(index: int, rounds: int = 30) -> dict[str, Any]:
@@ -98,6 +103,11 @@ def run_family_one(
     elif method == "F-CMs, warm-up":  # a grown concept's task-head block frozen WARMUP rounds
         base = "F-CMs"
         extra.append(f"strategy.params.warmup={WARMUP}")
+    elif method.endswith(", server momentum"):  # FedAvgM on the aggregated update
+        base = {"F-CMs": "F-CMs", "FedAvg full arch": "FedAvg full arch, masked loss"}[
+            method.removesuffix(", server momentum")
+        ]
+        extra.append(f"strategy.params.server_momentum={SERVER_MOMENTUM}")
     elif method in POOLED:  # one client with the pool; labels per example as its client had
         everyone = list(range(item["clients"]))
         if method != "Centralised, federated labels":
@@ -307,6 +317,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--first", type=int, default=0, help="index of the first task")
+    parser.add_argument("--only", nargs="+", type=int, default=None, help="these task indices")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument(
         "--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *DIAGNOSTICS]
@@ -329,6 +340,8 @@ def main() -> None:
         return
     sizes = {"rounds": args.rounds, "n_train": args.n_train, "n_test": args.n_test}
     tasks, seeds = range(args.first, args.first + args.tasks), args.seeds
+    if args.only:
+        tasks = args.only
     if args.quick:
         sizes, tasks, seeds = {"rounds": 6, "n_train": 60, "n_test": 200}, range(2), [0]
         args.methods = list(dict.fromkeys([*args.methods, *POOLED]))

@@ -79,6 +79,29 @@ def aggregate_concept_arrays(
     return out
 
 
+def trained_keys(replies: list[Reply], per_concept: bool = True) -> set[str]:
+    """Keys some client sent with a positive weight this round (what aggregation changed)."""
+    return {k for a, m in replies for k in a if weight_for(k, m, per_concept) > 0}
+
+
+def server_step(
+    previous: dict[str, np.ndarray], aggregated: dict[str, np.ndarray], trained: set[str],
+    lr: float, momentum: float, buffers: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Server optimiser on the aggregated update (FedAvgM, Hsu et al. 2019): per key trained this
+    round, ``d = aggregated - previous``, ``buffer = momentum * buffer + d``, ``previous + lr *
+    buffer``. Keys nobody trained (a concept module without holders this round) keep their value
+    and their buffer; keys without a previous value are taken as aggregated. ``buffers`` is
+    updated in place. Only the aggregated update is used: the server sees no data or labels."""
+    out = dict(aggregated)
+    for key in sorted(trained & set(previous)):
+        delta = aggregated[key] - previous[key]
+        buf = delta if key not in buffers else momentum * buffers[key] + delta
+        buffers[key] = buf
+        out[key] = np.asarray(previous[key] + lr * buf, dtype=aggregated[key].dtype)
+    return out
+
+
 def weighted_metrics(replies: list[dict[str, float]]) -> dict[str, float]:
     """Per-key mean weighted by ``num-examples`` over the replies that report the key."""
     out: dict[str, float] = {}
@@ -101,7 +124,7 @@ class FCMStrategy(FedAvg):
 
     def __init__(
         self, spec: ModelSpec, seed: int = 0, aggregation: str = "concept", expansion: str = "grow",
-        warmup: int = 0, **kwargs: Any,
+        warmup: int = 0, server_lr: float = 1.0, server_momentum: float = 0.0, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec  # the concept model's spec (the workload's ``concept-registry`` contract)
@@ -109,6 +132,9 @@ class FCMStrategy(FedAvg):
         self.aggregation = aggregation
         self.expansion = expansion
         self.warmup = warmup
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
+        self.buffers: dict[str, np.ndarray] = {}  # server momentum per key (server_step)
         self.registry: list[dict[str, Any]] = []
         self.version = 0
         self.current: dict[str, np.ndarray] = {}
@@ -142,6 +168,7 @@ class FCMStrategy(FedAvg):
         if self.expansion == "restart":
             names = tuple(e["name"] for e in self.registry)
             fresh = init_params(self.spec, names, seed + 7919 * self.version)
+            self.buffers = {}  # a new model: no momentum carried over
             return {k: v.numpy() for k, v in fresh.items()}
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
         for name in new:
@@ -183,9 +210,13 @@ class FCMStrategy(FedAvg):
         self, server_round: int, parsed: list[Reply]
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Aggregate parsed replies, then add modules for newly announced concepts."""
-        params = aggregate_concept_arrays(
-            self.current, parsed, per_concept=self.aggregation == "concept"
-        )
+        per_concept = self.aggregation == "concept"
+        params = aggregate_concept_arrays(self.current, parsed, per_concept=per_concept)
+        if self.server_lr != 1.0 or self.server_momentum != 0.0:  # default: plain averaging
+            trained = trained_keys(parsed, per_concept)
+            params = server_step(
+                self.current, params, trained, self.server_lr, self.server_momentum, self.buffers
+            )
         known = {e["name"] for e in self.registry}
         announced = sorted({k[3:] for _, m in parsed for k in m if k.startswith("nc.")})
         new = [n for n in announced if n not in known]
@@ -218,10 +249,15 @@ class FCMEntry:
         expansion: Expansion = Expansion("grow")  # grow (F-CMs) | ignore | restart (re-initialise)
         # rounds a grown concept's task-head block stays frozen at zero (its module trains first)
         warmup: int = param(0, ge=0)
+        # server optimiser on the aggregated update (FedAvgM): new = old + server_lr * buffer,
+        # buffer = server_momentum * buffer + (average - old); 1 and 0 are plain averaging
+        server_lr: float = param(1.0, gt=0)
+        server_momentum: float = param(0.0, ge=0, lt=1)
 
     @staticmethod
     def build(params: FCMEntry.Params, context: StrategyContext) -> FCMStrategy:
         return FCMStrategy(
             context.workload.spec, context.seed, aggregation=params.aggregation,
-            expansion=params.expansion, warmup=params.warmup, **context.sampling.kwargs(),
+            expansion=params.expansion, warmup=params.warmup, server_lr=params.server_lr,
+            server_momentum=params.server_momentum, **context.sampling.kwargs(),
         )  # fmt: skip

@@ -91,6 +91,14 @@ _run, _one_line_exit_2 = run_cli, one_line_exit_2
             "workload.params.data: unknown concept task 'nope' (allowed: ",
         ),
         (
+            ["fcm-trig-evolving", "strategy.params.server_momentum=1"],
+            "strategy.params.server_momentum must be in [0, 1) (got 1.0)",
+        ),
+        (
+            ["fcm-trig-evolving", "strategy.params.server_lr=0"],
+            "strategy.params.server_lr must be > 0 (got 0.0)",
+        ),
+        (
             ["tabdiff-adult-mixed", "attack.name=goliath", "attack.params.restarts=0"],
             "attack.params.restarts must be >= 1 (got 0)",
         ),

@@ -10,7 +10,12 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.clients.workloads.fcm import FCM, ModelSpec, forward, init_params
-from flowerbed.strategies.fcm import FCMStrategy, aggregate_concept_arrays
+from flowerbed.strategies.fcm import (
+    FCMStrategy,
+    aggregate_concept_arrays,
+    server_step,
+    trained_keys,
+)
 
 SPEC = ModelSpec(in_dim=7, hidden=16, emb=4, task_hidden=8, n_classes=2, kind="cem")
 NAMES = ("a_pos", "b_pos", "z_pos")
@@ -176,3 +181,35 @@ def test_warm_up_keeps_a_grown_concepts_task_block_at_zero_until_released() -> N
     config = {"partition-id": 0, "server-round": 2, "fcm-registry": plain.registry_json()}
     out, _ = workload.fit(arrays, data, config, RecordDict())
     assert not np.array_equal(out["task.in.b_pos"].numpy(), params["task.in.b_pos"])
+
+
+def test_server_step_is_momentum_on_the_aggregated_update_of_trained_keys_only() -> None:
+    """strategy.params.server_lr / server_momentum (issue 41): per trained key ``old + lr *
+    buffer`` with ``buffer = momentum * buffer + (average - old)``; a module nobody held keeps its
+    value and its buffer; the defaults (1, 0) leave the aggregation bit-identical."""
+    base, replies = _client_replies([("a_pos",), ("a_pos", "b_pos")])
+    average = aggregate_concept_arrays(base, replies)
+    assert "z_pos" not in {k.split(".")[1] for k in trained_keys(replies) if "concept." in k}
+    buffers: dict[str, np.ndarray] = {"concept.z_pos.weight": np.ones(1)}
+    first = server_step(base, average, trained_keys(replies), 2.0, 0.5, buffers)
+    key = "enc.0.weight"
+    np.testing.assert_allclose(first[key], base[key] + 2 * (average[key] - base[key]), rtol=1e-6)
+    np.testing.assert_array_equal(first["concept.z_pos.weight"], base["concept.z_pos.weight"])
+    np.testing.assert_array_equal(buffers["concept.z_pos.weight"], np.ones(1))
+    again = server_step(first, average, trained_keys(replies), 2.0, 0.5, buffers)
+    step = 0.5 * (average[key] - base[key]) + (average[key] - first[key])
+    np.testing.assert_allclose(again[key], first[key] + 2 * step, rtol=1e-5, atol=1e-7)
+    workload = FCM({"seed": 0, "rounds": 2, "clients": {"num": 2}, "defenses": [],
+                    "workload": {"name": "fcm", "params": {"data": "trig"}}})  # fmt: skip
+    plain, default = (
+        FCMStrategy(workload.spec, 0, **kw)
+        for kw in ({}, {"server_lr": 1.0, "server_momentum": 0.0})
+    )
+    for strategy in (plain, default):
+        strategy.current = base
+        strategy.registry = [{"name": n, "type": "binary", "first_round": 1} for n in NAMES]
+    a, _ = plain.aggregate_replies(1, replies)
+    b, _ = default.aggregate_replies(1, replies)
+    for k in average:
+        np.testing.assert_array_equal(a[k], average[k])
+        np.testing.assert_array_equal(b[k], average[k])
