@@ -200,13 +200,40 @@ def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] |
     return Rows(rec.num.float(), rec.cat.float()), t, mask, eps.float()
 
 
+def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionConfig,
+                    seed: int, latents: Reconstruction | None) -> tuple[Variables, bool]:  # fmt: skip
+    """Variables holding given rows (no category support), their latents from ``latents``'s fit
+    where it has one (``warm_start``), else the seed's draw; and whether they came from a fit."""
+    steps = local_steps(know.protocol, len(num))
+    v = Variables(know.spec, steps, len(num), cfg, torch.Generator().manual_seed(seed))
+    v.set_num(num.float())
+    v.set_cat(cat.float())
+    warm = warm_start(know, latents)
+    if warm is not None:
+        _, t0, m0, e0 = warm
+        v.set_t(t0[None])
+        with torch.no_grad():
+            if m0 is not None:
+                v.l.copy_(m0[None] * 8 - 4)
+            v.e.copy_(e0[None])
+    return v, warm is not None
+
+
+def start_score(know: Knowledge, target: dict[str, torch.Tensor], rec: Reconstruction,
+                cfg: InversionConfig) -> float:  # fmt: skip
+    """The hard-projected match of ``rec``'s rows at its own fitted latents (inf without any)."""
+    v, fitted = _rows_variables(know, rec.num, rec.cat, cfg, cfg.seed, rec)
+    return _hard_score(know, v, target, cfg) if fitted else float("inf")
+
+
 def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
            oracle: Any = None, start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
     """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode.
 
     ``start``: another reconstruction of the same update (another attack's); one more restart
-    then starts from its rows and latents (``warm_start``) and competes by the same score, so the
-    answer matches this objective at least about as well as a descent from ``start`` does."""
+    then starts from its rows and latents (``warm_start``) and competes by the same score, and
+    ``start`` itself is the answer where its rows at its latents score lower still: the answer
+    never matches this objective worse than ``start`` does (``start_score``)."""
     torch.set_num_threads(1)
     began = time.perf_counter()
     closed = None
@@ -257,6 +284,11 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     rec = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), t, mask, float(min(scores)))
     rec.eps = eps
     rec.entropy = entropy
+    if start is not None and warm is not None:
+        held = start_score(know, target, start, cfg)
+        if held < rec.score:  # the descent from ``start`` went uphill: ``start`` as it is
+            rec = Reconstruction(start.num.clone(), start.cat.clone(), start.t, start.mask, held)
+            rec.eps = start.eps
     return _finish(know, rec, began)
 
 
@@ -278,22 +310,11 @@ def rows_score(know: Knowledge, target: dict[str, torch.Tensor], num: torch.Tens
     of the start and the fit (both are latents these rows explain the update with)."""
     torch.set_num_threads(1)
     batch = len(num)
-    steps = local_steps(know.protocol, batch)
-    v = Variables(know.spec, steps, batch, cfg, torch.Generator().manual_seed(seed))
-    v.set_num(num.float())
-    v.set_cat(cat.float())
+    v, warm = _rows_variables(know, num, cat, cfg, seed, latents)
     mixed = know.spec.regime == "mixed"
     lat_vars = [v.a, v.e] + ([v.l] if mixed else [])
-    warm = warm_start(know, latents)
-    if warm is not None:
-        _, t0, m0, e0 = warm
-        v.set_t(t0[None])
-        with torch.no_grad():
-            if m0 is not None:
-                v.l.copy_(m0[None] * 8 - 4)
-            v.e.copy_(e0[None])
-    began = _hard_score(know, v, target, cfg) if warm is not None else float("inf")
-    if warm is None and cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:
+    began = _hard_score(know, v, target, cfg) if warm else float("inf")
+    if not warm and cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:
         _t_grid_search(know, v, target, cfg)  # as the engine's own loop
     opt = torch.optim.Adam(lat_vars, lr=cfg.lr * 0.5)
     for _ in range(max(cfg.iterations // 4, 1)):
