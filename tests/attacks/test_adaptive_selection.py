@@ -259,7 +259,8 @@ def test_under_topk_the_aware_inversion_is_not_worse_than_the_unaware_start(inli
     """Warm-started from the unaware reconstruction (one more restart, the start kept where the
     descent goes uphill), the aware answer matches the kept coordinates at least as well as the
     unaware rows at their own latents do -- by the aware objective, no truth."""
-    for seed in (0, 1):
+    for seed in (2, 5):  # seeds where the aware restart alone lands above the start; on 5 the
+        # descent from the start does too (the start is kept)
         attack, unaware = _topk_reply(inline_cfg, seed)
         latest = attack.history[(0,)][-1]
         know = attack.knowledge(latest.sent)
