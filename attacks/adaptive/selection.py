@@ -15,7 +15,7 @@ defense-aware reconstruction):
     -> the prior guess;
 (c) otherwise the candidate that scores best by the attack's own defense-aware objective on the
     received update (gradient matching through the published view, Goliath's latents refitted
-    from a shared draw and from the candidate's own fit; for stochastic quantisation the
+    from a shared draw and, under sparsification, from the candidate's own fit; for stochastic quantisation the
     stochastic-rounding likelihood, ``rounding_nll``); ties go to the earlier candidate in
     ``CANDIDATES`` order (the prior first: no evidence for anything else).
 
