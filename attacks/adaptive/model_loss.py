@@ -190,7 +190,10 @@ class DefenseAwareModelLoss(ModelLossAttack):
                 reply: dict[str, torch.Tensor], examples: int) -> None:  # fmt: skip
         self.latest[members] = (sent, reply, examples)
 
-    def invert_latest(self, members: tuple[int, ...]) -> Recovered:
+    def invert_latest(self, members: tuple[int, ...], start: Recovered | None = None) -> Recovered:
+        """The aware inversion of the latest reply of ``members``. ``start`` (the unaware answer,
+        the observer's warm start for Goliath) is not read: these attacks start from the
+        analytic first-layer rows of the update itself."""
         sent, reply, examples = self.latest[members]
         self.members = len(members)
         if not self.adapts and self.plain is not None and self.plain.last is not None:

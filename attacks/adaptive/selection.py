@@ -14,8 +14,9 @@ defense-aware reconstruction):
     plus ``EVIDENCE_SDS`` sds the update carries no evidence the attacker can tell from noise
     -> the prior guess;
 (c) otherwise the candidate that scores best by the attack's own defense-aware objective on the
-    received update (gradient matching through the published view; for stochastic quantisation
-    the stochastic-rounding likelihood, ``rounding_nll``); ties go to the earlier candidate in
+    received update (gradient matching through the published view, Goliath's latents refitted
+    from a shared draw and, under sparsification, from the candidate's own fit; for stochastic quantisation the
+    stochastic-rounding likelihood, ``rounding_nll``); ties go to the earlier candidate in
     ``CANDIDATES`` order (the prior first: no evidence for anything else).
 
 Ground truth never enters: the rule sees candidates, the attacker's objective and the update.

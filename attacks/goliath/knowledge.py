@@ -79,6 +79,7 @@ class Reconstruction:
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)
     entropy: np.ndarray | None = None
     seconds: float = 0.0
+    eps: np.ndarray | None = None  # (B, eps_dim) the fitted noise, beside t and mask (a warm start)
 
 
 def observed_target(

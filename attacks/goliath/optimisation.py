@@ -182,35 +182,88 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
     return v, _hard_score(know, v, target, cfg)
 
 
+def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] | None:
+    """``rec``'s rows and fitted latents as a restart's start (``invert_once``'s ``closed``):
+    its t, mask and noise where it has them; None without fitted timesteps (prior rows)."""
+    if rec is None or rec.t is None or len(rec.t) != len(rec.num):
+        return None
+    spec = know.spec
+    t = torch.as_tensor(rec.t, dtype=torch.float32)
+    mask = None
+    if spec.regime == "mixed":
+        mask = (
+            torch.as_tensor(rec.mask, dtype=torch.float32)
+            if rec.mask is not None
+            else torch.zeros(len(t), spec.n_cat)
+        )
+    eps = torch.zeros(len(t), spec.eps_dim) if rec.eps is None else torch.as_tensor(rec.eps)
+    return Rows(rec.num.float(), rec.cat.float()), t, mask, eps.float()
+
+
+def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionConfig,
+                    seed: int, latents: Reconstruction | None) -> tuple[Variables, bool]:  # fmt: skip
+    """Variables holding given rows (no category support), their latents from ``latents``'s fit
+    where it has one (``warm_start``), else the seed's draw; and whether they came from a fit."""
+    steps = local_steps(know.protocol, len(num))
+    v = Variables(know.spec, steps, len(num), cfg, torch.Generator().manual_seed(seed))
+    v.set_num(num.float())
+    v.set_cat(cat.float())
+    warm = warm_start(know, latents)
+    if warm is not None:
+        _, t0, m0, e0 = warm
+        v.set_t(t0[None])
+        with torch.no_grad():
+            if m0 is not None:
+                v.l.copy_(m0[None] * 8 - 4)
+            v.e.copy_(e0[None])
+    return v, warm is not None
+
+
+def start_score(know: Knowledge, target: dict[str, torch.Tensor], rec: Reconstruction,
+                cfg: InversionConfig) -> float:  # fmt: skip
+    """The hard-projected match of ``rec``'s rows at its own fitted latents (inf without any)."""
+    v, fitted = _rows_variables(know, rec.num, rec.cat, cfg, cfg.seed, rec)
+    return _hard_score(know, v, target, cfg) if fitted else float("inf")
+
+
 def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
-           oracle: Any = None) -> Reconstruction:  # fmt: skip
-    """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode."""
+           oracle: Any = None, start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
+    """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode.
+
+    ``start``: another reconstruction of the same update (another attack's); one more restart
+    then starts from its rows and latents (``warm_start``) and competes by the same score, and
+    ``start`` itself is the answer where its rows at its latents score lower still: the answer
+    never matches this objective worse than ``start`` does (``start_score``)."""
     torch.set_num_threads(1)
-    start = time.perf_counter()
+    began = time.perf_counter()
     closed = None
     use_closed = cfg.analytic_init and cfg.latents != "oracle"
     adam = know.protocol.kind == "fedavg" and know.protocol.optimizer == "adam"
     if use_closed and adam and cfg.adam_as_signs and know.spec.regime == "mixed":
         surrogate, signs = sign_surrogate(know, target, batch)
-        rec = invert(surrogate, signs, batch, cfg, oracle)
-        return _finish(know, rec, start)
+        rec = invert(surrogate, signs, batch, cfg, oracle, start)
+        return _finish(know, rec, began)
     if use_closed and know.protocol.kind == "fedavg":
         local = closed_form_local_sgd(know, target, batch)
         if local is not None and local[1] < LOCAL_SGD_ACCEPT:
             return _finish(know, Reconstruction(local[0].num, local[0].cat, None, None, local[1]),
-                           start)  # fmt: skip
+                           began)  # fmt: skip
     if use_closed and know.protocol.kind == "fedsgd":
         closed, score = closed_form(know, target, batch)
         if closed is not None and score < CLOSED_FORM_ACCEPT:  # every row separated: exact
-            rows, t0, m0, _ = closed
+            rows, t0, m0, e0 = closed
             mask0 = None if m0 is None else m0.numpy()
-            return _finish(
-                know, Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score), start
-            )
+            rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
+            rec.eps = e0.detach().float().numpy()
+            return _finish(know, rec, began)
     runs = [
         invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
         for r in range(cfg.restarts)
     ]
+    warm = warm_start(know, start)
+    if warm is not None:  # one more restart, from the other reconstruction
+        runs.append(invert_once(know, target, batch, replace(cfg, analytic_init=True),
+                                cfg.restarts, oracle, warm))  # fmt: skip
     scores = [s for _, s in runs]
     best_v = runs[int(np.argmin(scores))][0]
     with torch.no_grad():
@@ -227,9 +280,16 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     with torch.no_grad():
         t = best_v.t()[0].numpy()
         mask = (best_v.mask()[0] > 0.5).float().numpy() if know.spec.regime == "mixed" else None
+        eps = best_v.e[0].float().numpy().copy()
     rec = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), t, mask, float(min(scores)))
+    rec.eps = eps
     rec.entropy = entropy
-    return _finish(know, rec, start)
+    if start is not None and warm is not None:
+        held = start_score(know, target, start, cfg)
+        if held < rec.score:  # the descent from ``start`` went uphill: ``start`` as it is
+            rec = Reconstruction(start.num.clone(), start.cat.clone(), start.t, start.mask, held)
+            rec.eps = start.eps
+    return _finish(know, rec, began)
 
 
 def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstruction:
@@ -240,24 +300,25 @@ def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstructio
 
 
 def rows_score(know: Knowledge, target: dict[str, torch.Tensor], num: torch.Tensor,
-               cat: torch.Tensor, cfg: InversionConfig, seed: int = 0) -> float:  # fmt: skip
+               cat: torch.Tensor, cfg: InversionConfig, seed: int = 0,
+               latents: Reconstruction | None = None) -> float:  # fmt: skip
     """The engine's own objective for given rows (no ground truth): the hard-projected gradient
     match with the latents fitted to these rows (timesteps by grid search where the engine's loop
     does one, noise and masks by a quarter of its Adam budget, the rows frozen), so that rows from
-    any source are compared on equal terms."""
+    any source are compared on equal terms. ``latents``: a reconstruction whose fitted latents
+    (``warm_start``) the fit starts from instead of the seed's draw; the score is then the best
+    of the start and the fit (both are latents these rows explain the update with)."""
     torch.set_num_threads(1)
     batch = len(num)
-    steps = local_steps(know.protocol, batch)
-    v = Variables(know.spec, steps, batch, cfg, torch.Generator().manual_seed(seed))
-    v.set_num(num.float())
-    v.set_cat(cat.float())
+    v, warm = _rows_variables(know, num, cat, cfg, seed, latents)
     mixed = know.spec.regime == "mixed"
     lat_vars = [v.a, v.e] + ([v.l] if mixed else [])
-    if cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:  # as the engine's own loop
-        _t_grid_search(know, v, target, cfg)
+    began = _hard_score(know, v, target, cfg) if warm else float("inf")
+    if not warm and cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:
+        _t_grid_search(know, v, target, cfg)  # as the engine's own loop
     opt = torch.optim.Adam(lat_vars, lr=cfg.lr * 0.5)
     for _ in range(max(cfg.iterations // 4, 1)):
         _step(opt, _objective(know, v, target, cfg), lat_vars, cfg.sign)
     if mixed:
         _project_masks(know, v)
-    return _hard_score(know, v, target, cfg)
+    return min(began, _hard_score(know, v, target, cfg))

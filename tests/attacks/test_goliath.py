@@ -276,7 +276,9 @@ def test_attack_code_never_touches_client_data() -> None:
     # the observer touches ground truth only through the scorer, after the attack returned
     assert not (_names(observer) & (forbidden - {"truth"}))
     params = set(inspect.signature(invert).parameters)
-    assert params == {"know", "target", "batch", "cfg", "oracle"}
+    assert params == {"know", "target", "batch", "cfg", "oracle", "start"}
+    # ``start``: another attack's reconstruction of the same update (the aware one's warm start)
+    assert "Reconstruction" in str(inspect.signature(invert).parameters["start"].annotation)
     assert "Knowledge" in str(inspect.signature(invert).parameters["know"].annotation)
     assert isinstance(goliath.GOLIATH, InversionConfig)
 
