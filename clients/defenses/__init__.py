@@ -210,6 +210,8 @@ def update_mod(
 
 def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
     """The configured defenses, in the order listed, each with its Params and the run's context."""
+    if not cfg["defenses"]:
+        return []
     ctx = DefenseContext.of(cfg)
     return [DEFENSES.get(d["name"])(ctx, d["params"]) for d in cfg["defenses"]]
 
