@@ -9,16 +9,16 @@ import torch
 torch.set_num_threads(1)
 logging.getLogger("flwr").setLevel(logging.WARNING)
 
-#: files that share one session fixture run on one worker (one loopback Ray cluster)
-SHARED = {
-    "tests/server/test_ray_run.py": "ray-cluster",
-    "tests/server/test_ray_sweep.py": "ray-cluster",
-}
+#: files that share one session fixture run on one worker (none at present: the two-node Ray
+#: cluster is tests/server/test_ray_run.py's alone, so it and test_ray_sweep.py's local Ray run
+#: on two workers side by side)
+SHARED: dict[str, str] = {}
 #: the longest groups (federations, Ray, plug-ins on every engine) are handed out first, so that
 #: no worker starts one of them while the other has nothing left
 LONGEST_FIRST = (
-    "ray-cluster",
     "tests/server/test_deploy.py",
+    "tests/server/test_ray_sweep.py",
+    "tests/server/test_ray_run.py",
     "tests/apps/test_plugins.py",
     "tests/clients/test_dsm.py",
     "tests/server/test_engines.py",
