@@ -17,9 +17,9 @@ SHARED: dict[str, str] = {}
 #: no worker starts one of them while the other has nothing left
 LONGEST_FIRST = (
     "tests/server/test_deploy.py",
-    "tests/server/test_ray_sweep.py",
     "tests/server/test_ray_run.py",
     "tests/apps/test_plugins.py",
+    "tests/server/test_ray_sweep.py",
     "tests/clients/test_dsm.py",
     "tests/server/test_engines.py",
     "tests/attacks/test_adaptive.py",
@@ -53,11 +53,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def inline_cfg(tmp_path):
-    """Resolve a preset for the inline engine with output under tmp_path."""
+    """Resolve a preset for the inline engine with output under tmp_path (no curves.png unless
+    ``output.plots=true`` is asked for: tests read metrics, tests/apps/test_cli.py the plot)."""
     from flowerbed.server.experiment import load_experiment
 
     def make(name: str, *overrides: str) -> dict:
-        return load_experiment(name, ["engine=inline", f"output.dir={tmp_path}", *overrides])
+        base = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false"]
+        return load_experiment(name, [*base, *overrides])
 
     return make
 

@@ -73,9 +73,8 @@ def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
     from flowerbed.server.results import default_run_dir
 
     cfg = inline_cfg(
-        "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3",
-        "dataset.max_rows=2000", "output.plots=false",
-    )  # fmt: skip
+        "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3", "dataset.max_rows=2000"
+    )
     inline = run_inline(json.loads(json.dumps(cfg)))
     assert (Path(inline["run_dir"]) / "model.npz").is_file()
     _sampled_as_configured(inline, 10, 0.3, 2)
