@@ -9,17 +9,17 @@ import torch
 torch.set_num_threads(1)
 logging.getLogger("flwr").setLevel(logging.WARNING)
 
-#: files that share one session fixture run on one worker (one loopback Ray cluster)
-SHARED = {
-    "tests/server/test_ray_run.py": "ray-cluster",
-    "tests/server/test_ray_sweep.py": "ray-cluster",
-}
+#: files that share one session fixture run on one worker (none at present: the two-node Ray
+#: cluster is tests/server/test_ray_run.py's alone, so it and test_ray_sweep.py's local Ray run
+#: on two workers side by side)
+SHARED: dict[str, str] = {}
 #: the longest groups (federations, Ray, plug-ins on every engine) are handed out first, so that
 #: no worker starts one of them while the other has nothing left
 LONGEST_FIRST = (
-    "ray-cluster",
     "tests/server/test_deploy.py",
+    "tests/server/test_ray_run.py",
     "tests/apps/test_plugins.py",
+    "tests/server/test_ray_sweep.py",
     "tests/clients/test_dsm.py",
     "tests/server/test_engines.py",
     "tests/attacks/test_adaptive.py",
@@ -53,11 +53,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def inline_cfg(tmp_path):
-    """Resolve a preset for the inline engine with output under tmp_path."""
+    """Resolve a preset for the inline engine with output under tmp_path (no curves.png unless
+    ``output.plots=true`` is asked for: tests read metrics, tests/apps/test_cli.py the plot)."""
     from flowerbed.server.experiment import load_experiment
 
     def make(name: str, *overrides: str) -> dict:
-        return load_experiment(name, ["engine=inline", f"output.dir={tmp_path}", *overrides])
+        base = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false"]
+        return load_experiment(name, [*base, *overrides])
 
     return make
 

@@ -4,11 +4,14 @@
 with its ``transform`` written; ``label-prior`` (an attack) is the attack scaffold as it comes: it
 answers with its prior. They are built once per session with ``pip install --target`` (offline, no
 build isolation: the project's setuptools) and put on ``PYTHONPATH`` of the processes under test.
+``run_metrics`` is ``flowerbed run quickstart`` with both (tests/apps/test_plugins.py, and on the
+TLS federation of tests/server/test_deploy.py, which ``flowerbed deploy up`` starts with them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowerbed.apps.scaffold import new_package
+
+FLOWERBED = str(Path(sys.executable).parent / "flowerbed")
+#: a quickstart run that uses both packages: the attack scores, the defense transforms updates
+RUN = [
+    "rounds=1", "clients.num=2", "dataset.max_rows=600", "attack.name=label-prior",
+    "defenses=[{name: clip-noise, params: {clip: 0.5, noise: 0.01}}]", "output.plots=false",
+]  # fmt: skip
 
 CLIP_NOISE = '''
     def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: dict[str, Any]) -> ArrayRecord:
@@ -77,6 +87,22 @@ def build(root: Path) -> PluginSite:
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return PluginSite(site, defense, attack)
+
+
+def cli(site: PluginSite, *args: str, cwd: Path | None = None, timeout: float = 300):
+    """``flowerbed ARGS`` in a process that has the packages installed."""
+    return subprocess.run(
+        [FLOWERBED, *args], env={**site.env(), "COLUMNS": "250"}, capture_output=True,
+        text=True, timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+
+
+def run_metrics(site: PluginSite, out: Path, *args: str) -> dict:
+    """The metrics (no timings) of ``flowerbed run quickstart`` with :data:`RUN` and ``args``."""
+    done = cli(site, "run", "quickstart", *RUN, *args, "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    return {k: v for k, v in summary["metrics"].items() if not k.startswith("time.")}
 
 
 @contextlib.contextmanager

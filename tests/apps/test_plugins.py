@@ -1,12 +1,13 @@
 """Plug-ins for real: packages made by ``flowerbed new`` (tests/plugin_fixture.py), installed into
-a private directory on PYTHONPATH, run by the ``flowerbed`` CLI on the inline, simulation and
-deployment (``flowerbed deploy up`` on loopback) engines with the same metrics; ``flowerbed list``
-shows their origin; a name registered twice is one line naming both origins (exit 2); the
-defense acts (clipped and noised updates) and the attack scores exactly its prior. The Ray sweep
-cell is in tests/server/test_ray_sweep.py (its cluster), the docker image in tests/deploy.
+a private directory on PYTHONPATH, run by the ``flowerbed`` CLI on the inline and simulation
+engines with the same metrics; ``flowerbed list`` shows their origin; a name registered twice is
+one line naming both origins (exit 2); the defense acts (clipped and noised updates) and the
+attack scores exactly its prior. The deployment engine runs them on the TLS federation of
+tests/server/test_deploy.py (``flowerbed deploy up`` with the packages installed, one federation
+for both), the Ray sweep cell is in tests/server/test_ray_sweep.py (its cluster), the docker image
+in tests/deploy.
 """
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,27 +16,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from tests.plugin_fixture import on_path
-
-FLOWERBED = str(Path(sys.executable).parent / "flowerbed")
-RUN = [
-    "rounds=1", "clients.num=2", "dataset.max_rows=600", "attack.name=label-prior",
-    "defenses=[{name: clip-noise, params: {clip: 0.5, noise: 0.01}}]",
-]  # fmt: skip
-
-
-def cli(site, *args, cwd=None, timeout=300):
-    return subprocess.run(
-        [FLOWERBED, *args], env={**site.env(), "COLUMNS": "250"}, capture_output=True,
-        text=True, timeout=timeout, cwd=cwd,
-    )  # fmt: skip
-
-
-def run_metrics(site, out: Path, *args: str) -> dict:
-    done = cli(site, "run", "quickstart", *RUN, *args, "--out", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    return {k: v for k, v in summary["metrics"].items() if not k.startswith("time.")}
+from tests.plugin_fixture import cli, on_path, run_metrics
 
 
 @pytest.fixture(scope="module")
@@ -106,20 +87,6 @@ def test_the_defense_clips_and_noises_each_update(plugin_site):
 
 def test_simulation_engine_gives_the_inline_metrics(plugin_site, inline_metrics, tmp_path):
     assert run_metrics(plugin_site, tmp_path / "sim", "--engine", "simulation") == inline_metrics
-
-
-def test_deploy_up_on_loopback_gives_the_inline_metrics(plugin_site, inline_metrics, tmp_path):
-    federation = tmp_path / "federation"
-    up = cli(plugin_site, "deploy", "up", "--nodes", "2", "--insecure", "--dir", str(federation))
-    try:
-        assert up.returncode == 0, up.stderr[-2000:]
-        deployed = run_metrics(
-            plugin_site, tmp_path / "dep", "--engine", "deployment",
-            f"deployment.dir={federation}", "deployment.insecure=true",
-        )  # fmt: skip
-    finally:
-        cli(plugin_site, "deploy", "down", "--dir", str(federation))
-    assert deployed == inline_metrics
 
 
 def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tmp_path):

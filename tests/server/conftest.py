@@ -1,6 +1,6 @@
-"""Shared fixtures of the server tests: a two-node loopback Ray cluster (one for the session:
-tests/server/test_ray_run.py and test_ray_sweep.py both use it; each test looks only at the
-actors its own run started)."""
+"""Shared fixtures of the server tests: a two-node loopback Ray cluster (one per module that asks
+for it: tests/server/test_ray_run.py; each test looks only at the actors its own run started),
+Flower's own simulation set-up in this process."""
 
 import os
 import shutil
@@ -20,7 +20,7 @@ def ray_root() -> str | None:
     return os.environ.get("RAY_TMPDIR") or None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """A loopback Ray cluster: a head and a second node (1 CPU each, own custom resource, own
     temp dir, ports from free_port), started with ``ray start`` and stopped by PID; its

@@ -1,4 +1,9 @@
-"""Loopback federation: TLS + SuperNode auth, quickstart on it, refusals, identity-checked teardown."""
+"""Loopback federation: TLS + SuperNode auth, quickstart on it, refusals, identity-checked teardown.
+
+The module's federation is started by ``flowerbed deploy up`` with the plug-in packages of
+tests/plugin_fixture.py installed (on its processes' PYTHONPATH): the plug-ins' deployment run is
+one of its runs (tests/apps/test_plugins.py has their inline and simulation runs).
+"""
 
 import json
 import subprocess
@@ -18,6 +23,7 @@ from flowerbed.server.processes import (
     stop_process_tree,
     tagged_processes,
 )
+from tests.plugin_fixture import RUN, cli, on_path, run_metrics
 
 # what these tests check is the federation, not learning: 600 training rows of Adult are enough
 TINY = "dataset.max_rows=600"
@@ -52,11 +58,17 @@ def _gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.Proce
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
+def federation(tmp_path_factory, plugin_site):
+    """Two SuperNodes on TLS + SuperNode auth, by ``flowerbed deploy up`` where the plug-in
+    packages are installed; its saved state."""
     directory = tmp_path_factory.mktemp("fed")
-    state = deploy.up(2, directory)
-    yield state
-    deploy.down(directory)
+    up = cli(plugin_site, "deploy", "up", "--nodes", "2", "--dir", str(directory))
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert "TLS + SuperNode auth" in up.stdout, up.stdout
+        yield deploy.load_state(directory)
+    finally:
+        deploy.down(directory)
 
 
 def _refused(cmd: list[str], directory, name: str) -> str:
@@ -78,7 +90,8 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     from flowerbed.apps.inline import run_inline
 
     # 2 rounds: later messages start from the workload and partition the zygote built
-    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}", TINY]
+    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}", TINY,
+                 "output.plots=false"]  # fmt: skip
     overrides += ["clients.fraction=0.5", "clients.min_clients=1"]
     cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
     run_dir = tmp_path / "deployed"
@@ -118,6 +131,26 @@ def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
     # the encoded table was built once for the whole federation, in its machine cache
     cache = Path(federation["dir"]) / "flwr" / "flowerbed-cache"
     assert len(list(cache.glob("encoded-table-*/meta.json"))) == 1
+
+
+def test_plugin_packages_on_the_federation_give_the_inline_metrics(
+    federation, plugin_site, tmp_path
+):
+    """``flowerbed run`` of the plug-ins' attack and defense on the federation (its processes
+    have them installed) gives the metrics of the same run inline, with the attack scoring its
+    prior."""
+    from flowerbed.apps.inline import run_inline
+
+    deployed = run_metrics(
+        plugin_site, tmp_path / "dep", "--engine", "deployment",
+        f"deployment.dir={federation['dir']}",
+    )  # fmt: skip
+    with on_path(plugin_site):
+        inline = run_inline(
+            load_experiment("quickstart", [*RUN, "engine=inline", f"output.dir={tmp_path}/i"])
+        )["metrics"]
+    assert deployed == {k: v for k, v in inline.items() if not k.startswith("time.")}
+    assert deployed["attack.error"] == deployed["attack.prior_error"] > 0
 
 
 def test_a_killed_clientapp_is_a_failed_reply_and_the_run_goes_on(federation, tmp_path):
@@ -184,7 +217,7 @@ def test_plain_flwr_run_adopts_the_connected_nodes(federation, tmp_path):
     env["FLWR_HOME"] = federation["dir"] + "/flwr"
     done = subprocess.run(
         [bin_path("flwr"), "run", str(app_dir()), deploy.CONNECTION, "--stream",
-         "--run-config", f"overrides='rounds=1 {TINY}'"],
+         "--run-config", f"overrides='rounds=1 {TINY} output.plots=false'"],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]

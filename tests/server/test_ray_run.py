@@ -1,9 +1,10 @@
 """One simulation on an existing Ray cluster (``flowerbed run EXP --ray ADDRESS``): bad addresses
 fail before anything starts, ClientApp actors go to both nodes of the loopback cluster and the
 metrics equal the local run's, the input files reach the workers as bytes, and SIGINT, SIGTERM
-and SIGKILL of the CLI leave the cluster running and clean of the run's actors.
+and SIGKILL of the CLI leave the cluster running and clean of the run's actors; a sweep's cells
+go to both nodes (``flowerbed sweep --ray ADDRESS``).
 
-One two-node cluster (``conftest.two_nodes``) serves the session; this process is a driver on it
+One two-node cluster (``conftest.two_nodes``) serves the module; this process is a driver on it
 (``cluster``) to read its actor table.
 """
 
@@ -220,3 +221,29 @@ def test_a_stopped_run_leaves_the_cluster_running_and_clean(tmp_path, cluster, s
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.3)
     assert ray.available_resources().get("CPU", 0) == 2
+
+
+def test_a_sweep_on_the_cluster_places_cells_on_both_nodes(tmp_path, cluster):
+    """Four one-round cells of the tiny table, one CPU per node and two cells in flight: the
+    scheduler must use both nodes (tests/server/test_ray_sweep.py: sweeps on a local Ray). Last:
+    the nodes' workers are warm from the runs before."""
+    csv = load_experiment(str(_experiment(tmp_path)), [])["dataset"]["path"]
+    spec = {
+        "name": "tiny", "base": "quickstart", "engine": "inline",
+        "overrides": ["rounds=1", "clients.num=2", "dataset.name=csv", f"dataset.path={csv}",
+                      "dataset.label=y", "dataset.numeric=[a]", "dataset.categorical=[b]",
+                      "output.plots=false"],
+        "grid": {"seed": [0, 1, 2, 3]},
+        "report": {"rows": "seed", "columns": "workload.params.lr", "value": "central.accuracy"},
+    }  # fmt: skip
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "flowerbed.apps.cli", "sweep", str(tmp_path / "sweep.yaml"),
+         "--out", str(out), "--ray", cluster],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(raw) for raw in (out / "cells.jsonl").read_text().splitlines()]
+    assert [row["status"] for row in rows] == ["ok"] * 4
+    assert len({row["node"] for row in rows}) == 2

@@ -1,9 +1,9 @@
 """Sweep cells as Ray tasks: same cells.csv as sequential, shipped files, failures and timeouts,
-interrupts, SIGKILL of the driver then --resume, and a two-node loopback cluster.
+interrupts, SIGKILL of the driver then --resume (a sweep on the two-node loopback cluster is in
+tests/server/test_ray_run.py, with that cluster).
 
 One local Ray instance (2 CPUs, one pretend GPU) serves the module; tests that need their own
-(a killed driver) start it in processes they stop by PID; the two-node loopback cluster is
-``conftest.two_nodes``.
+(a killed driver) start it in processes they stop by PID.
 """
 
 import contextlib
@@ -327,22 +327,6 @@ def test_resume_works_across_executors(tmp_path, local_ray):
     ids = [row["id"] for row in _rows(out)]
     assert len(ids) == len(set(ids)) == 6
     assert sorted(ids) == sorted(cell["id"] for cell in cells_of(sweep))
-
-
-def test_two_node_cluster_places_cells_on_both_nodes(tmp_path, two_nodes):
-    overrides = [*_csv_overrides(_csv_dataset(tmp_path)), "rounds=1"]
-    spec = dict(SWEEP, overrides=overrides, grid={"seed": [0, 1, 2, 3]})
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "flowerbed.apps.cli", "sweep", str(_write(tmp_path, spec)),
-         "--out", str(out), "--ray", two_nodes],
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = _rows(out)
-    assert [row["status"] for row in rows] == ["ok"] * 4
-    # two cells in flight, one CPU per node: the scheduler must use both nodes
-    assert len({row["node"] for row in rows}) == 2
 
 
 def test_a_sweep_runs_off_the_main_thread(tmp_path, local_ray):
