@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, complete_low_rank
@@ -18,13 +17,11 @@ from flowerbed.attacks.adaptive.model_stealing_adaptive import adaptive_steal, f
 from flowerbed.attacks.adaptive.scoring import GroupScorer
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
 from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
-from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import (
     DEFENSES,
     Defense,
     Sparsification,
-    build_defenses,
     published_mechanisms,
     update_mod,
 )
@@ -37,7 +34,7 @@ from flowerbed.clients.defenses.filosofer import (
 )
 from flowerbed.clients.training import fisher_diagonal
 from flowerbed.clients.workloads.filosofer import digits_split, train_victim
-from flowerbed.clients.workloads.tabdiff import TabDiff
+from tests.tabdiff_update import defended_update
 
 
 # -- top-k ------------------------------------------------------------------------------------------
@@ -59,13 +56,8 @@ def _one_update(inline_cfg, seed: int, batch: int, defenses: str):
         "attack.name=goliath-adaptive", "attack.params.restarts=1",
         "attack.params.iterations=10", "attack.params.cycles=1", f"defenses={defenses}",
     )  # fmt: skip
-    workload = TabDiff(cfg)
-    sent = workload.init_arrays()
-    config = {"partition-id": 0, "server-round": 1}
-    reply, _ = workload.fit(sent, workload.load_partition(0, 4), config, RecordDict())
-    for defense in build_defenses(cfg):
-        reply = defense.transform(sent, reply, config)
-    return cfg, as_tensors(sent), as_tensors(reply)
+    sent, reply = defended_update(cfg)
+    return cfg, sent, reply
 
 
 def test_topk_aware_attack_beats_the_unaware_one(inline_cfg):

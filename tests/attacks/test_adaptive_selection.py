@@ -32,13 +32,12 @@ from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import (
     GaussianNoise,
     Quantisation,
-    build_defenses,
     published_mechanisms,
 )
 from flowerbed.clients.defenses.compression import quantize
 from flowerbed.clients.workloads import WORKLOADS
-from flowerbed.clients.workloads.tabdiff import TabDiff
 from flowerbed.server.experiment import load_experiment
+from tests.tabdiff_update import defended_update
 
 
 class NoTruth:
@@ -230,13 +229,7 @@ def _topk_reply(inline_cfg, seed: int, defenses: str = "[{name: topk, params: {f
                      "workload.params.batch_size=8", "workload.params.protocol=fedsgd",
                      "workload.params.lr=0.1", "workload.params.hidden=64",
                      f"defenses={defenses}")  # fmt: skip
-    workload = TabDiff(cfg)
-    sent = workload.init_arrays()
-    config = {"partition-id": 0, "server-round": 1}
-    reply, _ = workload.fit(sent, workload.load_partition(0, 4), config, RecordDict())
-    for defense in build_defenses(cfg):
-        reply = defense.transform(sent, reply, config)
-    sent, reply = as_tensors(sent), as_tensors(reply)
+    sent, reply = defended_update(cfg)
     icfg = with_config(GOLIATH, {"restarts": 1, "iterations": 20, "cycles": 1}, seed)
     attack = DefenseAwareInversion(cfg, icfg, 2, published_mechanisms(cfg))
     attack.observe((0,), 1, sent, reply, 8)
