@@ -36,18 +36,32 @@ import pandas as pd
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.attacks.baseline_common import CONFIGS, ORACLE, random_reconstruction
-from flowerbed.attacks.goliath import Knowledge, invert, observed_target
-from flowerbed.attacks.inversion import SETTINGS, InversionSettings
+from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.baseline_common import ORACLE
+from flowerbed.attacks.common import (
+    DiffusionReplay,
+    InversionSettings,
+    Knowledge,
+    ModelLossReplay,
+    Reconstruction,
+)
+from flowerbed.attacks.goliath import invert
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.tabdiff.model import build_model, model_params, onehot_rows, sample_latents
+from flowerbed.clients.tabdiff.model import (
+    Rows,
+    build_model,
+    model_params,
+    onehot_rows,
+    sample_latents,
+)
 from flowerbed.clients.tabdiff.training import local_update
 from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
 from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
 from flowerbed.server.experiment import load_experiment
+from flowerbed.server.runner import truth_source
 
 ATTACK_NAMES = ["goliath", "tableak", "inverting-gradients", "dlg", "idlg", "random", "oracle"]
 MODEL_LOSS_ATTACKS = ["analytic-fc", "inverting-gradients", "idlg", "dlg", "random"]
@@ -61,9 +75,7 @@ TRAIN_KEYS = ("protocol", "batch_size", "lr", "optimizer", "local_epochs", "max_
 
 @dataclass
 class Case:
-    know: Knowledge
-    target: dict[str, torch.Tensor]
-    batch: int
+    know: Knowledge  # the attacker's: the sent model, the update, the batch size
     truth_frame: pd.DataFrame  # scorer side only
     truth_latents: list[Any]  # scorer side only (and the oracle upper bound)
 
@@ -152,15 +164,37 @@ def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
         new = local_update(work.model, params, [rows] * steps, lats, protocol)
         sent32 = {k: v.float() for k, v in params.items()}
         reply32 = {k: v.detach().float() for k, v in new.items()}
-        know = Knowledge(work.model, sent32, protocol, data.prep)
-        cases.append(Case(know, observed_target(know, sent32, reply32), batch, frame, lats))
+        replay = DiffusionReplay(work.model, protocol, data.prep)
+        cases.append(Case(Knowledge.observe(replay, sent32, reply32, batch), frame, lats))
     return cases
 
 
+def random_reconstruction(
+    replay: DiffusionReplay, batch: int, marginals: Any, seed: int
+) -> Reconstruction:
+    """Empirical-marginal draw in model space (the floor every attack must beat)."""
+    rng = np.random.default_rng(seed)
+    num_pool, code_pool = marginals
+    num = np.stack(
+        [num_pool[rng.integers(0, len(num_pool), batch), j] for j in range(num_pool.shape[1])], 1
+    )
+    codes = np.stack(
+        [code_pool[rng.integers(0, len(code_pool), batch), j] for j in range(code_pool.shape[1])], 1
+    )
+    cat = np.concatenate([np.eye(k)[codes[:, j]] for j, k in enumerate(replay.spec.cat_sizes)], 1)
+    rows = Rows(torch.from_numpy(num).float(), torch.from_numpy(cat).float())
+    return Reconstruction(rows, 0.0, decoded=replay.decode(rows.num, rows.cat))
+
+
+def settings_of(name: str) -> InversionSettings:
+    """A registered attack's settings (``oracle``: Goliath given the true latents)."""
+    return ORACLE if name == "oracle" else ATTACKS.get(name).settings
+
+
 def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
-    prep = case.know.prep
+    prep = case.know.replay.prep
     res = tableak_accuracy(
-        case.truth_frame, rec.frame, list(prep.numeric), list(prep.categorical), stds
+        case.truth_frame, rec.decoded, list(prep.numeric), list(prep.categorical), stds
     )
     out = {"accuracy": res["accuracy"], "num_accuracy": res["num_accuracy"],
            "cat_accuracy": res["cat_accuracy"], "seconds": rec.seconds}  # fmt: skip
@@ -174,13 +208,12 @@ def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
 
 def run_attack(name: str, case: Case, budget: dict[str, int], seed: int, marginals: Any) -> Any:
     if name == "random":
-        return random_reconstruction(case.know, case.batch, marginals, seed)
-    base = ORACLE if name == "oracle" else CONFIGS[name]
+        return random_reconstruction(case.know.replay, case.know.batch, marginals, seed)
+    base = settings_of(name)
     cfg = replace(
         base, seed=seed, **{k: v for k, v in budget.items() if k != "restarts" or base.restarts > 1}
     )
-    return invert(case.know, case.target, case.batch, cfg,
-                  oracle=case.truth_latents if name == "oracle" else None)  # fmt: skip
+    return invert(case.know, cfg, oracle=case.truth_latents if name == "oracle" else None)
 
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
@@ -243,8 +276,8 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
     for ds in datasets:
         cfg = classifier_experiment(workload, ds, overrides)
         work = WORKLOADS.get(workload)(cfg)
-        contract = work.model_loss()
-        scorer = ClassifierScorer(cfg)
+        replay = ModelLossReplay(work.model_loss())
+        scorer = ClassifierScorer(truth_source(cfg, work))
         label, p = dataset_label(cfg), cfg["workload"]["params"]
         setting = p.get("model", "mlp")
         for rounds in trained_rounds:
@@ -253,14 +286,11 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
                 for i in range(batches):
                     sent, reply, truth = classifier_case(work, b, 1000 * b + i, params)
                     for name in attacks:
-                        if name == "analytic-fc" and contract.first_linear is None:
+                        if name == "analytic-fc" and replay.contract.first_linear is None:
                             continue
-                        method = {"analytic-fc": "analytic", "random": "random"}.get(name, "optimised")  # fmt: skip
-                        settings = replace(SETTINGS.get(name, InversionSettings()), seed=i,
-                                           **budget)  # fmt: skip
-                        rec = ModelLossAttack(contract, method, settings, name).invert(
-                            sent, reply, b
-                        )
+                        registered = "random-baseline" if name == "random" else name
+                        settings = replace(settings_of(registered), seed=i, **budget)
+                        rec = ModelLossAttack(replay, settings, name).invert(sent, reply, b)
                         s = scorer.score_against(truth, rec)
                         rows.append({"workload": workload, "dataset": label,
                                      "protocol": p["protocol"], "optimizer": p.get("optimizer"),

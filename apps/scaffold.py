@@ -138,9 +138,12 @@ def test_{module}_changes_what_the_server_receives(tmp_path, seed):
 '''
 
 ATTACK = '''\
-"""{name}: a flowerbed attack. An honest-but-curious server wraps its strategy with an observer
-that sees each target client's reply (and the arrays it was sent) before aggregation; the attack
-sees nothing else. Ground truth enters only the scorer, called after the attack has answered.
+"""{name}: a flowerbed attack. flowerbed's observer (``flowerbed.attacks.observer.AttackObserver``)
+wraps the server's strategy and hands each target client's reply (and the arrays it was sent) to
+``invert`` before aggregation; the attack sees nothing else. It gets ``self.params`` (its Params)
+and ``self.ctx`` (an AttackContext: seed, rounds, clients, the public model of the capability it
+needs, the defenses' published mechanisms), never the experiment config. Ground truth enters only
+the scorer, which flowerbed builds from a TruthSource and calls after the attack has answered.
 
 The skeleton guesses the share of class-1 examples in the target clients' round data; it answers
 with its prior (1 / number of classes), the floor an attack must beat.
@@ -148,17 +151,15 @@ with its prior (1 / number of classes), the floor an attack must beat.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
 
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.common import Attack
+from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.wrapper import StrategyWrapper
+from flowerbed.clients.core.params import param
 
 
 def guess(sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], classes: int) -> float:
@@ -169,72 +170,43 @@ def guess(sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], classes
     return 1.0 / classes
 
 
+@dataclass
+class Share:
+    """The answer for one reply (the observer reports its ``seconds``)."""
+
+    share: float
+    classes: int
+    seconds: float = 0.0
+
+
 class Scorer:
-    """Ground truth: the client's round data, rebuilt from (seed, client, round) after the guess."""
+    """Ground truth: the client's round data, rebuilt through the server's workload after the
+    attack answered; the errors of the guess and of the prior."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        from flowerbed.clients.workloads import WORKLOADS
+    def __init__(self, truth: TruthSource) -> None:
+        self.truth = truth
 
-        self.cfg = cfg
-        self.workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
-
-    def truth(self, partition_id: int, server_round: int) -> float:
-        data = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
-        labels = self.workload.round_data(data, partition_id, server_round).y
-        return float((labels == 1).float().mean())
-
-
-class Observer(StrategyWrapper):
-    def __init__(self, inner: Any, cfg: dict[str, Any], writer: Any) -> None:
-        super().__init__(inner)
-        self.cfg, self.writer = cfg, writer
-        self.params = cfg["attack"]["params"]
-        self.scorer = Scorer(cfg)
-        self.sent: ArrayRecord | None = None
-        self.errors: list[float] = []
-        self.prior_errors: list[float] = []
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        self.sent = arrays
-        return self.inner.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
-        sent = self.sent.to_torch_state_dict()
-        for reply in replies:
-            if reply.has_error():
-                continue
-            pid = int(reply.content["metrics"]["partition-id"])
-            if pid not in self.params["target_clients"]:
-                continue
-            classes = list(sent.values())[-1].numel()  # public: the output layer's size
-            estimate = guess(sent, reply.content["arrays"].to_torch_state_dict(), classes)
-            truth = self.scorer.truth(pid, server_round)  # after the attack answered
-            self.errors.append(abs(estimate - truth))
-            self.prior_errors.append(abs(1.0 / classes - truth))
-            self.writer.log(server_round, "attack", {{"error": self.errors[-1]}})
-        if self.errors:
-            self.writer.set_final("attack.error", sum(self.errors) / len(self.errors))
-            self.writer.set_final(
-                "attack.prior_error", sum(self.prior_errors) / len(self.prior_errors)
-            )
-        return self.inner.aggregate_train(server_round, replies)
+    def score(self, partition_id: int, server_round: int, sent: dict, rec: Share) -> dict[str, float]:
+        data = self.truth.partition(partition_id)
+        labels = self.truth.workload.round_data(data, partition_id, server_round).y
+        share = float((labels == 1).float().mean())
+        return {{"error": abs(rec.share - share), "prior_error": abs(1.0 / rec.classes - share)}}
 
 
 @ATTACKS.register("{name}", "TODO: one line for `flowerbed list attacks`")
-class {cls}:
+class {cls}(Attack):
     @dataclass
     class Params:
-        target_clients: list[int] = field(default_factory=lambda: [0])  # TODO: your knobs
+        target_clients: list[int] = param(factory=lambda: [0], ge=0)  # TODO: your knobs, each with a rule
 
     #: what the workload must offer: a classifier whose round data the scorer can rebuild
     needs = frozenset({{Capability.MODEL_LOSS}})
+    scorer = Scorer
 
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        return Observer(strategy, cfg, writer)
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Share:
+        """What the server infers from one reply (the public model: ``self.ctx.replay.contract``)."""
+        classes = self.ctx.replay.contract.schema.num_classes
+        return Share(guess(sent, reply, classes), classes)
 '''
 
 ATTACK_TEST = '''\

@@ -5,21 +5,20 @@ workloads with ``linear-first-layer``; ``attacks.inversion.analytic``). What the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.baseline_common import model_loss_observer
-from flowerbed.attacks.inversion import InversionSettings
+from flowerbed.attacks.baseline_common import ANALYTIC, ON_MODEL_LOSS, EngineSetting
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
 
 @ATTACKS.register("analytic-fc", "Analytic input recovery through a fully connected first layer")
-class AnalyticFirstLayer:
+class AnalyticFirstLayer(EngineSetting):
     """x = (dL/dW)_i / (dL/db)_i per first-layer neuron (exact for one example; for a batch, the
     inputs several neurons agree on), labels by iDLG + update matching."""
 
-    needs = frozenset({Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER})
+    needs = ON_MODEL_LOSS | {Capability.LINEAR_FIRST_LAYER}
+    settings = ANALYTIC
 
     @dataclass
     class Params:
@@ -27,8 +26,3 @@ class AnalyticFirstLayer:
         rounds: list[int] = param(
             factory=list, ge=0
         )  # attacked rounds (1..rounds: checked on resolve); empty = all
-
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        return model_loss_observer(strategy, cfg, writer, "analytic", InversionSettings(),
-                                   "analytic-fc")  # fmt: skip

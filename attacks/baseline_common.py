@@ -1,89 +1,78 @@
-"""What the gradient-inversion baselines share: their settings of Goliath's engine, their params,
-needs and observers (each baseline is registered in its own module: ``dlg``, ``idlg``,
-``inverting_gradients``, ``tableak``, ``random_baseline``, ``analytic_fc``).
+"""What the gradient-inversion baselines share: their settings, params, needs and engine choice
+(each baseline is registered in its own module: ``dlg``, ``idlg``, ``inverting_gradients``,
+``tableak``, ``random_baseline``, ``analytic_fc``).
 
-``dlg``, ``idlg``, ``inverting-gradients``, ``tableak`` and ``random-baseline`` declare two
-alternative needs: ``tabular-diffusion`` (then they are settings of Goliath's engine, below) or
+Each baseline is one ``InversionSettings`` constant covering both replays. ``dlg``, ``idlg``,
+``inverting-gradients``, ``tableak`` and ``random-baseline`` declare two alternative needs:
+``tabular-diffusion`` (then their settings run Goliath's engine, ``attacks.goliath``) or
 ``model-loss`` (then they run ``attacks.inversion`` on the workload's model-loss contract: any
-torch classifier, with its local steps replayed). ``analytic-fc`` (input recovery through a fully
-connected first layer) needs ``model-loss`` + ``linear-first-layer``. The observer, budget knobs
-and per-round metrics are the same for all.
+torch classifier, with its local steps replayed); the attack picks by the capability its context
+runs on. ``analytic-fc`` (input recovery through a fully connected first layer) needs
+``model-loss`` + ``linear-first-layer``. The observer, budget knobs and per-round metrics are the
+same for all.
 
-On tabular diffusion each is a setting of ``attacks.goliath``'s engine (same simulated client, same
-budget):
-
-* ``dlg`` — L2 gradient distance on raw continuous rows (relaxed one-hot, no softmax).
-* ``idlg`` — DLG + iDLG-style analytic category recovery: categories absent from the batch
+* ``dlg`` -- L2 gradient distance; diffusion: raw continuous rows (relaxed one-hot, no softmax);
+  model-loss: labels optimised jointly (soft labels), no box.
+* ``idlg`` -- DLG + iDLG-style analytic recovery: diffusion: categories absent from the batch
   (zero input-projection columns / non-negative categorical-head-bias gradient, mixed regime)
-  are removed from the search space.
-* ``inverting-gradients`` — cosine distance, Adam on signed gradients, box [0, 1] on one-hots,
-  step decay at 3/8, 5/8, 7/8 of the budget, one restart.
-* ``tableak`` — cosine + softmax/sigmoid structural priors + pooled restarts (median+softmax).
-* ``random-baseline`` — each cell from the public marginal (TabLeak's ``all_empirical``): the
-  prior every score is measured above (``attacks.prior``; no prior-keeping, it is the prior).
-* ``ORACLE`` — Goliath's row step given the true latents: an upper bound, not an attack (the
+  leave the search space; model-loss: labels from the output bias's gradient.
+* ``inverting-gradients`` -- cosine distance, Adam on signed gradients, box, step decay at 3/8,
+  5/8, 7/8 of the budget (and a TV prior on images), one restart.
+* ``tableak`` -- cosine + softmax structural priors + pooled restarts (median + mean
+  probabilities); model-loss: categories restricted to the update's support, started from the
+  analytic first-layer rows (``attacks.inversion.tabular``).
+* ``random-baseline`` -- draws from the public prior (TabLeak's ``all_empirical``): the prior
+  every score is measured above (``attacks.prior``; no prior-keeping, it is the prior).
+* ``ORACLE`` -- Goliath's row step given the true latents: an upper bound, not an attack (the
   latents come from the scorer), so it is run by ``flowerbed.apps.attack_eval`` only, never registered.
 
-``latents``: ``fixed`` (random draws from the training distribution) or ``joint`` (optimised).
+``latents`` (diffusion): ``fixed`` (random draws from the training distribution) or ``joint``
+(optimised).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
 
-import numpy as np
-import torch
-
-from flowerbed.attacks.goliath import (
-    GOLIATH,
-    InversionConfig,
-    Knowledge,
-    Reconstruction,
-    TabularInversion,
-    TruthScorer,
-    decode,
-    with_config,
+from flowerbed.attacks.common import (
+    DiffusionKnobs,
+    InversionAttack,
+    InversionSettings,
+    ModelLossKnobs,
 )
-from flowerbed.attacks.inversion import SETTINGS, InversionSettings, with_budget
-from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
-from flowerbed.attacks.inversion.scoring import ClassifierScorer
-from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.goliath import GOLIATH, TabularInversion
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.scoring import inversion_scorer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
-from flowerbed.clients.workloads import WORKLOADS
 
-DLG = InversionConfig(objective="l2", cat_param="raw", latents="joint", restarts=1, lr=0.05, label_recovery=False,
-                      analytic_init=False)  # fmt: skip
-IDLG = replace(DLG, label_recovery=True)
-IG = InversionConfig(objective="cosine", cat_param="raw", latents="joint", restarts=1, lr=0.1, label_recovery=False,
-                     sign=True, analytic_init=False)  # fmt: skip
-TABLEAK = InversionConfig(objective="cosine", cat_param="softmax", latents="joint", restarts=4, label_recovery=False,
-                          lr=0.06, sign=True, analytic_init=False, pooling="median")  # fmt: skip
-ORACLE = replace(GOLIATH, latents="oracle", restarts=1)
-
-CONFIGS: dict[str, InversionConfig] = {
-    "goliath": GOLIATH, "dlg": DLG, "idlg": IDLG, "inverting-gradients": IG, "tableak": TABLEAK,
-}  # fmt: skip
-
-
-def random_reconstruction(know: Knowledge, batch: int, marginals: Any, seed: int) -> Reconstruction:
-    """Empirical-marginal draw in model space (the floor every attack must beat)."""
-    rng = np.random.default_rng(seed)
-    num_pool, code_pool = marginals
-    num = np.stack(
-        [num_pool[rng.integers(0, len(num_pool), batch), j] for j in range(num_pool.shape[1])], 1
-    )
-    codes = np.stack(
-        [code_pool[rng.integers(0, len(code_pool), batch), j] for j in range(code_pool.shape[1])], 1
-    )
-    cat = np.concatenate([np.eye(k)[codes[:, j]] for j, k in enumerate(know.spec.cat_sizes)], 1)
-    rec = Reconstruction(
-        torch.from_numpy(num).float(), torch.from_numpy(cat).float(), None, None, 0.0
-    )
-    rec.frame = decode(know, rec.num, rec.cat)
-    return rec
-
+DLG = InversionSettings(
+    objective="l2", restarts=1, sign=False, decay=False,
+    diffusion=DiffusionKnobs(lr=0.05, analytic_init=False, cat_param="raw", latents="joint",
+                             label_recovery=False),
+    model_loss=ModelLossKnobs(lr=0.1, labels="joint", box=False),
+)  # fmt: skip
+#: iDLG: DLG with the categories absent from the batch (diffusion) / the labels (model-loss) read
+#: from the update
+IDLG = DLG.on_diffusion(label_recovery=True).on_model_loss(labels="analytic")
+IG = InversionSettings(
+    objective="cosine", restarts=1, sign=True, decay=True,
+    diffusion=DiffusionKnobs(lr=0.1, analytic_init=False, cat_param="raw", latents="joint",
+                             label_recovery=False),
+    model_loss=ModelLossKnobs(lr=0.1, labels="analytic", tv=1e-4, box=True),
+)  # fmt: skip
+TABLEAK = InversionSettings(
+    objective="cosine", restarts=2, sign=True, decay=True, pooling="median",
+    diffusion=DiffusionKnobs(lr=0.06, analytic_init=False, cat_param="softmax", latents="joint",
+                             label_recovery=False),
+    model_loss=ModelLossKnobs(lr=0.1, analytic_init=True, labels="analytic", box=True,
+                              structure=True, support=True, numeric_lr=0.01),
+)  # fmt: skip
+#: analytic-fc: the first layer read in closed form (cosine: the objective its answer is kept by)
+ANALYTIC = InversionSettings(method="analytic")
+#: random-baseline: draws from the public prior
+PRIOR = InversionSettings(method="prior")
+ORACLE = replace(GOLIATH, restarts=1).on_diffusion(latents="oracle")
 
 Latents = choices("Latents", ("fixed", "joint"))
 
@@ -103,36 +92,15 @@ ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})
 ON_MODEL_LOSS = frozenset({Capability.MODEL_LOSS})
 
 
-def on_diffusion(cfg: dict[str, Any]) -> bool:
-    """Whether the configured workload is the tabular-diffusion one (else: model-loss)."""
-    return Capability.TABULAR_DIFFUSION in WORKLOADS.get(cfg["workload"]["name"]).offers
-
-
-def model_loss_observer(strategy: Any, cfg: dict[str, Any], writer: Any, method: str,
-                        settings: InversionSettings, name: str) -> AttackObserver:  # fmt: skip
-    """The observer running a model-loss attack, scored against the client's round examples."""
-    p = cfg["attack"]["params"]
-    attack = ModelLossAttack(
-        model_loss_of(cfg), method, with_budget(settings, p, cfg["seed"]), name
-    )
-    return AttackObserver(strategy, writer, attack, ClassifierScorer(cfg), p["target_clients"],
-                          rounds=p["rounds"], keep_prior_guess=method != "random")  # fmt: skip
-
-
-class EngineSetting:
-    """A baseline that is a setting of Goliath's engine on tabular diffusion (``config``) and of
-    ``attacks.inversion``'s optimisation loop on a model-loss workload (``SETTINGS[name]``)."""
+class EngineSetting(InversionAttack):
+    """A baseline: its ``settings`` in Goliath's engine on tabular diffusion, in
+    ``attacks.inversion``'s loop on a model-loss workload."""
 
     Params = BaselineParams
     needs = (ON_DIFFUSION, ON_MODEL_LOSS)
-    config: ClassVar[InversionConfig]
-    registry_name: ClassVar[str]
+    scorer = staticmethod(inversion_scorer)
 
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        p, name = cfg["attack"]["params"], cls.registry_name
-        if not on_diffusion(cfg):
-            return model_loss_observer(strategy, cfg, writer, "optimised", SETTINGS[name], name)
-        icfg = with_config(cls.config, p, cfg["seed"])
-        return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                              p["target_clients"], rounds=p["rounds"])  # fmt: skip
+    def engine(self) -> TabularInversion | ModelLossAttack:
+        if self.ctx.runs_on(Capability.TABULAR_DIFFUSION):
+            return TabularInversion(self.ctx.replay, self.budgeted())
+        return ModelLossAttack(self.ctx.replay, self.budgeted(), self.registry_name)

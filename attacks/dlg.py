@@ -1,7 +1,7 @@
 """``dlg``: Deep Leakage from Gradients. On tabular diffusion, L2 gradient distance on raw
 continuous rows (relaxed one-hot, no softmax) in Goliath's engine; on a model-loss workload,
-``attacks.inversion``'s DLG setting (L2, labels optimised jointly). What the baselines share:
-``attacks.baseline_common``."""
+``attacks.inversion``'s loop with L2 and labels optimised jointly. Its one settings constant and
+what the baselines share: ``attacks.baseline_common``."""
 
 from __future__ import annotations
 
@@ -11,4 +11,4 @@ from flowerbed.attacks.baseline_common import DLG, EngineSetting
 
 @ATTACKS.register("dlg", "Deep Leakage from Gradients (L2, joint labels)")
 class DeepLeakage(EngineSetting):
-    config = DLG
+    settings = DLG

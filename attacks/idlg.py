@@ -11,4 +11,4 @@ from flowerbed.attacks.baseline_common import IDLG, EngineSetting
 
 @ATTACKS.register("idlg", "iDLG: DLG + analytic label / category-support recovery")
 class ImprovedDeepLeakage(EngineSetting):
-    config = IDLG
+    settings = IDLG

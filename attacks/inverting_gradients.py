@@ -10,4 +10,4 @@ from flowerbed.attacks.baseline_common import IG, EngineSetting
 
 @ATTACKS.register("inverting-gradients", "Inverting Gradients (cosine, signed Adam, box, TV prior)")
 class InvertingGradients(EngineSetting):
-    config = IG
+    settings = IG

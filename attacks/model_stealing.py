@@ -2,8 +2,9 @@
 
 In the final round the observer takes the global model the server sends (the victim) and the
 pooled Fisher diagonal the clients return for it (``fisher.*``, workload ``filosofer``), releases
-the victim through the configured release defense (``filosofer``, ``shield-last-layer``,
-``whole-model-tee``; none = all weights exposed) and runs the attacker: the exposed weights
+the victim through the configured release defense (``AttackContext.deploy``: ``filosofer``,
+``shield-last-layer``, ``whole-model-tee``; none = all weights exposed; the victim's architecture
+and data split are the context's ``release``) and runs the attacker: the exposed weights
 fine-tuned on a fraction ``q`` of the training data, best over learning rates (0 = as is), against
 the black-box bound (same architecture from scratch on the same data).
 
@@ -25,12 +26,13 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.common import Attack, AttackContext
+from flowerbed.attacks.observer import Scorer
 from flowerbed.attacks.prior import advantage
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import build_defenses
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
 from flowerbed.clients.training import (
     accuracy,
@@ -39,7 +41,6 @@ from flowerbed.clients.training import (
     make_mlp,
     output_entropy,
 )
-from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack
 
 
@@ -155,11 +156,10 @@ def stealing_table(
 
 
 # -- the federated attack ----------------------------------------------------------------------
-def release_with(cfg: dict[str, Any], victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
-    """Release ``victim`` through the first configured release defense (none: all exposed)."""
-    for defense in build_defenses(cfg):
-        if hasattr(defense, "release"):
-            return defense.release(victim, owner_x, owner_y, fisher, seed)
+def release_with(ctx: AttackContext, victim, owner_x, owner_y, fisher, seed: int) -> Release:  # noqa: ANN001
+    """Release ``victim`` through the configured release defense (none: all exposed)."""
+    if ctx.deploy is not None:
+        return ctx.deploy(victim, owner_x, owner_y, fisher, seed)
     return release(victim, "none", owner_x, owner_y, fisher, seed=seed)
 
 
@@ -169,17 +169,16 @@ ExtraAttack = Callable[..., dict[str, float]]
 
 
 def attack_release(
-    cfg: dict[str, Any], params: Any, state: dict[str, torch.Tensor],
+    ctx: AttackContext, params: Any, state: dict[str, torch.Tensor],
     fisher: dict[str, torch.Tensor], extra: ExtraAttack | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
     torch.set_num_threads(1)
-    setup = WORKLOADS.get(cfg["workload"]["name"])(cfg).release_setup()  # model-release
-    hidden, split = setup.hidden, setup.split
+    hidden, split = ctx.release.hidden, ctx.release.split  # the model-release setup
     victim = load_state(state, hidden)
-    seed = client_seed(cfg["seed"], 0, cfg["rounds"], salt=16)
-    rel = release_with(cfg, victim, split.x_train, split.y_train, fisher or None, seed)
-    x_q, y_q = attacker_subset(split, params.q, cfg["seed"])
+    seed = client_seed(ctx.seed, 0, ctx.rounds, salt=16)
+    rel = release_with(ctx, victim, split.x_train, split.y_train, fisher or None, seed)
+    x_q, y_q = attacker_subset(split, params.q, ctx.seed)
     test = (split.x_test, split.y_test)
     stolen = steal(rel.exposed, x_q, y_q, *test, tuple(params.lrs), params.steps, seed,
                    rel.keep_last_layer_secret, hidden)  # fmt: skip
@@ -209,25 +208,25 @@ def attack_release(
 class StealingObserver(StrategyWrapper):
     """Captures the final round's global model and pooled Fisher, then attacks its release."""
 
-    def __init__(self, inner: Any, cfg: dict[str, Any], params: Any, writer: Any,
+    def __init__(self, inner: Any, ctx: AttackContext, params: Any, writer: Any,
                  extra: ExtraAttack | None = None) -> None:  # fmt: skip
         super().__init__(inner)
-        self.cfg, self.params, self.writer, self.extra = cfg, params, writer, extra
+        self.ctx, self.params, self.writer, self.extra = ctx, params, writer, extra
         self.sent: ArrayRecord | None = None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if server_round == self.cfg["rounds"]:
+        if server_round == self.ctx.rounds:
             self.sent = arrays
         return self.inner.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
-        if server_round == self.cfg["rounds"] and self.sent is not None and arrays is not None:
+        if server_round == self.ctx.rounds and self.sent is not None and arrays is not None:
             state, _ = unpack(self.sent)
             _, fisher = unpack(arrays)  # the clients' pooled Fisher of the model sent this round
-            result = attack_release(self.cfg, self.params, state, fisher, self.extra)
+            result = attack_release(self.ctx, self.params, state, fisher, self.extra)
             self.writer.log(server_round, "attack", result)
             for key, value in result.items():
                 self.writer.set_final(f"attack.{key}", value)
@@ -237,7 +236,10 @@ class StealingObserver(StrategyWrapper):
 @ATTACKS.register(
     "model-stealing", "fine-tune the exposed weights on a fraction q of the data (vs black-box)"
 )
-class ModelStealing:
+class ModelStealing(Attack):
+    """Scores itself: the stolen surrogate's test accuracy against the black-box bound (no
+    scorer: the attacker's data and the test split are the model-release setup)."""
+
     #: the clients' pooled Fisher of the final model (``fisher.*`` arrays): ``filosofer``
     needs = frozenset({Capability.MODEL_RELEASE})
 
@@ -247,11 +249,5 @@ class ModelStealing:
         lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
         steps: int = param(150, ge=1)
 
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> StrategyWrapper:
-        return StealingObserver(strategy, cfg, cls.checked_params(cfg), writer)
-
-    @classmethod
-    def checked_params(cls, cfg: dict[str, Any]) -> Any:
-        """The typed params (the workload and ``q`` are checked when the config is resolved)."""
-        return cls.Params(**cfg["attack"]["params"])
+    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StrategyWrapper:
+        return StealingObserver(strategy, self.ctx, self.params, writer)

@@ -4,7 +4,7 @@ arrays the server sent that round, to an attack before aggregation (like Flower'
 The attack sees only what the server receives (the sent arrays, the reply's arrays and metrics);
 ground truth reaches only the scorer, called after the attack has returned. Both are plug-ins:
 
-- ``attack.invert(sent, reply, num_examples) -> reconstruction`` and
+- ``attack.invert(sent, reply, num_examples) -> reconstruction`` and, with ``aggregate``,
   ``attack.pool(sent, reconstructions) -> reconstruction | None`` (multi-round aggregation);
 - ``scorer.score(partition_id, server_round, sent, reconstruction) -> metrics``, with a headline
   ``success`` in [0, 1] (higher = more leaked; for tabular rows, TabLeak's cell accuracy), the
@@ -42,13 +42,16 @@ ATTACKS_FILE = "attacks.jsonl"
 HEADLINE = ("success", "prior", "advantage")  # also kept per attacked round in the summary
 
 
-class Attack(Protocol):
+class Inverter(Protocol):
+    """What the observer runs on a reply (``pool``: only with ``aggregate``)."""
+
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Any: ...  # fmt: skip
-    def pool(self, sent: dict[str, torch.Tensor], recs: list[Any]) -> Any | None: ...
 
 
 class Scorer(Protocol):
-    def score(self, partition_id: int, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]: ...  # fmt: skip
+    """Scores a reconstruction of an attacked reply against ground truth, after the attack."""
+
+    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]: ...  # fmt: skip
 
 
 def as_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -58,11 +61,11 @@ def as_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
 class AttackObserver(StrategyWrapper):
     """Runs ``attack`` on the replies of ``targets`` each round; logs the scorer's metrics."""
 
-    def __init__(self, inner: Any, writer: Any, attack: Attack, scorer: Scorer,
-                 targets: list[int], aggregate: bool = False,
-                 rounds: list[int] | None = None, keep_prior_guess: bool = True) -> None:  # fmt: skip
+    def __init__(self, inner: Any, writer: Any, attack: Inverter, scorer: Scorer,
+                 targets: list[int], aggregate: bool = False, rounds: list[int] | None = None,
+                 keep_prior_guess: bool = True, seed: int = 0) -> None:  # fmt: skip
+        """``seed``: the run's (the prior-keeping attacker's guesses are seeded from it)."""
         super().__init__(inner)
-        seed = int(getattr(scorer, "cfg", {}).get("seed", 0))
         self.writer, self.scorer = writer, scorer
         self.attack = keep_prior(attack, seed, keep_prior_guess)
         self.targets = set(targets)
@@ -111,7 +114,7 @@ class AttackObserver(StrategyWrapper):
         """Score one reconstruction, log it, update the summary's means; the prefixed scores."""
         scores = self.scorer.score(pid, rnd, sent, rec)
         scores["seconds"] = rec.seconds
-        if hasattr(rec, "kept_prior"):
+        if getattr(rec, "kept_prior", None) is not None:
             scores["kept_prior"] = float(rec.kept_prior)
         scores = {f"{prefix}{k}": float(v) for k, v in scores.items()}
         self.scores.append({"round": rnd, **scores})

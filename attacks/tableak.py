@@ -10,4 +10,4 @@ from flowerbed.attacks.baseline_common import TABLEAK, EngineSetting
 
 @ATTACKS.register("tableak", "TabLeak adapted (softmax/sigmoid priors, pooled restarts)")
 class TabLeak(EngineSetting):
-    config = TABLEAK
+    settings = TABLEAK

@@ -15,8 +15,8 @@ import torch
 def main(quick: bool = False) -> None:
     """``quick``: one regime, one seed, 5 iterations (checks the script runs, CI)."""
     from flowerbed.apps.attack_eval import experiment, make_case
-    from flowerbed.attacks.baseline_common import CONFIGS, IG
-    from flowerbed.attacks.goliath import invert
+    from flowerbed.attacks.baseline_common import IG
+    from flowerbed.attacks.goliath import GOLIATH, invert
     from flowerbed.attacks.metrics import tableak_accuracy
     from flowerbed.clients.workloads.tabdiff import encoded
 
@@ -28,14 +28,11 @@ def main(quick: bool = False) -> None:
         rows = []
         for seed in range(1 if quick else 2):
             case = make_case(cfg, 8, seed=8000 + seed)[0]
-            for name, icfg in (("goliath", CONFIGS["goliath"]), ("inverting-gradients", IG)):
+            for name, settings in (("goliath", GOLIATH), ("inverting-gradients", IG)):
                 rec = invert(
-                    case.know,
-                    case.target,
-                    8,
-                    replace(icfg, iterations=5 if quick else 200, seed=seed),
+                    case.know, replace(settings, iterations=5 if quick else 200, seed=seed)
                 )
-                acc = tableak_accuracy(case.truth_frame, rec.frame, list(data.prep.numeric),
+                acc = tableak_accuracy(case.truth_frame, rec.decoded, list(data.prep.numeric),
                                        list(data.prep.categorical), stds)["accuracy"]  # fmt: skip
                 rows.append((name, seed, rec.seconds, acc))
                 print(f"{regime:>8s} {name:>20s} seed {seed}: {rec.seconds:6.1f} s, "

@@ -19,25 +19,28 @@ import torch
 from flwr.app import RecordDict
 
 
-def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, contract, sent, reply)
+def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, replay, sent, reply)
     """Client 0's round-1 FedSGD update, made by the client's own training code."""
+    from flowerbed.attacks.common import ModelLossReplay
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
     from flowerbed.clients.workloads import WORKLOADS, fit_classifier
     from flowerbed.server.experiment import load_experiment
+    from flowerbed.server.runner import truth_source
 
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
     work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
-    scorer = ClassifierScorer(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     arrays = work.init_arrays()
     model = work.loaded_model(arrays)
     fit_classifier(work, model, scorer.truth(0, 1), work.training, seed, RecordDict())
-    return scorer, work.model_loss(), dict(arrays.to_torch_state_dict()), dict(model.state_dict())
+    replay = ModelLossReplay(work.model_loss())
+    return scorer, replay, dict(arrays.to_torch_state_dict()), dict(model.state_dict())
 
 
 def main() -> None:
-    from flowerbed.attacks.inversion import DLG, INVERTING_GRADIENTS
+    from flowerbed.attacks.baseline_common import DLG, IG
     from flowerbed.attacks.inversion.attack import ModelLossAttack
     from flowerbed.attacks.prior import PriorKeeping
 
@@ -48,17 +51,17 @@ def main() -> None:
     seeds = [0] if args.quick else [0, 1, 2]
     steps = 20 if args.quick else None
     cases = [
-        ("dlg lr 1.0", replace(DLG, lr=1.0, iterations=steps or 50), 0.0),
-        ("ig + noise", replace(INVERTING_GRADIENTS, iterations=steps or 100), args.noise),
+        ("dlg lr 1.0", replace(DLG, iterations=steps or 50).on_model_loss(lr=1.0), 0.0),
+        ("ig + noise", replace(IG, iterations=steps or 100), args.noise),
         ("dlg + noise", replace(DLG, iterations=steps or 100), args.noise),
     ]
     print("case         seed  success  prior  advantage  kept  kept_prior  match(attack)  match(prior guess)")  # fmt: skip
     for seed in seeds:
-        scorer, contract, sent, clean = update(seed)
+        scorer, replay, sent, clean = update(seed)
         for name, settings, noise in cases:
             gen = torch.Generator().manual_seed(99 + seed)
             reply = {k: v + noise * torch.randn(v.shape, generator=gen) for k, v in clean.items()}
-            attack = ModelLossAttack(contract, "optimised", replace(settings, seed=seed), name)
+            attack = ModelLossAttack(replay, replace(settings, seed=seed), name)
             rec = attack.invert(sent, reply, 8)
             raw = scorer.score(0, 1, sent, rec)
             keeper = PriorKeeping(attack, seed)

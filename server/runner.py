@@ -16,12 +16,27 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import strategy_utils
 
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.common import (
+    Attack,
+    AttackContext,
+    DiffusionReplay,
+    ModelLossReplay,
+)
+from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.core.capabilities import Capability, alternatives, offered
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed, seed_everything
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import WIRE_BYTES, build_defenses, dense_bytes
+from flowerbed.clients.datasets import load_table
+from flowerbed.clients.defenses import (
+    WIRE_BYTES,
+    Defense,
+    build_defenses,
+    dense_bytes,
+    published_mechanisms,
+)
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.federation import grid_engine
@@ -353,6 +368,65 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
+def attack_capabilities(cfg: dict[str, Any], workload: Any, needs: Any) -> frozenset[Capability]:
+    """What the workload offers (under its params) of the first alternative of ``needs`` it fits
+    (resolution checked that one does)."""
+    available, _ = offered(type(workload), cfg["workload"]["params"])
+    fitting = [alt for alt in alternatives(needs) if alt <= available]
+    return frozenset(Capability(c) for c in (fitting[0] if fitting else ()))
+
+
+def attack_context(
+    cfg: dict[str, Any], workload: Any, needs: Any, defenses: list[Defense] | None = None
+) -> AttackContext:
+    """What the configured attack may know: the run's seed, rounds, clients and name, the public
+    knowledge of the capability it runs on (the server's ``workload``'s model for a replay, or its
+    model-release setup and the release defense's deployment) and the defenses' published
+    mechanisms."""
+    defenses = build_defenses(cfg) if defenses is None else defenses
+    capabilities = attack_capabilities(cfg, workload, needs)
+    replay = None
+    if Capability.TABULAR_DIFFUSION in capabilities:
+        replay = DiffusionReplay(workload.model, workload.protocol, workload.prep)
+    elif Capability.MODEL_LOSS in capabilities:
+        replay = ModelLossReplay(workload.model_loss())
+    release = deploy = None
+    if Capability.MODEL_RELEASE in capabilities:
+        release = workload.release_setup()
+        deploy = next((d.release for d in defenses if hasattr(d, "release")), None)
+    return AttackContext(
+        seed=int(cfg["seed"]), rounds=int(cfg["rounds"]), num_clients=int(cfg["clients"]["num"]),
+        experiment=str(cfg["experiment"]), capabilities=capabilities,
+        mechanisms=tuple(published_mechanisms(cfg)), replay=replay,
+        release=release, deploy=deploy,
+    )  # fmt: skip
+
+
+def truth_source(
+    cfg: dict[str, Any], workload: Any, capabilities: frozenset[Capability] = frozenset()
+) -> TruthSource:
+    """Ground truth for the attack's scorer: the server's ``workload`` (it rebuilds a client's
+    round data from (seed, partition, round)) and, where the workload reads one, the dataset's
+    table."""
+    table = load_table(cfg["dataset"]) if "dataset" in getattr(workload, "reads", ()) else None
+    return TruthSource(int(cfg["seed"]), int(cfg["clients"]["num"]), str(cfg["experiment"]),
+                       capabilities, workload, table)  # fmt: skip
+
+
+def build_attack(
+    cfg: dict[str, Any], workload: Any, defenses: list[Defense] | None = None
+) -> tuple[Attack, Any]:
+    """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
+    its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
+    cls = ATTACKS.get(cfg["attack"]["name"])
+    ctx = attack_context(cfg, workload, cls.needs, defenses)
+    attack = cls(cls.Params(**cfg["attack"]["params"]), ctx)
+    scorer = (
+        None if cls.scorer is None else cls.scorer(truth_source(cfg, workload, ctx.capabilities))
+    )
+    return attack, scorer
+
+
 def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
@@ -362,7 +436,8 @@ def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) ->
         if defense.server_position == "inner":
             strategy = defense.wrap_strategy(strategy, writer)
     if cfg["attack"]["name"]:
-        strategy = ATTACKS.get(cfg["attack"]["name"]).wrap(strategy, cfg, writer)
+        attack, scorer = build_attack(cfg, workload, defenses)
+        strategy = attack.wrap(strategy, writer, scorer)
     for defense in defenses:
         if defense.server_position == "outer":
             strategy = defense.wrap_strategy(strategy, writer)

@@ -1,5 +1,6 @@
-"""One defended client update of the tabular-diffusion workload, as the server receives it (shared
-by the defense-aware attack tests; not a test module)."""
+"""One defended client update of the tabular-diffusion workload, as the server receives it, and
+the configured attack as the runner builds it (shared by the defense-aware attack tests; not a
+test module)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from flwr.app import RecordDict
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import build_defenses
 from flowerbed.clients.workloads.tabdiff import TabDiff
+from flowerbed.server.runner import build_attack
 
 
 def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -24,3 +26,9 @@ def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
     for defense in build_defenses(cfg):
         reply = defense.transform(sent, reply, config)
     return as_tensors(sent), as_tensors(reply)
+
+
+def attack_of(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """``cfg``'s attack (its typed params and context) and its scorer, built by the runner's
+    ``build_attack`` on a server-side copy of the workload."""
+    return build_attack(cfg, TabDiff(cfg))

@@ -10,8 +10,8 @@ One module per registration (the registry imports this package, which imports th
   ``inverting_gradients_adaptive.py``, ``tableak_adaptive.py``, ``dlg_adaptive.py``,
   ``idlg_adaptive.py``: the classifiers): the attack reads the update through the defenses'
   published mechanisms (top-k view and low-rank completion, quantisation grid, no absent-category
-  rule under noise, secure aggregation as N clients' rows); the shared factory is
-  ``model_loss.py``;
+  rule under noise, secure aggregation as N clients' rows); their shared base class is
+  ``model_loss.ModelLossAdaptive``;
 - ``model-stealing-adaptive`` (model release, ``model_stealing_adaptive.py``): detect FILOsofer's
   flipped weights, zero them, then fine-tune; reported beside the plain stealing attack.
 
@@ -35,7 +35,7 @@ from flowerbed.attacks.adaptive import (  # noqa: F401  (each registers its atta
 )
 from flowerbed.attacks.adaptive.goliath_adaptive import GoliathAdaptive
 from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
-from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss
+from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss, ModelLossAdaptive
 from flowerbed.attacks.adaptive.model_stealing_adaptive import ModelStealingAdaptive
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "DefenseAwareModelLoss",
     "DefenseAwareObserver",
     "GoliathAdaptive",
+    "ModelLossAdaptive",
     "ModelStealingAdaptive",
 ]

@@ -7,9 +7,13 @@ beside it and the answer is chosen by ``attacks.adaptive.selection``.
 from __future__ import annotations
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
-from flowerbed.attacks.inversion import InversionSettings
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, ModelLossAdaptive
+from flowerbed.attacks.baseline_common import ANALYTIC
+from flowerbed.clients.core.capabilities import Capability
 
-AnalyticFcAdaptive = ATTACKS.register(
-    "analytic-fc-adaptive", DESCRIPTION.format(base="analytic-fc")
-)(model_loss_adaptive("analytic-fc", "analytic", InversionSettings(), __name__))
+
+@ATTACKS.register("analytic-fc-adaptive", DESCRIPTION.format(base="analytic-fc"))
+class AnalyticFcAdaptive(ModelLossAdaptive):
+    needs = ModelLossAdaptive.needs | {Capability.LINEAR_FIRST_LAYER}
+    base = "analytic-fc"
+    settings = ANALYTIC

@@ -7,9 +7,11 @@ beside it and the answer is chosen by ``attacks.adaptive.selection``.
 from __future__ import annotations
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
-from flowerbed.attacks.inversion import SETTINGS
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, ModelLossAdaptive
+from flowerbed.attacks.baseline_common import DLG
 
-DlgAdaptive = ATTACKS.register("dlg-adaptive", DESCRIPTION.format(base="dlg"))(
-    model_loss_adaptive("dlg", "optimised", SETTINGS["dlg"], __name__)
-)
+
+@ATTACKS.register("dlg-adaptive", DESCRIPTION.format(base="dlg"))
+class DlgAdaptive(ModelLossAdaptive):
+    base = "dlg"
+    settings = DLG

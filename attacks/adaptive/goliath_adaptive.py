@@ -13,19 +13,21 @@ from typing import Any
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
-from flowerbed.attacks.adaptive.scoring import GroupScorer
-from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
+from flowerbed.attacks.common import InversionAttack
+from flowerbed.attacks.goliath import GOLIATH, TabularInversion, TruthScorer
+from flowerbed.attacks.observer import Scorer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import published_mechanisms
 
 
 @ATTACKS.register(
     "goliath-adaptive",
     "defense-aware Goliath (top-k support, quantisation grid, DP averaging, SecAgg aggregate)",
 )
-class GoliathAdaptive:
+class GoliathAdaptive(InversionAttack):
     needs = frozenset({Capability.TABULAR_DIFFUSION})
+    settings = GOLIATH
+    scorer = TruthScorer
 
     @dataclass
     class Params:
@@ -37,12 +39,13 @@ class GoliathAdaptive:
         average_rounds: int = param(4, ge=1)  # noisy updates of one client averaged (DP); 1 = none
         compare_unaware: bool = True  # also run the unaware Goliath on the same replies
 
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        p = cfg["attack"]["params"]
-        icfg = with_config(GOLIATH, p, cfg["seed"])
-        # what the server knows of the defenses: their public mechanisms, handed to the attack
-        adaptive = DefenseAwareInversion(cfg, icfg, p["average_rounds"], published_mechanisms(cfg))
-        unaware = TabularInversion(cfg, icfg) if p["compare_unaware"] else None
-        return DefenseAwareObserver(strategy, writer, adaptive, GroupScorer(cfg),
-                                    p["target_clients"], p["rounds"], unaware)  # fmt: skip
+    def engine(self) -> DefenseAwareInversion:
+        """Goliath reading the update through the published mechanisms the context holds."""
+        return DefenseAwareInversion(self.ctx.replay, self.budgeted(), self.ctx.mechanisms,
+                                     self.params.average_rounds)  # fmt: skip
+
+    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+        p = self.params
+        unaware = TabularInversion(self.ctx.replay, self.budgeted()) if p.compare_unaware else None
+        return DefenseAwareObserver(strategy, writer, self.engine(), scorer, p.target_clients,
+                                    p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip

@@ -7,9 +7,11 @@ beside it and the answer is chosen by ``attacks.adaptive.selection``.
 from __future__ import annotations
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
-from flowerbed.attacks.inversion import SETTINGS
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, ModelLossAdaptive
+from flowerbed.attacks.baseline_common import IDLG
 
-IdlgAdaptive = ATTACKS.register("idlg-adaptive", DESCRIPTION.format(base="idlg"))(
-    model_loss_adaptive("idlg", "optimised", SETTINGS["idlg"], __name__)
-)
+
+@ATTACKS.register("idlg-adaptive", DESCRIPTION.format(base="idlg"))
+class IdlgAdaptive(ModelLossAdaptive):
+    base = "idlg"
+    settings = IDLG

@@ -25,7 +25,7 @@ it matches to the mechanism, whichever defense publishes it; everything else is 
 The observer hands this attack the group members of a secure-aggregation reply (public to the
 server) and answers with the candidate ``attacks.adaptive.selection`` picks (the unaware
 reconstruction, the prior guess or this attack's); ground truth stays in the scorer
-(``attacks.adaptive.scoring``).
+(``attacks.goliath.scoring``: a group's reply against the union of its members' rows).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -46,29 +46,21 @@ from flowerbed.attacks.adaptive.selection import (
     choose,
     noise_sd_per_lr,
 )
-from flowerbed.attacks.goliath.attack import TabularInversion
-from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
-from flowerbed.attacks.goliath.knowledge import (
-    GOLIATH,
-    InversionConfig,
+from flowerbed.attacks.common import (
+    DiffusionReplay,
+    InversionSettings,
     Knowledge,
     Reconstruction,
-    decode,
-    local_steps,
-    observed_target,
 )
+from flowerbed.attacks.goliath.attack import TabularInversion
+from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
+from flowerbed.attacks.goliath.knowledge import GOLIATH, local_steps
 from flowerbed.attacks.goliath.objective import match_loss, simulate
 from flowerbed.attacks.goliath.optimisation import invert, rows_score
-from flowerbed.attacks.observer import AttackObserver, as_tensors
+from flowerbed.attacks.observer import AttackObserver, Scorer, as_tensors
 from flowerbed.attacks.prior import KEEPER_SALT, keep_prior
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.defenses import (
-    GaussianNoise,
-    Mechanism,
-    Quantisation,
-    Sparsification,
-    published_mechanisms,
-)
+from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
 from flowerbed.clients.defenses.secagg import MEMBERS_RECORD
 from flowerbed.clients.tabdiff.model import Latents, Rows
 from flowerbed.clients.tabdiff.training import Protocol
@@ -183,29 +175,18 @@ def compose(views: list[View]) -> View | None:
     return view
 
 
-@dataclass
-class Observation:
-    """One observed update: the round, the arrays the server sent, the matching target, B."""
-
-    server_round: int
-    sent: dict[str, torch.Tensor]
-    target: dict[str, torch.Tensor]
-    examples: int
-
-
 class DefenseAwareInversion(TabularInversion):
     """Goliath that adapts to the configured defenses' public mechanisms (module docstring)."""
 
-    def __init__(
-        self, cfg: dict[str, Any], icfg: InversionConfig, average_rounds: int = 4,
-        mechanisms: list[Mechanism] | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, replay: DiffusionReplay, settings: InversionSettings,
+                 mechanisms: Iterable[Mechanism], average_rounds: int = 4) -> None:  # fmt: skip
         """``mechanisms``: the defenses' public mechanisms, in config order (what the server
-        knows; by default ``published_mechanisms(cfg)``)."""
-        super().__init__(cfg, icfg)
-        self.mechanisms = published_mechanisms(cfg) if mechanisms is None else list(mechanisms)
+        knows: ``AttackContext.mechanisms``)."""
+        super().__init__(replay, settings)
+        self.mechanisms = list(mechanisms)
         self.average_rounds = average_rounds
-        self.history: dict[tuple[int, ...], list[Observation]] = {}
+        #: the latest observed updates of each target (one client, or a secure-aggregation group)
+        self.history: dict[tuple[int, ...], list[Knowledge]] = {}
 
     @property
     def averages_noise(self) -> bool:
@@ -226,18 +207,17 @@ class DefenseAwareInversion(TabularInversion):
         reply: dict[str, torch.Tensor], examples: int,
     ) -> None:  # fmt: skip
         """Record an observed update of ``members`` (one client, or a secure-aggregation group)."""
-        target = observed_target(self.knowledge(sent), sent, reply)
         seen = self.history.setdefault(members, [])
-        seen.append(Observation(server_round, sent, target, examples))
+        seen.append(self.knowledge(sent, reply, examples))
         del seen[: -max(self.average_rounds, 1)]
 
-    def _averaged(self, members: tuple[int, ...]) -> list[Observation]:
+    def _averaged(self, members: tuple[int, ...]) -> list[Knowledge]:
         """The observations the attack inverts together: the latest alone, or (DP noise, FedSGD)
         every recorded one of the same batch size, averaged."""
         seen = self.history[members]
         latest = seen[-1]
-        same = [o for o in seen if o.examples == latest.examples]
-        fedsgd = self.workload.protocol.kind == "fedsgd"
+        same = [o for o in seen if o.batch == latest.batch]
+        fedsgd = self.replay.protocol.kind == "fedsgd"
         return same if self.averages_noise and len(same) > 1 and fedsgd else [latest]
 
     # -- the selection's interface (``attacks.adaptive.selection``) ------------------------------
@@ -250,7 +230,7 @@ class DefenseAwareInversion(TabularInversion):
         """Per-entry variance of the published on-update noise in the matching target's units
         (FedSGD: gradient = delta / lr; FedAvg: the delta), for an aggregate of ``members``;
         None without such noise or where its scale is not known in those units."""
-        protocol = self.workload.protocol
+        protocol = self.replay.protocol
         batch = max(examples // max(len(members), 1), 1)
         steps = local_steps(protocol, batch)
         total, noisy = 0.0, False
@@ -274,10 +254,10 @@ class DefenseAwareInversion(TabularInversion):
         """The noise test (``selection.carries_evidence``) on what the attack inverts: the latest
         target, or the mean of the averaged ones (its noise variance over their number)."""
         seen = self._averaged(members)
-        variance = self.noise_variance(members, seen[-1].examples)
+        variance = self.noise_variance(members, seen[-1].batch)
         if variance is None:
             return None
-        mean = {k: sum(o.target[k] for o in seen) / len(seen) for k in seen[-1].target}
+        mean = {k: sum(o.update[k] for o in seen) / len(seen) for k in seen[-1].update}
         return carries_evidence(mean, variance / len(seen))
 
     def objective(self, members: tuple[int, ...], rec: Reconstruction) -> float:
@@ -290,14 +270,16 @@ class DefenseAwareInversion(TabularInversion):
         unaware 0.045). Elsewhere the own start is not used: on a quantisation grid it favours
         the rows fitted to the rounding itself (4 bits: the aware candidate chosen 58 % instead
         of 21 %, the answer's advantage -0.028 against -0.011)."""
-        latest = self.history[members][-1]
-        know = self.knowledge(latest.sent)
-        aware = replace(know, view=self.view_for(latest.target))
-        score = rows_score(aware, latest.target, rec.num, rec.cat, self.icfg, self.icfg.seed)
+        aware = self.aware(self.history[members][-1])
+        seed = self.settings.seed
+        score = rows_score(aware, rec.num, rec.cat, self.settings, seed)
         if not self.sparsified or getattr(rec, "t", None) is None:
             return score
-        own = rows_score(aware, latest.target, rec.num, rec.cat, self.icfg, self.icfg.seed, rec)
-        return min(score, own)
+        return min(score, rows_score(aware, rec.num, rec.cat, self.settings, seed, rec))
+
+    def aware(self, know: Knowledge) -> Knowledge:
+        """``know`` read through the defenses' published mechanisms (``view_for``)."""
+        return replace(know, reading=self.view_for(know.update))
 
     def invert_latest(
         self, members: tuple[int, ...], start: Reconstruction | None = None
@@ -308,13 +290,12 @@ class DefenseAwareInversion(TabularInversion):
         than what the unaware attack found, up to that descent)."""
         same = self._averaged(members)
         latest = same[-1]
-        know = self.knowledge(latest.sent)
         if len(same) > 1:
-            return self._invert_average(know, same)
-        aware = replace(know, view=self.view_for(latest.target))
-        rec = invert(aware, latest.target, latest.examples, self.icfg, start=start)
-        if self.sparsified and know.protocol.kind == "fedsgd":
-            found = self._closed_form_on_completion(know, aware, latest)
+            return self._invert_average(same)
+        aware = self.aware(latest)
+        rec = invert(aware, self.settings, start=start)
+        if self.sparsified and self.replay.protocol.kind == "fedsgd":
+            found = self._closed_form_on_completion(latest, aware)
             if (
                 found is not None and found.score < rec.score
             ):  # explains the kept coordinates better
@@ -326,16 +307,16 @@ class DefenseAwareInversion(TabularInversion):
         return any(isinstance(m, Sparsification) for m in self.mechanisms)
 
     def _closed_form_on_completion(
-        self, know: Knowledge, aware: Knowledge, seen: Observation
+        self, seen: Knowledge, aware: Knowledge
     ) -> Reconstruction | None:
         """Goliath's closed forms on the low-rank completion of a top-k update, scored by how well
         their rows explain the *kept* coordinates (the top-k view of their update)."""
         start = time.perf_counter()
-        completed = complete_low_rank(seen.target, seen.examples, SUMMED_LAYERS)
+        completed = replace(seen, update=complete_low_rank(seen.update, seen.batch, SUMMED_LAYERS))
         best: Reconstruction | None = None
         for method in (analytic_time, analytic_mixed):
             try:
-                candidate = method(know, completed, seen.examples)
+                candidate = method(completed)
             except (RuntimeError, ValueError):  # ill-posed where the completion is poor
                 continue
             if candidate is None:
@@ -343,22 +324,22 @@ class DefenseAwareInversion(TabularInversion):
             rows, t, mask, eps = candidate
             rows = Rows(rows.num.float(), rows.cat.float())
             sim = simulate(aware, rows, [Latents(t.float(), eps.float(), mask)], False)
-            score = float(match_loss(sim, seen.target, know.spec, GOLIATH))
+            score = float(match_loss(sim, seen.update, self.replay.spec, GOLIATH))
             if math.isfinite(score) and (best is None or score < best.score):
                 t_np, mask_np = t.float().numpy(), None if mask is None else mask.numpy()
-                best = Reconstruction(rows.num, rows.cat, t_np, mask_np, score)
-                best.eps = eps.float().numpy()
+                best = Reconstruction(rows, score, t=t_np, mask=mask_np, eps=eps.float().numpy())
         if best is not None:
-            best.frame = decode(know, best.num, best.cat)
+            best.decoded = self.replay.decode(best.num, best.cat)
             best.seconds = time.perf_counter() - start
         return best
 
-    def _invert_average(self, know: Knowledge, seen: list[Observation]) -> Reconstruction:
+    def _invert_average(self, seen: list[Knowledge]) -> Reconstruction:
         """R noisy FedSGD gradients of the same rows: their sum is R steps of local SGD on them."""
-        batch = seen[-1].examples
-        steps = Protocol("fedavg", batch, AVERAGE_LR, len(seen), "sgd")
-        target = {k: AVERAGE_LR * sum(o.target[k] for o in seen) for k in seen[-1].target}
-        return invert(replace(know, protocol=steps), target, batch, self.icfg)
+        latest = seen[-1]
+        steps = Protocol("fedavg", latest.batch, AVERAGE_LR, len(seen), "sgd")
+        target = {k: AVERAGE_LR * sum(o.update[k] for o in seen) for k in latest.update}
+        return invert(Knowledge(replace(self.replay, protocol=steps), latest.params, target,
+                                latest.batch), self.settings)  # fmt: skip
 
 
 def members_of(reply: Message) -> tuple[int, ...]:
@@ -384,14 +365,15 @@ class DefenseAwareObserver(AttackObserver):
     """
 
     def __init__(
-        self, inner: Any, writer: Any, attack: Any, scorer: Any,
-        targets: list[int], rounds: list[int] | None, unaware: Any | None,
+        self, inner: Any, writer: Any, attack: Any, scorer: Scorer, targets: list[int],
+        rounds: list[int] | None, unaware: Any | None, seed: int = 0,
     ) -> None:  # fmt: skip
+        """``seed``: the run's (the prior guesses are seeded from it, per reply)."""
         super().__init__(inner, writer, attack, scorer, targets, aggregate=False, rounds=rounds,
-                         keep_prior_guess=False)  # fmt: skip
+                         keep_prior_guess=False, seed=seed)  # fmt: skip
         self.adaptive = attack
-        self.seed = int(scorer.cfg["seed"]) if hasattr(scorer, "cfg") else 0
-        self.unaware = None if unaware is None else keep_prior(unaware, self.seed)
+        self.seed = seed
+        self.unaware = None if unaware is None else keep_prior(unaware, seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -7,13 +7,11 @@ beside it and the answer is chosen by ``attacks.adaptive.selection``.
 from __future__ import annotations
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
-from flowerbed.attacks.inversion import SETTINGS
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, ModelLossAdaptive
+from flowerbed.attacks.baseline_common import IG
 
-InvertingGradientsAdaptive = ATTACKS.register(
-    "inverting-gradients-adaptive", DESCRIPTION.format(base="inverting-gradients")
-)(
-    model_loss_adaptive(
-        "inverting-gradients", "optimised", SETTINGS["inverting-gradients"], __name__
-    )
-)
+
+@ATTACKS.register("inverting-gradients-adaptive", DESCRIPTION.format(base="inverting-gradients"))
+class InvertingGradientsAdaptive(ModelLossAdaptive):
+    base = "inverting-gradients"
+    settings = IG

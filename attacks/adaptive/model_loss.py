@@ -19,8 +19,8 @@ from their names: the attacker changes how it *reads* an update, the attack itse
   the mechanism and the public protocol); the classifier clients draw fresh rows every round, so
   there is nothing to average over rounds;
 - ``Aggregation`` (secure aggregation): an aggregate of N clients is inverted as the mean of N
-  clients' updates of ``B`` rows each (``ServerView.members``), scored against the union of their
-  rows (``ClassifierGroupScorer``).
+  clients' updates of ``B`` rows each (``Knowledge.members``), scored against the union of their
+  rows (``ClassifierScorer`` with a group of members).
 
 Without a mechanism to adapt to, the defense-aware attacker is the unaware one (same inversion,
 run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` / ``attack.unaware_*``).
@@ -28,8 +28,9 @@ run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,29 +47,23 @@ from flowerbed.attacks.adaptive.selection import (
     noise_sd_per_lr,
     rounding_nll,
 )
-from flowerbed.attacks.inversion import with_budget
-from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.attack import ModelLossAttack, model_loss_of
-from flowerbed.attacks.inversion.knowledge import (
+from flowerbed.attacks.baseline_common import ON_MODEL_LOSS
+from flowerbed.attacks.common import (
+    InversionAttack,
     InversionSettings,
-    Recovered,
-    ServerView,
-    server_view,
+    Knowledge,
+    ModelLossReplay,
+    Reconstruction,
 )
+from flowerbed.attacks.inversion.analytic import invert_analytic
+from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.simulate import observed
-from flowerbed.clients.core.capabilities import Capability
+from flowerbed.attacks.observer import Scorer
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import (
-    GaussianNoise,
-    Mechanism,
-    Quantisation,
-    Sparsification,
-    published_mechanisms,
-)
+from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
 from flowerbed.clients.model_loss import ModelLoss
-from flowerbed.clients.workloads import Examples
 
 NOISE_SDS = 3.0  # a column reads absent when every entry is within this many noise sds of 0
 
@@ -93,9 +88,9 @@ class RememberingAttack(ModelLossAttack):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.last: tuple[dict, Recovered] | None = None
+        self.last: tuple[dict, Reconstruction] | None = None
 
-    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Recovered:  # fmt: skip
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
         rec = super().invert(sent, reply, num_examples)
         self.last = (reply, replace(rec))
         return rec
@@ -104,9 +99,9 @@ class RememberingAttack(ModelLossAttack):
 class DefenseAwareModelLoss(ModelLossAttack):
     """A model-loss attack that reads each update through the defenses' public mechanisms."""
 
-    def __init__(self, contract: ModelLoss, method: str, settings: InversionSettings, name: str,
-                 mechanisms: list[Mechanism], plain: RememberingAttack | None = None) -> None:  # fmt: skip
-        super().__init__(contract, method, settings, name)
+    def __init__(self, replay: ModelLossReplay, settings: InversionSettings, name: str,
+                 mechanisms: Iterable[Mechanism], plain: RememberingAttack | None = None) -> None:  # fmt: skip
+        super().__init__(replay, settings, name)
         self.mechanisms = list(mechanisms)
         #: the unaware attack run on the same replies (its result is reused where nothing adapts)
         self.plain = plain
@@ -139,10 +134,10 @@ class DefenseAwareModelLoss(ModelLossAttack):
                 total, noisy = total + std**2, True
         if not noisy:
             return None
-        update = server_view(self.contract, sent, reply, examples).update
+        update = Knowledge.observe(self.replay, sent, reply, examples).update
         return carries_evidence(update, total / n)
 
-    def objective(self, members: tuple[int, ...], rec: Recovered) -> float:
+    def objective(self, members: tuple[int, ...], rec: Reconstruction) -> float:
         """The defense-aware objective of ``rec`` on the latest update of ``members``: under
         stochastic quantisation the rounding likelihood of the observed grid values given
         ``rec``'s simulated update (``selection.rounding_nll``), else the attack's update
@@ -152,14 +147,13 @@ class DefenseAwareModelLoss(ModelLossAttack):
         bits = [m.bits for m in self.mechanisms if isinstance(m, Quantisation)]
         if not bits:
             return self.match(sent, reply, rec)
-        plain = replace(self.view(sent, reply, examples), reading=None)
-        dtype = next(iter(plain.params.values())).dtype
+        plain = replace(self.knowledge(sent, reply, examples), reading=None)
         with torch.enable_grad():
-            sim = observed(plain, rec.x.to(dtype), rec.y, create_graph=False)
+            sim = observed(plain, rec.x.to(plain.dtype), rec.y, create_graph=False)
         return rounding_nll(sim, plain.update, min(bits))
 
-    def view(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> ServerView:  # fmt: skip
-        base = super().view(sent, reply, num_examples)
+    def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge:  # fmt: skip
+        base = super().knowledge(sent, reply, num_examples)
         readings: list[Any] = []
         absent_at: float | None = 0.0
         first = self.contract.first_linear[0] if self.contract.first_linear else None
@@ -175,14 +169,14 @@ class DefenseAwareModelLoss(ModelLossAttack):
                 absent_at = None if std is None or absent_at is None else max(absent_at, NOISE_SDS * std)  # fmt: skip
         return replace(base, reading=compose(readings), absent_at=absent_at, members=self.members)
 
-    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Recovered:  # fmt: skip
-        view = self.view(sent, reply, num_examples)
-        if self.method == "analytic":
+    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
+        know = self.knowledge(sent, reply, num_examples)
+        if self.settings.method == "analytic":
             if any(isinstance(m, Sparsification) for m in self.mechanisms):
-                view = replace(view, update=completed_first_layer(view))
-            return invert_analytic(view, self.settings.seed)
-        if self.method == "optimised":
-            return invert_optimised(view, self.settings, self.name)
+                know = replace(know, update=completed_first_layer(know))
+            return invert_analytic(know, self.settings.seed)
+        if self.settings.method == "optimised":
+            return invert_optimised(know, self.settings, self.name)
         return super().invert(sent, reply, num_examples)
 
     # -- the observer's interface (``attacks.adaptive.inversion.DefenseAwareObserver``) ----------
@@ -190,7 +184,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
                 reply: dict[str, torch.Tensor], examples: int) -> None:  # fmt: skip
         self.latest[members] = (sent, reply, examples)
 
-    def invert_latest(self, members: tuple[int, ...], start: Recovered | None = None) -> Recovered:
+    def invert_latest(self, members: tuple[int, ...], start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
         """The aware inversion of the latest reply of ``members``. ``start`` (the unaware answer,
         the observer's warm start for Goliath) is not read: these attacks start from the
         analytic first-layer rows of the update itself."""
@@ -203,37 +197,21 @@ class DefenseAwareModelLoss(ModelLossAttack):
         return self.invert(sent, reply, examples)
 
 
-def completed_first_layer(view: ServerView) -> dict[str, torch.Tensor]:
+def completed_first_layer(know: Knowledge) -> dict[str, torch.Tensor]:
     """The update with its first layer's dropped entries filled by low-rank completion (rank at
     most the batch size: ``[dW | db] = sum_i delta_i [x_i, 1]^T``)."""
-    w, b = view.contract.first_linear or ("", "")
-    if w not in view.update or b not in view.update:
-        return view.update
+    update = know.update
+    w, b = know.replay.contract.first_linear or ("", "")
+    if w not in update or b not in update:
+        return update
     layer = w.removesuffix(".weight")
-    part = {f"{layer}.weight": view.update[w].double(), f"{layer}.bias": view.update[b].double()}
-    rank = min(view.batch, *view.update[w].shape)
+    part = {f"{layer}.weight": update[w].double(), f"{layer}.bias": update[b].double()}
+    rank = min(know.batch, *update[w].shape)
     done = complete_low_rank(part, rank)
-    out = dict(view.update)
-    out[w] = done[f"{layer}.weight"].to(view.update[w].dtype)
-    out[b] = done[f"{layer}.bias"].to(view.update[b].dtype)
+    out = dict(update)
+    out[w] = done[f"{layer}.weight"].to(update[w].dtype)
+    out[b] = done[f"{layer}.bias"].to(update[b].dtype)
     return out
-
-
-class ClassifierGroupScorer(ClassifierScorer):
-    """``ClassifierScorer`` whose ``partition_id`` may be a tuple: the members of an aggregate,
-    scored against the union of their round examples."""
-
-    def truth(self, partition_id: Any, server_round: int) -> Examples:
-        if not isinstance(partition_id, tuple):
-            return super().truth(partition_id, server_round)
-        parts = [super(ClassifierGroupScorer, self).truth(p, server_round) for p in partition_id]
-        return Examples(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
-
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
-        out = super().score(partition_id, server_round, sent, rec)
-        if isinstance(partition_id, tuple):
-            out["group_size"] = float(len(partition_id))
-        return out
 
 
 # -- the registered entries: one per model-loss attack, each in its own ``<base>_adaptive`` module --
@@ -252,29 +230,20 @@ class ModelLossAdaptiveParams:
     compare_unaware: bool = True  # also run the unaware attack on the same replies
 
 
-def model_loss_adaptive(base: str, method: str, settings: InversionSettings, module: str) -> type:
-    """The defense-aware variant of the model-loss attack ``base`` (module docstring), as a class
-    of ``module`` (the registering module, named after the registration)."""
-    needs = {Capability.MODEL_LOSS}
-    if method == "analytic":
-        needs.add(Capability.LINEAR_FIRST_LAYER)
+class ModelLossAdaptive(InversionAttack):
+    """The defense-aware variant of the model-loss attack ``base`` (module docstring): its
+    ``settings`` read through the context's published mechanisms, the unaware attack beside it."""
 
-    class Entry:
-        Params = ModelLossAdaptiveParams
+    Params = ModelLossAdaptiveParams
+    needs = ON_MODEL_LOSS
+    scorer = ClassifierScorer
+    base: ClassVar[str]  # the unaware attack's registered name
 
-        @classmethod
-        def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-            p = cfg["attack"]["params"]
-            icfg = with_budget(settings, p, cfg["seed"])  # 0 = the attack's own budget
-            contract = model_loss_of(cfg)
-            plain = RememberingAttack(contract, method, icfg, base)
-            adaptive = DefenseAwareModelLoss(contract, method, icfg, f"{base}-adaptive",
-                                             published_mechanisms(cfg), plain)  # fmt: skip
-            unaware = plain if p["compare_unaware"] else None
-            return DefenseAwareObserver(strategy, writer, adaptive, ClassifierGroupScorer(cfg),
-                                        p["target_clients"], p["rounds"], unaware)  # fmt: skip
-
-    Entry.needs = frozenset(needs)  # type: ignore[attr-defined]
-    Entry.__name__ = Entry.__qualname__ = f"{base.title().replace('-', '')}Adaptive"
-    Entry.__module__ = module
-    return Entry
+    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+        settings, p = self.budgeted(), self.params  # 0 = the attack's own budget
+        plain = RememberingAttack(self.ctx.replay, settings, self.base)
+        adaptive = DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
+                                         self.ctx.mechanisms, plain)  # fmt: skip
+        unaware = plain if p.compare_unaware else None
+        return DefenseAwareObserver(strategy, writer, adaptive, scorer, p.target_clients,
+                                    p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip

@@ -24,9 +24,10 @@ from torch import nn
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.model_stealing import ModelStealing, StealingObserver, steal
+from flowerbed.attacks.observer import Scorer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import WeightFlipping, published_mechanisms
+from flowerbed.clients.defenses import WeightFlipping
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
 from flowerbed.clients.training import load_state
 
@@ -105,14 +106,12 @@ class ModelStealingAdaptive(ModelStealing):
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        params = cls.checked_params(cfg)
-        if not params.rho:
-            flips = [m for m in published_mechanisms(cfg) if isinstance(m, WeightFlipping)]
-            rhos = [m.rho for m in flips]
+    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StealingObserver:
+        params = self.params
+        if not params.rho:  # the release's published flip fraction
+            rhos = [m.rho for m in self.ctx.mechanisms if isinstance(m, WeightFlipping)]
             params = replace(params, rho=rhos[0] if rhos else DEFAULT_RHO)
-        return StealingObserver(strategy, cfg, params, writer, adaptive_metrics)
+        return StealingObserver(strategy, self.ctx, params, writer, adaptive_metrics)
 
 
 def adaptive_metrics(rel: Any, attacker: tuple, test: tuple, seed: int, hidden: list[int],

@@ -7,9 +7,11 @@ beside it and the answer is chosen by ``attacks.adaptive.selection``.
 from __future__ import annotations
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, model_loss_adaptive
-from flowerbed.attacks.inversion import SETTINGS
+from flowerbed.attacks.adaptive.model_loss import DESCRIPTION, ModelLossAdaptive
+from flowerbed.attacks.baseline_common import TABLEAK
 
-TableakAdaptive = ATTACKS.register("tableak-adaptive", DESCRIPTION.format(base="tableak"))(
-    model_loss_adaptive("tableak", "optimised", SETTINGS["tableak"], __name__)
-)
+
+@ATTACKS.register("tableak-adaptive", DESCRIPTION.format(base="tableak"))
+class TableakAdaptive(ModelLossAdaptive):
+    base = "tableak"
+    settings = TABLEAK

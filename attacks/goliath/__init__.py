@@ -8,17 +8,18 @@ aggregation (Hungarian row alignment + per-cell vote). The baselines (``attacks.
 ``inverting_gradients``, ``tableak``, ``random_baseline``; settings in ``attacks.baseline_common``)
 are other settings of the same engine, so every method gets the same observer and budget knobs.
 
-Modules: ``knowledge`` (what the attacker knows and sees), ``objective`` (gradient matching,
-variables), ``closed_forms``, ``optimisation`` (the engine), ``aggregation`` (multi-round),
-``attack`` (the observer plug-in), ``scoring`` (ground truth, scorer only). Registration below.
+Modules: ``knowledge`` (Goliath's settings, what the engine reads of the denoiser), ``objective``
+(gradient matching, variables), ``closed_forms``, ``optimisation`` (the engine), ``aggregation``
+(multi-round), ``attack`` (the engine on the context's ``DiffusionReplay``), ``scoring`` (ground
+truth, scorer only). Registration below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.common import InversionAttack
 from flowerbed.attacks.goliath.aggregation import aggregate_rounds, align_and_vote
 from flowerbed.attacks.goliath.attack import TabularInversion
 from flowerbed.attacks.goliath.closed_forms import (
@@ -29,32 +30,24 @@ from flowerbed.attacks.goliath.closed_forms import (
     closed_form_local_sgd,
     timesteps_from_embedding,
 )
-from flowerbed.attacks.goliath.knowledge import (
-    GOLIATH,
-    InversionConfig,
-    Knowledge,
-    Reconstruction,
-    decode,
-    observed_target,
-    with_config,
-)
+from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
 from flowerbed.attacks.goliath.optimisation import invert
 from flowerbed.attacks.goliath.scoring import TruthScorer
-from flowerbed.attacks.observer import AttackObserver
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
 __all__ = [
-    "GOLIATH", "InversionConfig", "Knowledge", "Reconstruction", "TabularInversion",
-    "aggregate_rounds", "align_and_vote", "analytic_b1", "analytic_mixed", "analytic_time",
-    "closed_form", "closed_form_local_sgd", "decode", "invert", "observed_target",
-    "timesteps_from_embedding", "with_config",
+    "GOLIATH", "TabularInversion", "TruthScorer", "aggregate_rounds", "align_and_vote",
+    "analytic_b1", "analytic_mixed", "analytic_time", "closed_form", "closed_form_local_sgd",
+    "invert", "prior_rows", "timesteps_from_embedding",
 ]  # fmt: skip
 
 
 @ATTACKS.register("goliath", "Goliath: cyclic gradient inversion of federated tabular diffusion")
-class Goliath:
+class Goliath(InversionAttack):
     needs = frozenset({Capability.TABULAR_DIFFUSION})
+    settings = GOLIATH
+    scorer = TruthScorer
 
     @dataclass
     class Params:
@@ -67,12 +60,5 @@ class Goliath:
             factory=list, ge=0
         )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
-    config = GOLIATH
-
-    @classmethod
-    def wrap(cls, strategy: Any, cfg: dict[str, Any], writer: Any) -> Any:
-        p = cfg["attack"]["params"]
-        icfg = with_config(cls.config, p, cfg["seed"])
-        return AttackObserver(strategy, writer, TabularInversion(cfg, icfg), TruthScorer(cfg),
-                              p["target_clients"], aggregate=p["aggregate_rounds"],
-                              rounds=p["rounds"])  # fmt: skip
+    def engine(self) -> TabularInversion:
+        return TabularInversion(self.ctx.replay, self.budgeted())

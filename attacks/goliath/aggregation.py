@@ -6,8 +6,9 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.goliath.knowledge import Knowledge, Reconstruction, decode
+from flowerbed.attacks.common import DiffusionReplay, Reconstruction
 from flowerbed.attacks.metrics import cell_entropy
+from flowerbed.clients.tabdiff.model import Rows
 
 
 def soft_cost(
@@ -55,11 +56,10 @@ def align_and_vote(nums: list[np.ndarray], cats: list[np.ndarray], scores: list[
     return num, np.concatenate(blocks, 1) if blocks else np.zeros((len(num), 0)), ent
 
 
-def aggregate_rounds(know: Knowledge, recs: list[Reconstruction]) -> Reconstruction:
+def aggregate_rounds(replay: DiffusionReplay, recs: list[Reconstruction]) -> Reconstruction:
     """Multi-round Goliath: align reconstructions of the same client's rows and vote per cell."""
     num, cat, ent = align_and_vote([r.num.numpy() for r in recs], [r.cat.numpy() for r in recs],
-                                   [r.score for r in recs], know.spec.cat_sizes, "vote")  # fmt: skip
+                                   [r.score for r in recs], replay.spec.cat_sizes, "vote")  # fmt: skip
     best = recs[int(np.argmin([r.score for r in recs]))]
-    out = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), None, None, best.score)
-    out.entropy, out.frame = ent, decode(know, out.num, out.cat)
-    return out
+    rows = Rows(torch.from_numpy(num), torch.from_numpy(cat))
+    return Reconstruction(rows, best.score, decoded=replay.decode(rows.num, rows.cat), entropy=ent)

@@ -17,13 +17,9 @@ import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 from torch.func import functional_call
 
+from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.goliath.aggregation import soft_cost
-from flowerbed.attacks.goliath.knowledge import (
-    BOUND,
-    GOLIATH,
-    Knowledge,
-    local_steps,
-)
+from flowerbed.attacks.goliath.knowledge import BOUND, GOLIATH, local_steps
 from flowerbed.attacks.goliath.objective import argmax_onehot, match_loss, simulate
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
@@ -53,7 +49,7 @@ def _time_activations(know: Knowledge, t: torch.Tensor) -> torch.Tensor:
     w0 = know.params["time_embed.0.weight"].to(torch.float64)
     b0 = know.params["time_embed.0.bias"].to(torch.float64)
     with torch.no_grad():
-        return F.silu(sinusoid(t.to(torch.float64), know.spec.hidden) @ w0.T + b0)
+        return F.silu(sinusoid(t.to(torch.float64), know.replay.spec.hidden) @ w0.T + b0)
 
 
 def _ratio(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
@@ -61,13 +57,11 @@ def _ratio(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
     return (g_b @ g_w) / (g_b @ g_b).clamp_min(1e-30)
 
 
-def analytic_b1(
-    know: Knowledge, target: dict[str, torch.Tensor]
-) -> tuple[Rows, float, torch.Tensor | None, torch.Tensor]:
+def analytic_b1(know: Knowledge) -> tuple[Rows, float, torch.Tensor | None, torch.Tensor]:
     """Exact single-row inversion (FedSGD): x_t from the input projection, t from the time
     embedding, eps (Gaussian) or x (mixed) from the head biases, masked categories from the
     categorical head bias (iDLG-like)."""
-    spec, params = know.spec, know.params
+    spec, params, target = know.replay.spec, know.params, know.update
     x_in = _ratio(target["proj.weight"], target["proj.bias"])
     s = _ratio(target["time_embed.0.weight"], target["time_embed.0.bias"])
     grid = torch.linspace(T_MIN, 1, 20001)
@@ -76,7 +70,7 @@ def analytic_b1(
     n = spec.n_num
     if spec.regime == "gaussian":
         with torch.no_grad():
-            e_num, e_cat = functional_call(know.model, params, (x_in[None], tt))
+            e_num, e_cat = functional_call(know.replay.model, params, (x_in[None], tt))
         d = spec.eps_dim
         eps_hat = torch.cat([e_num, e_cat], 1)[0]
         g_head = torch.cat([target["num_head.bias"], target["cat_head.bias"]])
@@ -86,7 +80,7 @@ def analytic_b1(
     _, _, c_in = edm_coefficients(sigma)
     x_t = x_in[:n] / c_in
     with torch.no_grad():
-        f_num, _ = functional_call(know.model, params, (x_in[None], tt))
+        f_num, _ = functional_call(know.replay.model, params, (x_in[None], tt))
     target_c = f_num[0] - target["num_head.bias"] * n / 2 / max(spec.c_lambda, 1e-12)
     a_ = target_c * (sigma**2 + 1).sqrt()
     num = (x_t + sigma * a_) / (1 + sigma**2)
@@ -147,9 +141,7 @@ def _signatures(cols: torch.Tensor, gb: torch.Tensor, groups: list[list[int]], b
     return sigs, ys, basis
 
 
-def analytic_mixed(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int
-) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def analytic_mixed(know: Knowledge) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Closed-form inversion of a FedSGD update in the mixed regime, any small B.
 
     One-hot inputs are exactly 0/1, so each input column of the projection gradient is a sum of a
@@ -158,8 +150,8 @@ def analytic_mixed(
     columns), the time-embedding activations (-> t by grid search), and — after a forward pass
     of each recovered input — the per-row residuals of both heads, which give x (numeric head)
     and the categories of masked cells (categorical head, iDLG-like)."""
-    spec = know.spec
-    if spec.regime != "mixed" or know.protocol.kind != "fedsgd" or not spec.n_cat:
+    spec, target, batch = know.replay.spec, know.update, know.batch
+    if spec.regime != "mixed" or know.replay.protocol.kind != "fedsgd" or not spec.n_cat:
         return None
     dt = torch.float64
     n = spec.n_num
@@ -202,14 +194,14 @@ def analytic_mixed(
     z = torch.linalg.lstsq(dmat, g_w[:, :n]).solution  # (B', n) = c_in x_t
     acts = torch.linalg.lstsq(dmat, target["time_embed.2.weight"].to(dt)).solution  # (B', h)
     t = grid[torch.cdist(acts, table).argmin(1)].to(dt)
-    return _mixed_rows(know, target, batch, torch.cat([z, s_mat], 1), t)
+    return _mixed_rows(know, torch.cat([z, s_mat], 1), t)
 
 
 def _forward64(
     know: Knowledge, x_in: torch.Tensor, t: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The denoiser in float64: (last hidden layer, numeric head, categorical head)."""
-    spec = know.spec
+    spec = know.replay.spec
     p64 = {k: v.to(torch.float64) for k, v in know.params.items()}
     emb = _time_activations(know, t)
     with torch.no_grad():
@@ -224,8 +216,7 @@ def _forward64(
         )
 
 
-def _head_residuals(know: Knowledge, target: dict[str, torch.Tensor], head: str,
-                    hidden: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _head_residuals(target: dict[str, torch.Tensor], head: str, hidden: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """Per-row dL/d(head output): the head gradient is sum_i r_i [h_i, 1]^T with h_i known."""
     design = torch.cat([hidden, torch.ones(len(hidden), 1, dtype=hidden.dtype)], 1)
     g = torch.cat([target[f"{head}.weight"], target[f"{head}.bias"][:, None]], 1).to(hidden.dtype)
@@ -233,23 +224,22 @@ def _head_residuals(know: Knowledge, target: dict[str, torch.Tensor], head: str,
 
 
 def _mixed_rows(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int, x_in: torch.Tensor,
-    t: torch.Tensor, norm: int | None = None,
-) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    know: Knowledge, x_in: torch.Tensor, t: torch.Tensor, norm: int | None = None
+) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of the mixed regime from the recovered inputs [c_in x_t, masked one-hot] and t: x from
     the numeric head's per-row residuals, masked categories from the categorical head's (iDLG)."""
-    spec = know.spec
+    spec, target, batch = know.replay.spec, know.update, know.batch
     n = spec.n_num
     z, onehot = x_in[:, :n], x_in[:, n:]
     sigma = edm_sigma(t)[:, None]
     _, _, c_in = edm_coefficients(sigma)
     x_t = z / c_in
     h, f_num, _ = _forward64(know, x_in, t)
-    resid = _head_residuals(know, target, "num_head", h)
+    resid = _head_residuals(target, "num_head", h)
     target_c = f_num - resid * (norm or batch) * n / (2 * max(spec.c_lambda, 1e-12))
     a_ = target_c * (sigma**2 + 1).sqrt()
     num = (x_t + sigma * a_) / (1 + sigma**2)
-    rho = _head_residuals(know, target, "cat_head", h)
+    rho = _head_residuals(target, "cat_head", h)
     blocks, masks, pos = [], [], 0
     for j, k in enumerate(spec.cat_sizes):
         vals, m = onehot[:, pos : pos + k], onehot[:, pos + k]
@@ -330,7 +320,7 @@ def _refine_timesteps(g: torch.Tensor, t0: torch.Tensor, hidden: int) -> torch.T
 
 
 def analytic_time(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int, norm: int | None = None
+    know: Knowledge, norm: int | None = None
 ) -> tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
     """Closed-form inversion of a FedSGD update through the time embedding, both regimes, B <= h.
 
@@ -340,9 +330,10 @@ def analytic_time(
     sum_i delta_i x_i^T then gives every row's input x_i (Gaussian: x_t; mixed: [c_in x_t, masked
     one-hot]); (4) a float64 forward pass gives each row's last hidden layer, and the heads'
     gradients give the per-row residuals: eps (Gaussian) -> x_0, or x and masked categories
-    (mixed). Needs distinct timesteps and linearly independent per-row deltas. ``target`` is a
-    sum of gradients of ``batch`` row visits, each weighted 1/``norm`` (default: one FedSGD batch)."""
-    spec = know.spec
+    (mixed). Needs distinct timesteps and linearly independent per-row deltas. ``know.update`` is
+    a sum of gradients of ``know.batch`` row visits, each weighted 1/``norm`` (default: one FedSGD
+    batch)."""
+    spec, target, batch = know.replay.spec, know.update, know.batch
     norm = norm or batch
     if batch > spec.hidden // 2:
         return None
@@ -365,13 +356,13 @@ def analytic_time(
         for k in spec.cat_sizes:  # snap each column's [values, MASK] block to a one-hot
             parts.append(F.one_hot(x_in[:, pos : pos + k + 1].argmax(1), k + 1).to(dt))
             pos += k + 1
-        return _mixed_rows(know, target, batch, torch.cat(parts, 1), t, norm)
+        return _mixed_rows(know, torch.cat(parts, 1), t, norm)
     h, e_num, e_cat = _forward64(know, x_in, t)
     eps_hat = torch.cat([e_num, e_cat], 1)
     resid = torch.cat(
         [
-            _head_residuals(know, target, "num_head", h),
-            _head_residuals(know, target, "cat_head", h),
+            _head_residuals(target, "num_head", h),
+            _head_residuals(target, "cat_head", h),
         ],
         1,
     )
@@ -380,18 +371,18 @@ def analytic_time(
 
 
 def closed_form(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int
+    know: Knowledge,
 ) -> tuple[tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None, float]:
     """The best closed-form candidate (FedSGD) and its gradient-match score: the single-row
     ratio for B = 1, else the time-embedding route and (mixed) the one-hot signature route."""
-    if batch == 1:
-        rows, t1, m1, e1 = analytic_b1(know, target)
+    if know.batch == 1:
+        rows, t1, m1, e1 = analytic_b1(know)
         candidates = [(rows, torch.tensor([t1]), m1, e1.float())]
     else:
         candidates = []
         for method in (analytic_time, analytic_mixed):
             try:
-                candidates.append(method(know, target, batch))
+                candidates.append(method(know))
             except (RuntimeError, ValueError):  # ill-posed under defenses (sparsified, noised)
                 candidates.append(None)
     best, best_score = None, math.inf
@@ -401,7 +392,7 @@ def closed_form(
         rows, t0, m0, e0 = cand
         rows = Rows(rows.num.float(), rows.cat.float())
         sim = simulate(know, rows, [Latents(t0.float(), e0.float(), m0)], False)
-        score = float(match_loss(sim, target, know.spec, replace(GOLIATH, objective="goliath")))
+        score = float(match_loss(sim, know.update, know.replay.spec, GOLIATH))
         if math.isfinite(score) and score < best_score:
             best, best_score = (rows, t0.float(), m0, e0.float()), score
         if best_score < 1e-6:
@@ -409,29 +400,27 @@ def closed_form(
     return best, best_score
 
 
-def closed_form_local_sgd(
-    know: Knowledge, target: dict[str, torch.Tensor], batch: int
-) -> tuple[Rows, float] | None:
+def closed_form_local_sgd(know: Knowledge) -> tuple[Rows, float] | None:
     """FedAvg with plain local SGD: delta / lr is the sum of the local steps' minibatch-mean
     gradients, and at FL learning rates lr x curvature stays below the float32 rounding of the
     update, so all of them can be taken at the global model. That is a FedSGD update of E x B row
     *visits* (each row once per epoch, with fresh latents): invert the visits through the time
     embedding, then group them into the B rows (agglomerative clustering on the TabLeak cell
     cost) and vote per cell. Adam is out of reach: its normalised steps keep ~sign(g) only."""
-    p, spec = know.protocol, know.spec
+    p, spec, batch = know.replay.protocol, know.replay.spec, know.batch
     per = min(p.batch_size, batch)
     if p.kind != "fedavg" or p.optimizer != "sgd" or batch % per:
         return None
     visits = local_steps(p, batch) * per
-    grad = {k: v / p.lr for k, v in target.items()}
+    grad = {k: v / p.lr for k, v in know.update.items()}
     try:
-        out = analytic_time(know, grad, visits, norm=per)
+        out = analytic_time(replace(know, update=grad, batch=visits), norm=per)
     except (RuntimeError, ValueError):
         return None
     if out is None:
         return None
     rows, t, mask, eps = out
-    sim = loss_grad(know.model, know.params, rows, Latents(t, eps, mask))
+    sim = loss_grad(know.replay.model, know.params, rows, Latents(t, eps, mask))
     score = float(match_loss(sim, grad, spec, GOLIATH))
     if visits == batch:
         return rows, score

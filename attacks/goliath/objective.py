@@ -5,12 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flowerbed.attacks.goliath.knowledge import (
-    BOUND,
-    GROUPS,
-    InversionConfig,
-    Knowledge,
-)
+from flowerbed.attacks.common import InversionSettings, Knowledge
+from flowerbed.attacks.goliath.knowledge import BOUND, GROUPS
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
     DiffusionSpec,
@@ -45,7 +41,7 @@ def group_vectors(grads: dict[str, torch.Tensor], spec: DiffusionSpec) -> dict[s
 
 def match_loss(
     sim: dict[str, torch.Tensor], target: dict[str, torch.Tensor], spec: DiffusionSpec,
-    cfg: InversionConfig,
+    cfg: InversionSettings,
 ) -> torch.Tensor:  # fmt: skip
     names = [k for k in target if k != "k_raw"]
     if cfg.objective == "l2":
@@ -57,19 +53,19 @@ def match_loss(
         return 1 - dot / (ns * nt + 1e-12)
     gs, gt = group_vectors(sim, spec), group_vectors(target, spec)
     total = sim[names[0]].new_zeros(())
-    for w, g in zip(cfg.w_groups, GROUPS, strict=True):
+    for w, g in zip(cfg.diffusion.w_groups, GROUPS, strict=True):
         if g in gt and gt[g].norm() > 0:
             total = total + w * (1 - F.cosine_similarity(gs[g], gt[g], dim=0, eps=1e-12))
     return total
 
 
 # -- variables ---------------------------------------------------------------------------------
-def category_support(know: Knowledge, target: dict[str, torch.Tensor]) -> torch.Tensor | None:
+def category_support(know: Knowledge) -> torch.Tensor | None:
     """Categories present in the batch (mixed regime, FedSGD): an unmasked cell makes its one-hot
     input column of the projection gradient nonzero; a masked cell makes its category's entry of
     the categorical-head-bias gradient negative (iDLG-like). Absent categories leave neither."""
-    spec = know.spec
-    if spec.regime != "mixed" or know.protocol.kind != "fedsgd" or not spec.n_cat:
+    spec, target = know.replay.spec, know.update
+    if spec.regime != "mixed" or know.replay.protocol.kind != "fedsgd" or not spec.n_cat:
         return None
     cols = target["proj.weight"][:, spec.n_num :].abs().sum(0)
     g_b = target["cat_head.bias"]
@@ -89,12 +85,13 @@ def category_support(know: Knowledge, target: dict[str, torch.Tensor]) -> torch.
 class Variables:
     """Unconstrained optimisation variables and their maps to rows and latents."""
 
-    def __init__(self, spec: DiffusionSpec, steps: int, batch: int, cfg: InversionConfig,
+    def __init__(self, spec: DiffusionSpec, steps: int, batch: int, cfg: InversionSettings,
                  gen: torch.Generator, support: torch.Tensor | None = None) -> None:  # fmt: skip
-        self.spec, self.cfg, self.steps, self.batch = spec, cfg, steps, batch
+        self.spec, self.steps, self.batch = spec, steps, batch
+        self.softmax = cfg.diffusion.cat_param == "softmax"
         self.support = support
         self.u = torch.randn(batch, spec.n_num, generator=gen) * 0.5
-        if cfg.cat_param == "softmax":
+        if self.softmax:
             self.z = torch.randn(batch, spec.onehot_dim, generator=gen) * 0.5
         else:
             self.z = torch.rand(batch, spec.onehot_dim, generator=gen)
@@ -114,7 +111,7 @@ class Variables:
     def rows(self) -> Rows:
         num = BOUND * (2 * torch.sigmoid(self.u) - 1)
         z = self.z
-        if self.cfg.cat_param == "softmax":
+        if self.softmax:
             if self.support is not None:
                 z = z.masked_fill(~self.support, -1e4)
             cat = torch.cat([F.softmax(b, 1) for b in split_blocks(z, self.spec.cat_sizes)], 1)
@@ -141,7 +138,7 @@ class Variables:
 
     def set_cat(self, probs: torch.Tensor) -> None:
         with torch.no_grad():
-            if self.cfg.cat_param == "softmax":
+            if self.softmax:
                 self.z.copy_(torch.log(probs.clamp_min(1e-3)))
             else:
                 self.z.copy_(probs)
@@ -155,14 +152,15 @@ def simulate(
     know: Knowledge, rows: Rows, lats: list[Latents], create_graph: bool
 ) -> dict[str, torch.Tensor]:
     """What the client would send for these rows and latents: grad (FedSGD) or delta (FedAvg),
-    seen through ``know.view`` when the attacker models a defense."""
-    if know.protocol.kind == "fedsgd":
-        out = loss_grad(know.model, know.params, rows, lats[0], create_graph=create_graph)
+    seen through ``know.reading`` when the attacker models a defense."""
+    replay = know.replay
+    if replay.protocol.kind == "fedsgd":
+        out = loss_grad(replay.model, know.params, rows, lats[0], create_graph=create_graph)
     else:
-        new = local_update(know.model, know.params, [rows] * len(lats), lats, know.protocol,
+        new = local_update(replay.model, know.params, [rows] * len(lats), lats, replay.protocol,
                            create_graph=create_graph)  # fmt: skip
         out = {k: know.params[k] - new[k] for k in know.params}
-    return out if know.view is None else know.view(out)
+    return out if know.reading is None else know.reading(out)
 
 
 def argmax_onehot(cat: torch.Tensor, cat_sizes: tuple[int, ...]) -> torch.Tensor:

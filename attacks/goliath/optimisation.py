@@ -6,22 +6,18 @@ by the closed forms, scored by gradient match and pooled.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.goliath.aggregation import align_and_vote
 from flowerbed.attacks.goliath.closed_forms import analytic_b1, closed_form, closed_form_local_sgd
 from flowerbed.attacks.goliath.knowledge import (
     CLOSED_FORM_ACCEPT,
     LOCAL_SGD_ACCEPT,
-    InversionConfig,
-    Knowledge,
-    Reconstruction,
-    decode,
     local_steps,
     sign_surrogate,
 )
@@ -35,21 +31,21 @@ from flowerbed.attacks.goliath.objective import (
 from flowerbed.clients.tabdiff.model import T_MIN, Latents, Rows, k_from_raw, move_chance
 
 
-def _objective(know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig,
-               create_graph: bool = True) -> torch.Tensor:  # fmt: skip
+def _objective(know: Knowledge, v: Variables, cfg: InversionSettings, create_graph: bool = True) -> torch.Tensor:  # fmt: skip
     rows, lats = v.rows(), v.latents()
     sim = simulate(know, rows, lats, create_graph)
-    j = match_loss(sim, target, know.spec, cfg)
+    spec, knobs = know.replay.spec, cfg.diffusion
+    j = match_loss(sim, know.update, spec, cfg)
     if cfg.objective == "goliath":
-        d = know.spec.eps_dim
+        d = spec.eps_dim
         if d:
-            j = j + cfg.lam_eps * (((v.e**2).sum(-1) / d - 1) ** 2).mean()
-        if know.spec.regime == "mixed" and know.spec.n_cat:
+            j = j + knobs.lam_eps * (((v.e**2).sum(-1) / d - 1) ** 2).mean()
+        if spec.regime == "mixed" and spec.n_cat:
             k = k_from_raw(know.params["k_raw"]).detach()
             mc = move_chance(v.t()[..., None], k)
             m = v.mask()
-            j = j + cfg.lam_mask * F.binary_cross_entropy(m, mc.expand_as(m))
-            j = j + cfg.lam_dens * ((m.mean(-1) - mc.mean(-1)) ** 2).mean()
+            j = j + knobs.lam_mask * F.binary_cross_entropy(m, mc.expand_as(m))
+            j = j + knobs.lam_dens * ((m.mean(-1) - mc.mean(-1)) ** 2).mean()
     return j
 
 
@@ -64,33 +60,22 @@ def _step(
     opt.step()
 
 
-def _hard_score(
-    know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig
-) -> float:
+def _hard_score(know: Knowledge, v: Variables, cfg: InversionSettings) -> float:
     """Gradient match with hard projections (one-hot categoricals, binary masks)."""
     with torch.no_grad():
         rows = v.rows()
-        cat = argmax_onehot(rows.cat, know.spec.cat_sizes)
+        cat = argmax_onehot(rows.cat, know.replay.spec.cat_sizes)
         lats = [
             Latents(x.t, x.eps, None if x.mask is None else (x.mask > 0.5).float())
             for x in v.latents()
         ]
     sim = simulate(know, Rows(rows.num, cat), lats, False)
-    return float(
-        match_loss(
-            sim,
-            target,
-            know.spec,
-            replace(cfg, objective="goliath" if cfg.objective == "goliath" else cfg.objective),
-        )
-    )
+    return float(match_loss(sim, know.update, know.replay.spec, cfg))
 
 
-def _t_grid_search(
-    know: Knowledge, v: Variables, target: dict[str, torch.Tensor], cfg: InversionConfig
-) -> None:
+def _t_grid_search(know: Knowledge, v: Variables, cfg: InversionSettings) -> None:
     """Per-row coordinate search of t over a grid (the sinusoidal embedding makes t multimodal)."""
-    grid = torch.linspace(0.02, 0.98, cfg.t_grid)
+    grid = torch.linspace(0.02, 0.98, cfg.diffusion.t_grid)
     with torch.no_grad():
         for s in range(v.steps):
             for i in range(v.batch):
@@ -98,7 +83,7 @@ def _t_grid_search(
                 for cand in torch.cat([grid, v.t()[s, i : i + 1]]):
                     v.a[s, i] = torch.logit((cand - T_MIN) / (1 - T_MIN))
                     with torch.enable_grad():
-                        val = float(_objective(know, v, target, cfg, create_graph=False).detach())
+                        val = float(_objective(know, v, cfg, create_graph=False).detach())
                     if best is None or val < best:
                         best, best_a = val, float(v.a[s, i])
                 v.a[s, i] = best_a
@@ -108,22 +93,23 @@ def _project_masks(know: Knowledge, v: Variables) -> None:
     """Density projection: row i keeps its round(c * mean_j move_chance_j(t_i)) most likely masks."""
     with torch.no_grad():
         k = k_from_raw(know.params["k_raw"])
-        c = know.spec.n_cat
+        c = know.replay.spec.n_cat
         r = torch.round(move_chance(v.t()[..., None], k).sum(-1)).long()  # (S, B)
         order = v.l.argsort(-1, descending=True)
         rank = order.argsort(-1)
         v.l.copy_(torch.where(rank < r[..., None].clamp(0, c), 3.0, -3.0))
 
 
-def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
-                restart: int, oracle: Any = None, closed: Any = None) -> tuple[Variables, float]:  # fmt: skip
+def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: Any = None,
+                closed: Any = None) -> tuple[Variables, float]:  # fmt: skip
     """One restart of the configured inversion; returns its variables and hard-projected score."""
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
-    steps = local_steps(know.protocol, batch)
-    support = category_support(know, target) if cfg.label_recovery else None
-    v = Variables(know.spec, steps, batch, cfg, gen, support)
-    mixed = know.spec.regime == "mixed"
-    if closed is not None and cfg.analytic_init:  # partial closed form (some rows merged)
+    knobs, batch = cfg.diffusion, know.batch
+    steps = local_steps(know.replay.protocol, batch)
+    support = category_support(know) if knobs.label_recovery else None
+    v = Variables(know.replay.spec, steps, batch, cfg, gen, support)
+    mixed = know.replay.spec.regime == "mixed"
+    if closed is not None and knobs.analytic_init:  # partial closed form (some rows merged)
         rows, t0, m0, e0 = closed
         v.set_num(rows.num)
         v.set_cat(rows.cat)
@@ -132,8 +118,8 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
             if m0 is not None:
                 v.l.copy_(m0[None] * 8 - 4)
             v.e.copy_(e0[None])
-    elif cfg.analytic_init and batch == 1 and steps == 1:
-        rows, t, mask, eps = analytic_b1(know, target)
+    elif knobs.analytic_init and batch == 1 and steps == 1:
+        rows, t, mask, eps = analytic_b1(know)
         v.set_num(rows.num)
         v.set_cat(rows.cat)
         v.set_t(torch.tensor([[t]]))
@@ -141,45 +127,45 @@ def invert_once(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cf
             if mask is not None:
                 v.l.copy_(mask[None] * 8 - 4)
             v.e.copy_(eps[None].float())
-    if cfg.latents == "oracle" and oracle is not None:  # upper bound: the true latents
+    if knobs.latents == "oracle" and oracle is not None:  # upper bound: the true latents
         with torch.no_grad():
             v.set_t(torch.stack([x.t for x in oracle[:steps]]))
             v.e.copy_(torch.stack([x.eps for x in oracle[:steps]]))
             if mixed:
                 v.l.copy_(torch.stack([x.mask for x in oracle[:steps]]) * 16 - 8)
     row_vars, lat_vars = [v.u, v.z], [v.a, v.e] + ([v.l] if mixed else [])
-    frozen_latents = cfg.latents in ("fixed", "oracle")
-    lr_lat = cfg.lr * 0.5
-    if cfg.latents == "cyclic":
-        per = max(cfg.iterations // cfg.cycles, 1)
+    frozen_latents = knobs.latents in ("fixed", "oracle")
+    lr_lat = knobs.lr * 0.5
+    if knobs.latents == "cyclic":
+        per = max(cfg.iterations // knobs.cycles, 1)
         kx, kl = int(per * 0.6), per - int(per * 0.6)
-        opt_x = torch.optim.Adam(row_vars, lr=cfg.lr)
+        opt_x = torch.optim.Adam(row_vars, lr=knobs.lr)
         opt_l = torch.optim.Adam(lat_vars, lr=lr_lat)
-        for c in range(cfg.cycles):
+        for c in range(knobs.cycles):
             for _ in range(kx):
-                _step(opt_x, _objective(know, v, target, cfg), row_vars, cfg.sign)
-            if not (cfg.analytic_init and batch == 1) and c < cfg.cycles - 1 and batch <= 8:
-                _t_grid_search(know, v, target, cfg)
+                _step(opt_x, _objective(know, v, cfg), row_vars, cfg.sign)
+            if not (knobs.analytic_init and batch == 1) and c < knobs.cycles - 1 and batch <= 8:
+                _t_grid_search(know, v, cfg)
             for _ in range(kl):
-                _step(opt_l, _objective(know, v, target, cfg), lat_vars, cfg.sign)
+                _step(opt_l, _objective(know, v, cfg), lat_vars, cfg.sign)
             if mixed:
                 _project_masks(know, v)
         for _ in range(max(cfg.iterations // 10, 1)):  # polish rows on the projected latents
-            _step(opt_x, _objective(know, v, target, cfg), row_vars, cfg.sign)
+            _step(opt_x, _objective(know, v, cfg), row_vars, cfg.sign)
     else:
         tensors = row_vars if frozen_latents else row_vars + lat_vars
-        opt = torch.optim.Adam(tensors, lr=cfg.lr)
+        opt = torch.optim.Adam(tensors, lr=knobs.lr)
         sched = torch.optim.lr_scheduler.MultiStepLR(
             opt, [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)], 0.1
-        ) if cfg.sign else None  # fmt: skip
+        ) if cfg.decay else None  # fmt: skip
         for _ in range(cfg.iterations):
-            _step(opt, _objective(know, v, target, cfg), tensors, cfg.sign)
-            if cfg.cat_param == "raw":
+            _step(opt, _objective(know, v, cfg), tensors, cfg.sign)
+            if knobs.cat_param == "raw":
                 with torch.no_grad():
                     v.z.clamp_(0, 1)
             if sched is not None:
                 sched.step()
-    return v, _hard_score(know, v, target, cfg)
+    return v, _hard_score(know, v, cfg)
 
 
 def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] | None:
@@ -187,7 +173,7 @@ def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] |
     its t, mask and noise where it has them; None without fitted timesteps (prior rows)."""
     if rec is None or rec.t is None or len(rec.t) != len(rec.num):
         return None
-    spec = know.spec
+    spec = know.replay.spec
     t = torch.as_tensor(rec.t, dtype=torch.float32)
     mask = None
     if spec.regime == "mixed":
@@ -200,12 +186,12 @@ def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] |
     return Rows(rec.num.float(), rec.cat.float()), t, mask, eps.float()
 
 
-def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionConfig,
+def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
                     seed: int, latents: Reconstruction | None) -> tuple[Variables, bool]:  # fmt: skip
     """Variables holding given rows (no category support), their latents from ``latents``'s fit
     where it has one (``warm_start``), else the seed's draw; and whether they came from a fit."""
-    steps = local_steps(know.protocol, len(num))
-    v = Variables(know.spec, steps, len(num), cfg, torch.Generator().manual_seed(seed))
+    steps = local_steps(know.replay.protocol, len(num))
+    v = Variables(know.replay.spec, steps, len(num), cfg, torch.Generator().manual_seed(seed))
     v.set_num(num.float())
     v.set_cat(cat.float())
     warm = warm_start(know, latents)
@@ -219,16 +205,16 @@ def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: 
     return v, warm is not None
 
 
-def start_score(know: Knowledge, target: dict[str, torch.Tensor], rec: Reconstruction,
-                cfg: InversionConfig) -> float:  # fmt: skip
+def start_score(know: Knowledge, rec: Reconstruction, cfg: InversionSettings) -> float:
     """The hard-projected match of ``rec``'s rows at its own fitted latents (inf without any)."""
     v, fitted = _rows_variables(know, rec.num, rec.cat, cfg, cfg.seed, rec)
-    return _hard_score(know, v, target, cfg) if fitted else float("inf")
+    return _hard_score(know, v, cfg) if fitted else float("inf")
 
 
-def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: InversionConfig,
-           oracle: Any = None, start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
-    """Run ``cfg.restarts`` restarts; keep the best (or pool them, TabLeak); decode.
+def invert(know: Knowledge, cfg: InversionSettings, oracle: Any = None,
+           start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
+    """Run ``cfg.restarts`` restarts on ``know.update``; keep the best (or pool them, TabLeak);
+    decode. ``oracle``: the true latents (the upper bound of ``latents="oracle"``; never an attack's).
 
     ``start``: another reconstruction of the same update (another attack's); one more restart
     then starts from its rows and latents (``warm_start``) and competes by the same score, and
@@ -236,34 +222,31 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
     never matches this objective worse than ``start`` does (``start_score``)."""
     torch.set_num_threads(1)
     began = time.perf_counter()
-    closed = None
-    use_closed = cfg.analytic_init and cfg.latents != "oracle"
-    adam = know.protocol.kind == "fedavg" and know.protocol.optimizer == "adam"
-    if use_closed and adam and cfg.adam_as_signs and know.spec.regime == "mixed":
-        surrogate, signs = sign_surrogate(know, target, batch)
-        rec = invert(surrogate, signs, batch, cfg, oracle, start)
-        return _finish(know, rec, began)
-    if use_closed and know.protocol.kind == "fedavg":
-        local = closed_form_local_sgd(know, target, batch)
+    closed, knobs, protocol, batch = None, cfg.diffusion, know.replay.protocol, know.batch
+    use_closed = knobs.analytic_init and knobs.latents != "oracle"
+    adam = protocol.kind == "fedavg" and protocol.optimizer == "adam"
+    if use_closed and adam and knobs.adam_as_signs and know.replay.spec.regime == "mixed":
+        return _finish(know, invert(sign_surrogate(know), cfg, oracle, start), began)
+    if use_closed and protocol.kind == "fedavg":
+        local = closed_form_local_sgd(know)
         if local is not None and local[1] < LOCAL_SGD_ACCEPT:
-            return _finish(know, Reconstruction(local[0].num, local[0].cat, None, None, local[1]),
-                           began)  # fmt: skip
-    if use_closed and know.protocol.kind == "fedsgd":
-        closed, score = closed_form(know, target, batch)
+            return _finish(know, Reconstruction(*local), began)
+    if use_closed and protocol.kind == "fedsgd":
+        closed, score = closed_form(know)
         if closed is not None and score < CLOSED_FORM_ACCEPT:  # every row separated: exact
             rows, t0, m0, e0 = closed
             mask0 = None if m0 is None else m0.numpy()
-            rec = Reconstruction(rows.num, rows.cat, t0.numpy(), mask0, score)
-            rec.eps = e0.detach().float().numpy()
+            rec = Reconstruction(rows, score, t=t0.numpy(), mask=mask0,
+                                 eps=e0.detach().float().numpy())  # fmt: skip
             return _finish(know, rec, began)
     runs = [
-        invert_once(know, target, batch, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
+        invert_once(know, cfg, r, oracle, closed if r == 0 and batch > 1 else None)
         for r in range(cfg.restarts)
     ]
     warm = warm_start(know, start)
     if warm is not None:  # one more restart, from the other reconstruction
-        runs.append(invert_once(know, target, batch, replace(cfg, analytic_init=True),
-                                cfg.restarts, oracle, warm))  # fmt: skip
+        runs.append(invert_once(know, cfg.on_diffusion(analytic_init=True), cfg.restarts, oracle,
+                                warm))  # fmt: skip
     scores = [s for _, s in runs]
     best_v = runs[int(np.argmin(scores))][0]
     with torch.no_grad():
@@ -271,7 +254,7 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
         cats = [v.rows().cat.clamp_min(0).numpy() for v, _ in runs]
     entropy = None
     if cfg.restarts > 1:
-        num, cat, entropy = align_and_vote(nums, cats, scores, know.spec.cat_sizes,
+        num, cat, entropy = align_and_vote(nums, cats, scores, know.replay.spec.cat_sizes,
                                            "median" if cfg.pooling == "median" else "vote")  # fmt: skip
         if cfg.pooling != "median":
             num, cat = nums[int(np.argmin(scores))], cats[int(np.argmin(scores))]
@@ -279,29 +262,28 @@ def invert(know: Knowledge, target: dict[str, torch.Tensor], batch: int, cfg: In
         num, cat = nums[0], cats[0]
     with torch.no_grad():
         t = best_v.t()[0].numpy()
-        mask = (best_v.mask()[0] > 0.5).float().numpy() if know.spec.regime == "mixed" else None
+        mixed = know.replay.spec.regime == "mixed"
+        mask = (best_v.mask()[0] > 0.5).float().numpy() if mixed else None
         eps = best_v.e[0].float().numpy().copy()
-    rec = Reconstruction(torch.from_numpy(num), torch.from_numpy(cat), t, mask, float(min(scores)))
-    rec.eps = eps
-    rec.entropy = entropy
+    rec = Reconstruction(Rows(torch.from_numpy(num), torch.from_numpy(cat)), float(min(scores)),
+                         t=t, mask=mask, eps=eps, entropy=entropy)  # fmt: skip
     if start is not None and warm is not None:
-        held = start_score(know, target, start, cfg)
+        held = start_score(know, start, cfg)
         if held < rec.score:  # the descent from ``start`` went uphill: ``start`` as it is
-            rec = Reconstruction(start.num.clone(), start.cat.clone(), start.t, start.mask, held)
-            rec.eps = start.eps
+            rows = Rows(start.num.clone(), start.cat.clone())
+            rec = Reconstruction(rows, held, t=start.t, mask=start.mask, eps=start.eps)
     return _finish(know, rec, began)
 
 
 def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstruction:
     """Decode to original units and stamp the wall time since ``start``."""
-    rec.frame = decode(know, rec.num, rec.cat)
+    rec.decoded = know.replay.decode(rec.num, rec.cat)
     rec.seconds = time.perf_counter() - start
     return rec
 
 
-def rows_score(know: Knowledge, target: dict[str, torch.Tensor], num: torch.Tensor,
-               cat: torch.Tensor, cfg: InversionConfig, seed: int = 0,
-               latents: Reconstruction | None = None) -> float:  # fmt: skip
+def rows_score(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
+               seed: int = 0, latents: Reconstruction | None = None) -> float:  # fmt: skip
     """The engine's own objective for given rows (no ground truth): the hard-projected gradient
     match with the latents fitted to these rows (timesteps by grid search where the engine's loop
     does one, noise and masks by a quarter of its Adam budget, the rows frozen), so that rows from
@@ -309,16 +291,16 @@ def rows_score(know: Knowledge, target: dict[str, torch.Tensor], num: torch.Tens
     (``warm_start``) the fit starts from instead of the seed's draw; the score is then the best
     of the start and the fit (both are latents these rows explain the update with)."""
     torch.set_num_threads(1)
-    batch = len(num)
+    batch, knobs = len(num), cfg.diffusion
     v, warm = _rows_variables(know, num, cat, cfg, seed, latents)
-    mixed = know.spec.regime == "mixed"
+    mixed = know.replay.spec.regime == "mixed"
     lat_vars = [v.a, v.e] + ([v.l] if mixed else [])
-    began = _hard_score(know, v, target, cfg) if warm else float("inf")
-    if not warm and cfg.latents == "cyclic" and cfg.cycles > 1 and batch <= 8:
-        _t_grid_search(know, v, target, cfg)  # as the engine's own loop
-    opt = torch.optim.Adam(lat_vars, lr=cfg.lr * 0.5)
+    began = _hard_score(know, v, cfg) if warm else float("inf")
+    if not warm and knobs.latents == "cyclic" and knobs.cycles > 1 and batch <= 8:
+        _t_grid_search(know, v, cfg)  # as the engine's own loop
+    opt = torch.optim.Adam(lat_vars, lr=knobs.lr * 0.5)
     for _ in range(max(cfg.iterations // 4, 1)):
-        _step(opt, _objective(know, v, target, cfg), lat_vars, cfg.sign)
+        _step(opt, _objective(know, v, cfg), lat_vars, cfg.sign)
     if mixed:
         _project_masks(know, v)
-    return min(began, _hard_score(know, v, target, cfg))
+    return min(began, _hard_score(know, v, cfg))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from flowerbed.attacks.inversion.knowledge import Recovered, ServerView
+from flowerbed.attacks.common import Knowledge, Reconstruction
 from flowerbed.attacks.inversion.labels import assign_labels, recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed
 
@@ -32,16 +32,16 @@ def single_input(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
     return (g_b @ g_w) / (g_b @ g_b).clamp_min(1e-300)
 
 
-def candidates(view: ServerView) -> torch.Tensor | None:
+def candidates(know: Knowledge) -> torch.Tensor | None:
     """Per-neuron ratios ``(dL/dW)_i / (dL/db)_i`` that lie in the input box (None without bias)."""
-    contract = view.contract
+    contract = know.replay.contract
     if contract.first_linear is None:
         raise ValueError("the analytic attack needs a fully connected first layer")
     w_name, b_name = contract.first_linear
-    if w_name not in view.update or b_name not in view.update:
+    if w_name not in know.update or b_name not in know.update:
         return None
-    g_w = view.update[w_name].double().reshape(len(view.update[b_name]), -1)
-    g_b = view.update[b_name].double()
+    g_w = know.update[w_name].double().reshape(len(know.update[b_name]), -1)
+    g_b = know.update[b_name].double()
     active = g_b.abs() > ACTIVE * float(g_b.abs().max().clamp_min(1e-300))
     ratios = g_w[active] / g_b[active, None]
     low, high = contract.schema.low.double(), contract.schema.high.double()
@@ -65,32 +65,32 @@ def group(cands: torch.Tensor, width: torch.Tensor, batch: int) -> list[torch.Te
     return [cands[labels == c].median(0).values for c in order]
 
 
-def invert_analytic(view: ServerView, seed: int = 0, assign: bool = True) -> Recovered:
+def invert_analytic(know: Knowledge, seed: int = 0, assign: bool = True) -> Reconstruction:
     """Recover the batch from the first layer; rows not found are prior draws (not recovered).
     ``assign``: give each row its label by update matching (``assign_labels``, B^2 replays; off
     where only the rows are wanted, e.g. as an optimisation's start)."""
     start = time.perf_counter()
-    contract, batch = view.contract, view.batch
-    dtype = next(iter(view.params.values())).dtype
+    contract, batch = know.replay.contract, know.batch
+    dtype = know.dtype
     schema = contract.schema
     gen = torch.Generator().manual_seed(seed)
     w_name, b_name = contract.first_linear or ("", "")
     found: list[torch.Tensor] = []
-    if batch == 1 and b_name in view.update:
-        g_b = view.update[b_name].double()
-        found = [single_input(view.update[w_name].double().reshape(len(g_b), -1), g_b)]
+    if batch == 1 and b_name in know.update:
+        g_b = know.update[b_name].double()
+        found = [single_input(know.update[w_name].double().reshape(len(g_b), -1), g_b)]
     elif batch > 1:
-        cands = candidates(view)
+        cands = candidates(know)
         if cands is not None:
             found = group(cands, (schema.high - schema.low).double().clamp_min(1e-12), batch)
     rows = [f.to(dtype) for f in found]
     if len(rows) < batch:
         rows += list(contract.draw(batch - len(rows), gen).reshape(batch - len(rows), -1).to(dtype))
     x = torch.stack(rows).reshape(batch, *schema.shape)
-    y = recover_labels(view, seed) if contract.last_bias in view.update else torch.zeros(batch).long()  # fmt: skip
+    y = recover_labels(know, seed) if contract.last_bias in know.update else torch.zeros(batch).long()  # fmt: skip
     if batch > 1 and assign:
-        y = assign_labels(view, x, y)
-    sim = observed(view, x, y, create_graph=False)
-    score = float(distance(sim, view.update, "cosine").detach())
-    return Recovered(x.detach(), y, score, contract.decode(x.detach()),
-                     time.perf_counter() - start, "analytic")  # fmt: skip
+        y = assign_labels(know, x, y)
+    sim = observed(know, x, y, create_graph=False)
+    score = float(distance(sim, know.update, "cosine").detach())
+    return Reconstruction(x.detach(), score, y=y, decoded=contract.decode(x.detach()),
+                          seconds=time.perf_counter() - start, method="analytic")  # fmt: skip

@@ -14,43 +14,43 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flowerbed.attacks.inversion.knowledge import ServerView
+from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.inversion.simulate import distance, observed
 
 PRIOR_DRAWS = 256
 
 
-def sgd_scale(view: ServerView) -> float:
+def sgd_scale(know: Knowledge) -> float:
     """How many mean-gradient units the SGD update ``(sent - reply) / lr`` holds (first order):
     each step adds its momentum buffer, sum_k (1 - m^k) / (1 - m)."""
-    training = view.contract.training
-    steps = len(training.plan(max(view.batch // max(view.members, 1), 1)))
+    training = know.replay.contract.training
+    steps = len(training.plan(max(know.batch // max(know.members, 1), 1)))
     m = 0.0 if training.protocol == "fedsgd" else training.momentum
     return float(sum((1 - m**k) / (1 - m) if m else 1.0 for k in range(1, steps + 1)))
 
 
-def _mean_prediction(view: ServerView, generator: torch.Generator) -> torch.Tensor:
-    contract = view.contract
-    x = contract.draw(PRIOR_DRAWS, generator).to(next(iter(view.params.values())).dtype)
+def _mean_prediction(know: Knowledge, generator: torch.Generator) -> torch.Tensor:
+    contract = know.replay.contract
+    x = contract.draw(PRIOR_DRAWS, generator).to(next(iter(know.params.values())).dtype)
     with torch.no_grad():
-        return torch.softmax(contract.logits(view.params, x), 1).mean(0)
+        return torch.softmax(contract.logits(know.params, x), 1).mean(0)
 
 
-def label_counts(view: ServerView, seed: int = 0) -> np.ndarray:
-    """Recovered number of examples per class (sums to the batch size)."""
-    contract, batch = view.contract, view.batch
+def label_counts(know: Knowledge, seed: int = 0) -> np.ndarray:
+    """Reconstruction number of examples per class (sums to the batch size)."""
+    contract, batch = know.replay.contract, know.batch
     name = contract.last_bias
-    if name is None or name not in view.update:
+    if name is None or name not in know.update:
         raise ValueError("label recovery needs the output layer's bias update")
-    g = view.update[name].double()
+    g = know.update[name].double()
     classes = len(g)
     if batch == 1:
         counts = np.zeros(classes, int)
         counts[int(g.argmin())] = 1
         return counts
     if contract.training.keeps_gradient_ratios:
-        p_mean = _mean_prediction(view, torch.Generator().manual_seed(seed)).double()
-        est = (batch * (p_mean - g / sgd_scale(view))).clamp_min(0).numpy()
+        p_mean = _mean_prediction(know, torch.Generator().manual_seed(seed)).double()
+        est = (batch * (p_mean - g / sgd_scale(know))).clamp_min(0).numpy()
         present = (g < 0).numpy()
     else:  # Adam: signs
         est = (-g).clamp_min(0).numpy()
@@ -71,23 +71,23 @@ def label_counts(view: ServerView, seed: int = 0) -> np.ndarray:
     return counts
 
 
-def recover_labels(view: ServerView, seed: int = 0) -> torch.Tensor:
+def recover_labels(know: Knowledge, seed: int = 0) -> torch.Tensor:
     """iDLG labels of the batch (sorted by class; order is irrelevant to the update)."""
-    counts = label_counts(view, seed)
+    counts = label_counts(know, seed)
     return torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).long()
 
 
-def assign_labels(view: ServerView, x: torch.Tensor, y: torch.Tensor, objective: str = "cosine",
+def assign_labels(know: Knowledge, x: torch.Tensor, y: torch.Tensor, objective: str = "cosine",
                   sweeps: int = 2) -> torch.Tensor:  # fmt: skip
     """Give each recovered input its label: local search over label swaps between two inputs
     (keeps the recovered counts) and single relabels, keeping the assignment whose simulated
     update matches the observed one best (start: ``y``)."""
     y = y.clone()
-    classes = view.contract.schema.num_classes
+    classes = know.replay.contract.schema.num_classes
 
     def cost(labels: torch.Tensor) -> float:
-        sim = observed(view, x, labels, create_graph=False)
-        return float(distance(sim, view.update, objective).detach())
+        sim = observed(know, x, labels, create_graph=False)
+        return float(distance(sim, know.update, objective).detach())
 
     def moves(labels: torch.Tensor):  # noqa: ANN202 - generator of candidate assignments
         for a in range(len(labels)):

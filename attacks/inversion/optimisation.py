@@ -21,8 +21,8 @@ import time
 
 import torch
 
+from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.knowledge import InversionSettings, Recovered, ServerView
 from flowerbed.attacks.inversion.labels import recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed, total_variation
 from flowerbed.attacks.inversion.tabular import (
@@ -34,38 +34,39 @@ from flowerbed.attacks.inversion.tabular import (
 )
 
 
-def _objective(view: ServerView, x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _objective(know: Knowledge, x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(objective with the prior, the distance alone)."""
-    sim = observed(view, x, y, create_graph=True)
-    d = distance(sim, view.update, cfg.objective)
-    if cfg.tv and view.contract.schema.kind == "image":
-        return d + cfg.tv * total_variation(x), d
+    sim = observed(know, x, y, create_graph=True)
+    d = distance(sim, know.update, cfg.objective)
+    tv = cfg.model_loss.tv
+    if tv and know.replay.contract.schema.kind == "image":
+        return d + tv * total_variation(x), d
     return d, d
 
 
-def allowed_columns(view: ServerView, cfg: InversionSettings) -> torch.Tensor:
+def allowed_columns(know: Knowledge, cfg: InversionSettings) -> torch.Tensor:
     """(dim,) bool: the input columns the search may use (``support``: the categories present in
     the update, when the attacker reads zero columns as absent)."""
-    dim = view.contract.schema.dim
-    if cfg.support and view.absent_at is not None:
-        present = present_columns(view)
+    dim = know.replay.contract.schema.dim
+    if cfg.model_loss.support and know.absent_at is not None:
+        present = present_columns(know)
         if present is not None:
             return present
     return torch.ones(dim, dtype=torch.bool)
 
 
-def invert_once(view: ServerView, cfg: InversionSettings, restart: int,
+def invert_once(know: Knowledge, cfg: InversionSettings, restart: int,
                 start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:  # fmt: skip
     """One restart from ``start`` (default: prior draws): returns (inputs, labels, distance)."""
-    contract, batch = view.contract, view.batch
+    contract, batch, knobs = know.replay.contract, know.batch, cfg.model_loss
     schema = contract.schema
-    dtype = next(iter(view.params.values())).dtype
+    dtype = know.dtype
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
     x0 = contract.draw(batch, gen).to(dtype) if start is None else start.to(dtype)
-    blocks = schema.onehot_blocks if cfg.structure and schema.kind == "table" else ()
+    blocks = schema.onehot_blocks if knobs.structure and schema.kind == "table" else ()
     if blocks:  # free numerics + per-group logits (absent categories at -inf)
         free = x0.reshape(batch, -1).clone().requires_grad_(True)
-        logits = init_logits(x0.reshape(batch, -1), blocks, allowed_columns(view, cfg), gen)
+        logits = init_logits(x0.reshape(batch, -1), blocks, allowed_columns(know, cfg), gen)
         logits.requires_grad_(True)
         tensors = [free, logits]
 
@@ -80,31 +81,31 @@ def invert_once(view: ServerView, cfg: InversionSettings, restart: int,
         def rows() -> torch.Tensor:
             return x
 
-    if cfg.labels == "joint":
+    if knobs.labels == "joint":
         label_logits = (torch.randn(batch, schema.num_classes, generator=gen) * 0.1).to(dtype)
         label_logits.requires_grad_(True)
         tensors.append(label_logits)
         fixed = None
     else:
-        fixed = recover_labels(view, cfg.seed)
+        fixed = recover_labels(know, cfg.seed)
     low = schema.low.to(dtype).reshape(x.shape[1:])
     high = schema.high.to(dtype).reshape(x.shape[1:])
     groups = [{"params": [t]} for t in tensors]
-    if blocks and cfg.numeric_lr > 0:
-        groups[0]["lr"] = cfg.numeric_lr
-    opt = torch.optim.Adam(groups, lr=cfg.lr)
+    if blocks and knobs.numeric_lr > 0:
+        groups[0]["lr"] = knobs.numeric_lr
+    opt = torch.optim.Adam(groups, lr=knobs.lr)
     milestones = [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, 0.1) if cfg.decay else None
     for _ in range(cfg.iterations):
         y = fixed if fixed is not None else torch.softmax(tensors[-1], 1)
-        total, _ = _objective(view, rows(), y, cfg)
+        total, _ = _objective(know, rows(), y, cfg)
         opt.zero_grad()
         grads = torch.autograd.grad(total, tensors)
         for t, g in zip(tensors, grads, strict=True):
             g = torch.nan_to_num(g)
             t.grad = g.sign() if cfg.sign else g
         opt.step()
-        if cfg.box:
+        if knobs.box:
             with torch.no_grad():
                 x.copy_(torch.maximum(torch.minimum(x, high), low))
         if sched is not None:
@@ -115,35 +116,36 @@ def invert_once(view: ServerView, cfg: InversionSettings, restart: int,
         if blocks:
             x_final = harden(x_final.reshape(batch, -1), blocks).reshape(x_final.shape)
     y_final = fixed if fixed is not None else tensors[-1].detach().argmax(1)
-    return x_final, y_final, score_of(view, x_final, y_final, cfg.objective)
+    return x_final, y_final, score_of(know, x_final, y_final, cfg.objective)
 
 
-def score_of(view: ServerView, x: torch.Tensor, y: torch.Tensor, objective: str) -> float:
+def score_of(know: Knowledge, x: torch.Tensor, y: torch.Tensor, objective: str) -> float:
     """The distance of the update ``x``, ``y`` would give to the observed one."""
-    sim = observed(view, x, y, create_graph=False)
-    return float(distance(sim, view.update, objective).detach())
+    sim = observed(know, x, y, create_graph=False)
+    return float(distance(sim, know.update, objective).detach())
 
 
-def invert_optimised(view: ServerView, cfg: InversionSettings, method: str = "") -> Recovered:
+def invert_optimised(know: Knowledge, cfg: InversionSettings, method: str = "") -> Reconstruction:
     """Run the restarts, keep the best match, decode."""
     torch.set_num_threads(1)
     start = time.perf_counter()
     first = None
-    if cfg.analytic_init and view.contract.first_linear is not None:
-        first = invert_analytic(view, cfg.seed, assign=False).x
-    runs = [invert_once(view, cfg, r, first if r == 0 else None) for r in range(cfg.restarts)]
+    contract = know.replay.contract
+    if cfg.model_loss.analytic_init and contract.first_linear is not None:
+        first = invert_analytic(know, cfg.seed, assign=False).x
+    runs = [invert_once(know, cfg, r, first if r == 0 else None) for r in range(cfg.restarts)]
     runs.sort(key=lambda run: run[2])
     x, y, score = runs[0]
-    blocks = view.contract.schema.onehot_blocks
+    schema = contract.schema
     if (
-        cfg.pooling
+        cfg.pooling == "median"
         and len(runs) > 1
-        and view.contract.schema.kind == "table"
+        and schema.kind == "table"
         and all(torch.equal(run[1], y) for run in runs)
     ):  # TabLeak's pooling (the labels are the recovered ones, the same in every restart)
-        schema = view.contract.schema
         width = (schema.high - schema.low).to(x.dtype).clamp_min(1e-12)
         flat = [run[0].reshape(len(y), -1) for run in runs]
-        x = pool_restarts(flat, y, blocks, width).reshape(x.shape)
-        score = score_of(view, x, y, cfg.objective)
-    return Recovered(x, y, score, view.contract.decode(x), time.perf_counter() - start, method)
+        x = pool_restarts(flat, y, schema.onehot_blocks, width).reshape(x.shape)
+        score = score_of(know, x, y, cfg.objective)
+    return Reconstruction(x, score, y=y, decoded=contract.decode(x),
+                          seconds=time.perf_counter() - start, method=method)  # fmt: skip

@@ -1,5 +1,6 @@
 """Ground truth, for the scorer only: the examples a classifier client used in a round, rebuilt
-from the config and its partition id (``Workload.round_data``), and scores of a reconstruction.
+through the server's workload from (seed, partition, round) (``attacks.truth.TruthSource``,
+``Workload.round_data``), and scores of a reconstruction.
 
 Images: per-image MSE and PSNR in the model's input space ([0, 1]) after optimal matching
 (Hungarian on MSE); an image counts as recovered at PSNR >= ``PSNR_RECOVERED`` dB. The headline
@@ -11,7 +12,8 @@ none, so its prior is calibrated (docs/metrics.md, "Image success"). Tables: Tab
 column's std in the dataset's train split). Both: label accuracy on the matched pairs. Beside them,
 the prior-only reconstruction (``attacks.prior``: the public mean image or marginal draws, labels
 from the class prior) on the same examples; per attacked round a picture of true vs reconstructed
-images (``attack_r<round>.png``) or rows (``attack_r<round>.md``).
+images (``attack_r<round>.png``) or rows (``attack_r<round>.md``). A secure-aggregation reply
+(``partition_id`` a tuple of members) is scored against the union of the members' examples.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from flowerbed.attacks.common import Reconstruction
 from flowerbed.attacks.inversion.attack import guess_from_prior
-from flowerbed.attacks.inversion.knowledge import Recovered
 from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
 from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
-from flowerbed.clients.datasets import load_table
-from flowerbed.clients.workloads import WORKLOADS, Examples
+from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.workloads import Examples
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
 
@@ -51,52 +53,56 @@ def image_scores(truth: torch.Tensor, rec: torch.Tensor, peak: float = 1.0) -> d
 
 
 class ClassifierScorer:
-    """Rebuilds a classifier client's examples of a round and scores a reconstruction."""
+    """Rebuilds the examples behind an attacked reply and scores a reconstruction against them."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = cfg
-        self.workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    def __init__(self, truth: TruthSource) -> None:
+        self.source, self.workload = truth, truth.workload
         self.contract = self.workload.model_loss()
         self.kind = self.contract.schema.kind
         self._pool: torch.Tensor | None = None
         if self.kind == "table":
-            train = load_table(cfg["dataset"]).train
-            schema = load_table(cfg["dataset"]).schema
+            train, schema = truth.table.train, truth.table.schema
             self.numeric, self.categorical = list(schema.numeric), list(schema.categorical)
             self.stds = {c: float(train[c].std()) for c in self.numeric}
 
-    def truth(self, partition_id: int, server_round: int) -> Examples:
-        n = self.cfg["clients"]["num"]
-        data = self.workload.load_partition(partition_id, n)
+    def truth(self, partition_id: Any, server_round: int) -> Examples:
+        """A client's examples of a round, or the union of a group's (a tuple of members)."""
+        if isinstance(partition_id, tuple):
+            parts = [self.truth(p, server_round) for p in partition_id]
+            return Examples(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+        data = self.source.partition(partition_id)
         return self.workload.round_data(data, partition_id, server_round)
 
     def pool(self) -> torch.Tensor:
         """Every client's training images (for nearest-image identification)."""
         if self._pool is None:
-            n = self.cfg["clients"]["num"]
-            parts = [self.workload.load_partition(p, n)["train"].x for p in range(n)]
+            parts = [self.source.partition(p)["train"].x for p in range(self.source.num_clients)]
             self._pool = torch.cat(parts).reshape(sum(len(p) for p in parts), -1).double()
         return self._pool
 
-    def prior_guesses(self, partition_id: int, server_round: int, batch: int) -> list[Recovered]:
+    def prior_guesses(self, partition_id: Any, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
         """The prior-only reconstructions (the attacker's ``guess_from_prior`` on the public
         contract), seeded per reply."""
-        seed = self.cfg["seed"]
+        seed = self.source.seed
         return [guess_from_prior(self.contract, batch, prior_seed(seed, partition_id, server_round, d))
                 for d in range(PRIOR_DRAWS)]  # fmt: skip
 
-    def score(self, partition_id: int, server_round: int, sent: dict[str, torch.Tensor], rec: Recovered) -> dict[str, float]:  # fmt: skip
-        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``)."""
-        guesses = self.prior_guesses(partition_id, server_round, len(rec.x))
+    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Reconstruction) -> dict[str, float]:  # fmt: skip
+        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
+        group's size."""
+        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
         truth = self.truth(partition_id, server_round)
         prior = prior_scores(lambda g: self.score_against(truth, g), guesses)
-        return with_prior(self.score_against(truth, rec), prior)
+        out = with_prior(self.score_against(truth, rec), prior)
+        if isinstance(partition_id, tuple):
+            out["group_size"] = float(len(partition_id))
+        return out
 
-    def illustrate(self, server_round: int, items: list[tuple[int, dict[str, torch.Tensor], Recovered]],
+    def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip
         """``attack_r<round>.png`` (images) or ``.md`` (rows): truth vs matched reconstruction."""
         shown = []
-        title = f"{self.cfg['experiment']}: round {server_round}, true vs reconstructed"
+        title = f"{self.source.experiment}: round {server_round}, true vs reconstructed"
         for pid, _, rec in items:
             truth = self.truth(pid, server_round)
             if self.kind == "image":
@@ -117,7 +123,7 @@ class ClassifierScorer:
             rows_markdown(Path(run_dir) / f"attack_r{server_round}.md", title, shown, self.numeric,
                           self.stds, TOLERANCE)  # fmt: skip
 
-    def score_against(self, truth: Examples, rec: Recovered, identify: bool = True) -> dict[str, float]:  # fmt: skip
+    def score_against(self, truth: Examples, rec: Reconstruction, identify: bool = True) -> dict[str, float]:  # fmt: skip
         """``success`` = identified images (the nearest training image is the true one) or TabLeak
         cell accuracy; label accuracy. ``identify=False``: images without the lineup (``success`` =
         the PSNR-recovered share)."""

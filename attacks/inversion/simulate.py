@@ -11,7 +11,7 @@ import torch
 from flowerbed.clients.model_loss import ModelLoss
 
 if TYPE_CHECKING:
-    from flowerbed.attacks.inversion.knowledge import ServerView
+    from flowerbed.attacks.common import Knowledge
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
 
@@ -58,18 +58,18 @@ def simulate(
     return {k: (params[k] - state[k]) / training.lr for k in names}
 
 
-def observed(view: ServerView, x: torch.Tensor, y: torch.Tensor, create_graph: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+def observed(know: Knowledge, x: torch.Tensor, y: torch.Tensor, create_graph: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
     """The update the server would observe for candidate inputs ``x`` and labels ``y``: the
     client's local steps replayed (``simulate``; under secure aggregation the example-weighted
-    mean of ``view.members`` equal chunks, one per client), read through ``view.reading`` (the
+    mean of ``know.members`` equal chunks, one per client), read through ``know.reading`` (the
     defense's public mechanism, when the attacker knows it)."""
-    if view.members <= 1:
-        sim = simulate(view.contract, view.params, x, y, create_graph)
+    if know.members <= 1:
+        sim = simulate(know.replay.contract, know.params, x, y, create_graph)
     else:
-        chunks = [simulate(view.contract, view.params, xs, ys, create_graph)
-                  for xs, ys in zip(x.chunk(view.members), y.chunk(view.members), strict=True)]  # fmt: skip
+        chunks = [simulate(know.replay.contract, know.params, xs, ys, create_graph)
+                  for xs, ys in zip(x.chunk(know.members), y.chunk(know.members), strict=True)]  # fmt: skip
         sim = {k: sum(c[k] for c in chunks) / len(chunks) for k in chunks[0]}
-    return sim if view.reading is None else view.reading(sim)
+    return sim if know.reading is None else know.reading(sim)
 
 
 def distance(sim: dict[str, torch.Tensor], target: dict[str, torch.Tensor], objective: str) -> torch.Tensor:  # fmt: skip

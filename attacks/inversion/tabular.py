@@ -22,21 +22,21 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.inversion.knowledge import ServerView
+from flowerbed.attacks.common import Knowledge
 
 MISMATCH = 1e6  # Hungarian cost of pairing two rows with different labels
 
 
-def present_columns(view: ServerView) -> torch.Tensor | None:
+def present_columns(know: Knowledge) -> torch.Tensor | None:
     """Which input columns the observed first-layer weight update says some row holds: a column
-    with an entry beyond ``view.absent_at`` (exact zeros: nonzero); None when there is no first
+    with an entry beyond ``know.absent_at`` (exact zeros: nonzero); None when there is no first
     layer to read or no rule. A categorical group whose columns all read absent keeps all of them
     (nothing is known); numeric columns are always kept."""
-    contract = view.contract
-    if view.absent_at is None or contract.first_linear is None or contract.first_linear[0] not in view.update:  # fmt: skip
+    contract = know.replay.contract
+    if know.absent_at is None or contract.first_linear is None or contract.first_linear[0] not in know.update:  # fmt: skip
         return None
-    w = view.update[contract.first_linear[0]]
-    present = (w.reshape(w.shape[0], -1).abs() > view.absent_at).any(0)
+    w = know.update[contract.first_linear[0]]
+    present = (w.reshape(w.shape[0], -1).abs() > know.absent_at).any(0)
     in_block = torch.zeros_like(present)
     for start, size in contract.schema.onehot_blocks:
         in_block[start : start + size] = True

@@ -93,11 +93,11 @@ def client_row_ids(cfg: dict[str, Any], partition_id: int, num_partitions: int) 
 
 
 def round_plan(
-    cfg: dict[str, Any], spec: DiffusionSpec, protocol: Protocol, params: dict[str, torch.Tensor],
+    seed: int, spec: DiffusionSpec, protocol: Protocol, params: dict[str, torch.Tensor],
     partition_id: int, server_round: int, n_rows: int,
 ) -> tuple[list[np.ndarray], list[Latents]]:  # fmt: skip
     """The local positions of each step's batch and its latents, from (seed, client, round)."""
-    gen = torch.Generator().manual_seed(client_seed(cfg["seed"], partition_id, server_round))
+    gen = torch.Generator().manual_seed(client_seed(seed, partition_id, server_round))
     plan = batch_plan(n_rows, protocol, gen)
     if protocol.kind == "fedsgd":
         plan = plan[:1]
@@ -209,7 +209,7 @@ class TabDiff(Workload):
         params = to_params(arrays)
         pid, rnd = int(config["partition-id"]), int(config["server-round"])
         plan, latents = round_plan(
-            self.cfg, self.spec, self.protocol, params, pid, rnd, len(data["ids"])
+            self.cfg["seed"], self.spec, self.protocol, params, pid, rnd, len(data["ids"])
         )
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
         # plan and latents are drawn on the CPU (the same bits on any device), then moved

@@ -88,7 +88,9 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
     from flowerbed.attacks.goliath import TruthScorer
     from flowerbed.attacks.metrics import TOLERANCE
     from flowerbed.clients.datasets import load_table
+    from flowerbed.clients.workloads.tabdiff import TabDiff
     from flowerbed.server.experiment import load_experiment
+    from flowerbed.server.runner import truth_source
 
     cfg = load_experiment("goliath-adult-mixed", [
         "engine=inline", "rounds=1", "clients.num=2", f"output.dir={tmp_path}", "output.plots=false",
@@ -97,6 +99,6 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
     summary = run_inline(cfg)
     assert summary["metrics"]["attack.success"] > 0.9
     train = load_table(cfg["dataset"]).train
-    stds = TruthScorer(cfg).stds
+    stds = TruthScorer(truth_source(cfg, TabDiff(cfg))).stds
     assert stds == pytest.approx({c: float(train[c].std()) for c in ("dose", "weight")})
     assert TOLERANCE == 0.319

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from flowerbed.apps.inline import run_inline
-from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, complete_low_rank
+from flowerbed.attacks.adaptive.inversion import complete_low_rank
 from flowerbed.attacks.adaptive.model_stealing_adaptive import adaptive_steal, flag
-from flowerbed.attacks.adaptive.scoring import GroupScorer
-from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
+from flowerbed.attacks.goliath import TabularInversion
 from flowerbed.attacks.model_stealing import attacker_subset, black_box, steal
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import (
@@ -34,7 +33,7 @@ from flowerbed.clients.defenses.filosofer import (
 )
 from flowerbed.clients.training import fisher_diagonal
 from flowerbed.clients.workloads.filosofer import digits_split, train_victim
-from tests.tabdiff_update import defended_update
+from tests.tabdiff_update import attack_of, defended_update
 
 
 # -- top-k ------------------------------------------------------------------------------------------
@@ -67,11 +66,10 @@ def test_topk_aware_attack_beats_the_unaware_one(inline_cfg):
         cfg, sent, reply = _one_update(
             inline_cfg, seed, 2, "[{name: topk, params: {fraction: 0.1}}]"
         )
-        icfg = with_config(GOLIATH, cfg["attack"]["params"], seed)
-        scorer = GroupScorer(cfg)
-        rec = TabularInversion(cfg, icfg).invert(sent, reply, 2)
+        adaptive, scorer = attack_of(cfg)
+        rec = TabularInversion(adaptive.ctx.replay, adaptive.budgeted()).invert(sent, reply, 2)
         unaware.append(scorer.score(0, 1, sent, rec)["success"])
-        attack = DefenseAwareInversion(cfg, icfg)
+        attack = adaptive.engine()
         attack.observe((0,), 1, sent, reply, 2)
         aware.append(scorer.score(0, 1, sent, attack.invert_latest((0,)))["success"])
     assert all(a >= u for a, u in zip(aware, unaware, strict=True)), (aware, unaware)
@@ -107,12 +105,12 @@ def test_a_new_defense_publishing_sparsification_gets_the_topk_aware_attack(inli
                      "[{name: topk, params: {fraction: 0.1}}]"):  # fmt: skip
         cfg, sent, reply = _one_update(inline_cfg, 0, 2, defenses)
         assert published_mechanisms(cfg) == [Sparsification(0.1)]
-        icfg = with_config(GOLIATH, cfg["attack"]["params"], 0)
-        attack = DefenseAwareInversion(cfg, icfg)
+        adaptive, scorer = attack_of(cfg)
+        attack = adaptive.engine()
         assert attack.sparsified and attack.view_for(reply) is not None
         attack.observe((0,), 1, sent, reply, 2)
         rec = attack.invert_latest((0,))
-        found[defenses] = (rec.score, GroupScorer(cfg).score(0, 1, sent, rec)["success"])
+        found[defenses] = (rec.score, scorer.score(0, 1, sent, rec)["success"])
     new, known = found.values()
     assert new == known, found  # (beating the unaware attack: the topk test above)
 

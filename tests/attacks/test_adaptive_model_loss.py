@@ -12,9 +12,10 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.model_loss import ClassifierGroupScorer, DefenseAwareModelLoss
+from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss
+from flowerbed.attacks.baseline_common import TABLEAK
+from flowerbed.attacks.common import ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.knowledge import SETTINGS
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
 from flowerbed.clients.defenses import (
@@ -26,6 +27,7 @@ from flowerbed.clients.defenses import (
 )
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.experiment import load_experiment
+from flowerbed.server.runner import truth_source
 
 FEDSGD = ["workload.params.protocol=fedsgd", "workload.params.batch_size=8", "workload.params.lr=1.0"]  # fmt: skip
 
@@ -59,12 +61,13 @@ def test_under_quantisation_the_aware_attacker_still_reads_the_category_support(
     kept, dropped, unaware_dropped = [], [], []
     for seed in (0, 1):
         cfg, work, arrays = _setup(seed, QUANTISE)
-        contract = work.model_loss()
-        scorer = ClassifierScorer(cfg)
+        replay = ModelLossReplay(work.model_loss())
+        contract = replay.contract
+        scorer = ClassifierScorer(truth_source(cfg, work))
         mechanisms = published_mechanisms(cfg)
         assert mechanisms == [Quantisation(4)]
-        aware = DefenseAwareModelLoss(contract, "optimised", SETTINGS["tableak"], "t", mechanisms)
-        plain = ModelLossAttack(contract, "optimised", SETTINGS["tableak"], "t")
+        aware = DefenseAwareModelLoss(replay, TABLEAK, "t", mechanisms)
+        plain = ModelLossAttack(replay, TABLEAK, "t")
         cat = torch.zeros(contract.schema.dim, dtype=torch.bool)
         for start, size in contract.schema.onehot_blocks:
             cat[start : start + size] = True
@@ -72,8 +75,8 @@ def test_under_quantisation_the_aware_attacker_still_reads_the_category_support(
             sent, reply, n = _defended_reply(cfg, work, arrays, pid)
             held = (scorer.truth(pid, 1).x.reshape(n, -1) > 0.5).any(0) & cat
             absent = cat & ~held
-            mine = present_columns(aware.view(sent, reply, n))
-            theirs = present_columns(plain.view(sent, reply, n))
+            mine = present_columns(aware.knowledge(sent, reply, n))
+            theirs = present_columns(plain.knowledge(sent, reply, n))
             kept.append(float((mine & held).sum() / held.sum()))
             dropped.append(float((~mine & absent).sum() / absent.sum()))
             unaware_dropped.append(float((~theirs & absent).sum() / absent.sum()))
@@ -88,13 +91,11 @@ def test_the_aware_attacker_leaks_more_than_the_unaware_one_under_quantisation()
     gaps = []
     for seed in (0, 1, 2):
         cfg, work, arrays = _setup(seed, QUANTISE)
-        contract = work.model_loss()
-        scorer = ClassifierScorer(cfg)
-        settings = replace(SETTINGS["tableak"], iterations=50, restarts=1, seed=seed)
-        aware = DefenseAwareModelLoss(
-            contract, "optimised", settings, "t", published_mechanisms(cfg)
-        )
-        plain = ModelLossAttack(contract, "optimised", settings, "t")
+        replay = ModelLossReplay(work.model_loss())
+        scorer = ClassifierScorer(truth_source(cfg, work))
+        settings = replace(TABLEAK, iterations=50, restarts=1, seed=seed)
+        aware = DefenseAwareModelLoss(replay, settings, "t", published_mechanisms(cfg))
+        plain = ModelLossAttack(replay, settings, "t")
         for pid in (0, 1):
             sent, reply, n = _defended_reply(cfg, work, arrays, pid)
             a = scorer.score(pid, 1, sent, aware.invert(sent, reply, n))["advantage"]
@@ -114,18 +115,18 @@ def test_every_model_loss_attack_has_an_adaptive_variant_reading_mechanisms_not_
     for name in ("analytic-fc", "inverting-gradients", "tableak", "dlg", "idlg"):
         assert f"{name}-adaptive" in ATTACKS.names()
     cfg, work, _ = _setup(0, "[]")
-    aware = DefenseAwareModelLoss(work.model_loss(), "optimised", SETTINGS["tableak"], "t",
+    aware = DefenseAwareModelLoss(ModelLossReplay(work.model_loss()), TABLEAK, "t",
                                   _Rounding(DefenseContext.of(cfg)).mechanism())  # fmt: skip
     assert aware.adapts
     update = {k: torch.randn(v.shape) for k, v in work.model_loss().module.state_dict().items()}
     sent = {k: torch.zeros_like(v) for k, v in update.items()}
-    view = aware.view(sent, update, 8)
-    assert view.reading is not None and view.absent_at and view.absent_at > 0
+    seen = aware.knowledge(sent, update, 8)
+    assert seen.reading is not None and seen.absent_at and seen.absent_at > 0
 
 
 def test_a_group_is_scored_against_the_union_of_its_members_rows():
     cfg, work, _ = _setup(0, "[]")
-    scorer = ClassifierGroupScorer(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     union = scorer.truth((0, 1), 1)
     a, b = scorer.truth(0, 1), scorer.truth(1, 1)
     assert torch.equal(union.x, torch.cat([a.x, b.x])) and torch.equal(

@@ -24,26 +24,25 @@ from flowerbed.attacks.adaptive.selection import (
     noise_energy,
     rounding_nll,
 )
-from flowerbed.attacks.goliath import GOLIATH, TabularInversion, with_config
+from flowerbed.attacks.baseline_common import ANALYTIC
+from flowerbed.attacks.common import ModelLossReplay, Reconstruction
+from flowerbed.attacks.goliath import GOLIATH, TabularInversion
 from flowerbed.attacks.goliath.optimisation import rows_score, start_score
-from flowerbed.attacks.inversion import InversionSettings, Recovered
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import (
     GaussianNoise,
     Quantisation,
-    published_mechanisms,
 )
 from flowerbed.clients.defenses.compression import quantize
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.experiment import load_experiment
-from tests.tabdiff_update import defended_update
+from flowerbed.server.runner import truth_source
+from tests.tabdiff_update import attack_of, defended_update
 
 
 class NoTruth:
-    """A scorer stand-in holding the run seed only: any attempt to read ground truth fails."""
-
-    cfg = {"seed": 0}
+    """A scorer stand-in: any attempt to read ground truth fails."""
 
     def __getattr__(self, name: str):
         raise AssertionError(f"the selection read the scorer ({name})")
@@ -127,16 +126,16 @@ def mlp():
     work = WORKLOADS.get("tabular-mlp")(cfg)
     arrays = work.init_arrays()
     fit, metrics = work.fit(arrays, work.load_partition(0, 8), {"partition-id": 0, "server-round": 1}, RecordDict())  # fmt: skip
-    truth = ClassifierScorer(cfg).truth(0, 1)  # for the tests' checks only, never the attacker
+    # for the tests' checks only, never the attacker
+    truth = ClassifierScorer(truth_source(cfg, work)).truth(0, 1)
     return (work.model_loss(), as_tensors(arrays), as_tensors(fit), int(metrics["num-examples"]),
-            Recovered(truth.x, truth.y, 0.0))  # fmt: skip
+            Reconstruction(truth.x, 0.0, y=truth.y))  # fmt: skip
 
 
 def _observer(contract, mechanisms):
-    settings = InversionSettings(seed=0)
-    plain = RememberingAttack(contract, "analytic", settings, "analytic-fc")
-    aware = DefenseAwareModelLoss(contract, "analytic", settings, "analytic-fc-adaptive",
-                                  mechanisms, plain)  # fmt: skip
+    replay = ModelLossReplay(contract)
+    plain = RememberingAttack(replay, ANALYTIC, "analytic-fc")
+    aware = DefenseAwareModelLoss(replay, ANALYTIC, "analytic-fc-adaptive", mechanisms, plain)
     return DefenseAwareObserver(None, None, aware, NoTruth(), [0], [], plain)
 
 
@@ -192,7 +191,7 @@ def test_the_model_loss_objective_under_quantisation_is_the_rounding_likelihood(
     reply = {k: sent[k] - torch.from_numpy(v) for k, v in quantize(deltas, 4, rng).items()}
     obs = _observer(contract, [Quantisation(4)])
     obs.adaptive.observe((0,), 1, sent, reply, n)
-    moved = Recovered(true.x + 0.05 * torch.randn(true.x.shape, generator=torch.Generator().manual_seed(0)), true.y, 0.0)  # fmt: skip
+    moved = Reconstruction(true.x + 0.05 * torch.randn(true.x.shape, generator=torch.Generator().manual_seed(0)), 0.0, y=true.y)  # fmt: skip
     guess = obs.adaptive.prior_guess(sent, reply, n, 0)
     nll = [obs.adaptive.objective((0,), r) for r in (true, moved, guess)]
     assert nll[0] < nll[1] and nll[0] < nll[2] / 2, nll
@@ -203,12 +202,13 @@ def test_goliath_adaptive_reads_identity_and_noise_evidence(inline_cfg):
     cfg = inline_cfg("goliath-adult-mixed", "clients.num=4", "dataset.max_rows=16",
                      "workload.params.batch_size=4", "workload.params.protocol=fedsgd",
                      "workload.params.lr=0.1")  # fmt: skip
-    icfg = with_config(GOLIATH, {"restarts": 1, "iterations": 1, "cycles": 1}, 0)
-    assert DefenseAwareInversion(cfg, icfg, 2, []).identity
+    replay = attack_of(cfg)[0].ctx.replay
+    settings = replace(GOLIATH, restarts=1, iterations=1, seed=0).on_diffusion(cycles=1)
+    assert DefenseAwareInversion(replay, settings, [], 2).identity
     noise = GaussianNoise(1.0, 1.0, "per-example", on_update=True)
-    attack = DefenseAwareInversion(cfg, icfg, 2, [noise])
+    attack = DefenseAwareInversion(replay, settings, [noise], 2)
     assert not attack.identity
-    sent = {k: v.float() for k, v in attack.workload.model.state_dict().items()}
+    sent = {k: v.float() for k, v in replay.model.state_dict().items()}
     lr, batch = 0.1, 4
     found = []
     for rnd, seed in ((1, 0), (2, 1)):  # the gradient's noise, sd sigma C / B, times lr
@@ -230,10 +230,11 @@ def _topk_reply(inline_cfg, seed: int, defenses: str = "[{name: topk, params: {f
                      "workload.params.lr=0.1", "workload.params.hidden=64",
                      f"defenses={defenses}")  # fmt: skip
     sent, reply = defended_update(cfg)
-    icfg = with_config(GOLIATH, {"restarts": 1, "iterations": 20, "cycles": 1}, seed)
-    attack = DefenseAwareInversion(cfg, icfg, 2, published_mechanisms(cfg))
+    ctx = attack_of(cfg)[0].ctx
+    settings = replace(GOLIATH, restarts=1, iterations=20, seed=seed).on_diffusion(cycles=1)
+    attack = DefenseAwareInversion(ctx.replay, settings, ctx.mechanisms, 2)
     attack.observe((0,), 1, sent, reply, 8)
-    unaware = TabularInversion(cfg, icfg).invert(sent, reply, 8)
+    unaware = TabularInversion(ctx.replay, settings).invert(sent, reply, 8)
     return attack, unaware
 
 
@@ -255,8 +256,8 @@ def test_on_a_quantisation_grid_the_objective_refits_from_the_shared_draw_only(i
     attack, _ = _topk_reply(inline_cfg, 0, "[{name: quantize, params: {bits: 4}}]")
     aware = attack.invert_latest((0,))
     latest = attack.history[(0,)][-1]
-    know = replace(attack.knowledge(latest.sent), view=attack.view_for(latest.target))
-    drawn = rows_score(know, latest.target, aware.num, aware.cat, attack.icfg, attack.icfg.seed)
+    drawn = rows_score(attack.aware(latest), aware.num, aware.cat, attack.settings,
+                       attack.settings.seed)  # fmt: skip
     assert attack.objective((0,), aware) == drawn
 
 
@@ -268,9 +269,7 @@ def test_under_topk_the_aware_inversion_is_not_worse_than_the_unaware_start(inli
         # descent from the start does too (the start is kept)
         attack, unaware = _topk_reply(inline_cfg, seed)
         latest = attack.history[(0,)][-1]
-        know = attack.knowledge(latest.sent)
-        aware_know = replace(know, view=attack.view_for(latest.target))
-        held = start_score(aware_know, latest.target, unaware, attack.icfg)
+        held = start_score(attack.aware(latest), unaware, attack.settings)
         assert math.isfinite(held), seed
         aware = attack.invert_latest((0,), unaware)
         assert aware.score <= held + 1e-6, (seed, aware.score, held)

@@ -13,25 +13,25 @@ import numpy as np
 import torch
 
 import flowerbed.attacks.goliath as goliath
-from flowerbed.apps.attack_eval import experiment, make_case
-from flowerbed.attacks.baseline_common import CONFIGS, IG, ORACLE, random_reconstruction
-from flowerbed.attacks.goliath import InversionConfig, aggregate_rounds, invert
+from flowerbed.apps.attack_eval import experiment, make_case, random_reconstruction
+from flowerbed.attacks.baseline_common import IG, ORACLE
+from flowerbed.attacks.common import InversionSettings, Reconstruction
+from flowerbed.attacks.goliath import GOLIATH, aggregate_rounds, invert
 from flowerbed.attacks.metrics import tableak_accuracy
+from flowerbed.clients.tabdiff.model import Rows
 
 torch.set_num_threads(1)
 SMALL = ["workload.params.hidden=64", "workload.params.layers=2"]
 
 
 def _acc(case, rec) -> float:
-    prep = case.know.prep
-    train = case.know.prep  # stds from the public table
+    prep = case.know.replay.prep
     from flowerbed.clients.datasets import load_table
 
     table = load_table({"name": "adult", "test_fraction": 0.2})
     stds = {c: float(table.train[c].std()) for c in prep.numeric}
-    del train
     return tableak_accuracy(
-        case.truth_frame, rec.frame, list(prep.numeric), list(prep.categorical), stds
+        case.truth_frame, rec.decoded, list(prep.numeric), list(prep.categorical), stds
     )["accuracy"]
 
 
@@ -50,20 +50,16 @@ def test_oracle_latents_b1_recovers_cells() -> None:
         cfg = experiment("adult", regime, "fedsgd", SMALL)
         for i in range(3):
             case = make_case(cfg, 1, seed=i)[0]
-            oracle = replace(ORACLE, iterations=20, cycles=1, seed=i)
-            accs.append(
-                _acc(case, invert(case.know, case.target, 1, oracle, oracle=case.truth_latents))
-            )
-            fixed = replace(oracle, latents="fixed", analytic_init=False, label_recovery=False)
-            wrong.append(_acc(case, invert(case.know, case.target, 1, fixed)))
-            steps = replace(oracle, iterations=100, analytic_init=False)
-            cold.append(
-                _acc(case, invert(case.know, case.target, 1, steps, oracle=case.truth_latents))
-            )
+            oracle = replace(ORACLE, iterations=20, seed=i).on_diffusion(cycles=1)
+            accs.append(_acc(case, invert(case.know, oracle, oracle=case.truth_latents)))
+            fixed = oracle.on_diffusion(latents="fixed", analytic_init=False, label_recovery=False)
+            wrong.append(_acc(case, invert(case.know, fixed)))
+            steps = replace(oracle, iterations=100).on_diffusion(analytic_init=False)
+            cold.append(_acc(case, invert(case.know, steps, oracle=case.truth_latents)))
             if marginals is None:
                 table = load_table({"name": "adult", "test_fraction": 0.2})
-                marginals = case.know.prep.encode(table.train)
-            prior.append(_acc(case, random_reconstruction(case.know, 1, marginals, i)))
+                marginals = case.know.replay.prep.encode(table.train)
+            prior.append(_acc(case, random_reconstruction(case.know.replay, 1, marginals, i)))
     assert np.mean(accs) > 0.95
     assert np.mean(wrong) < np.mean(accs) - 0.1
     assert np.mean(cold) > 0.9, cold
@@ -75,20 +71,8 @@ def test_goliath_beats_inverting_gradients_small_case() -> None:
     g, ig = [], []
     for i in range(2):
         case = make_case(cfg, 4, seed=10 + i)[0]
-        g.append(
-            _acc(
-                case,
-                invert(
-                    case.know,
-                    case.target,
-                    4,
-                    replace(CONFIGS["goliath"], restarts=1, iterations=40),
-                ),
-            )
-        )
-        ig.append(
-            _acc(case, invert(case.know, case.target, 4, replace(IG, iterations=150, seed=i)))
-        )
+        g.append(_acc(case, invert(case.know, replace(GOLIATH, restarts=1, iterations=40))))
+        ig.append(_acc(case, invert(case.know, replace(IG, iterations=150, seed=i))))
     assert np.mean(g) > np.mean(ig) + 0.2
     assert np.mean(g) > 0.95
 
@@ -97,24 +81,10 @@ def test_closed_form_needs_the_onehot_structure() -> None:
     """Ablation: without analytic initialisation, the same budget recovers far less."""
     cfg = experiment("adult", "mixed", "fedsgd", SMALL)
     case = make_case(cfg, 4, seed=21)[0]
-    full = _acc(
-        case,
-        invert(case.know, case.target, 4, replace(CONFIGS["goliath"], restarts=1, iterations=40)),
-    )
+    budget = replace(GOLIATH, restarts=1, iterations=40)
+    full = _acc(case, invert(case.know, budget))
     ablated = _acc(
-        case,
-        invert(
-            case.know,
-            case.target,
-            4,
-            replace(
-                CONFIGS["goliath"],
-                restarts=1,
-                iterations=40,
-                analytic_init=False,
-                label_recovery=False,
-            ),
-        ),
+        case, invert(case.know, budget.on_diffusion(analytic_init=False, label_recovery=False))
     )
     assert full > ablated + 0.2
 
@@ -125,7 +95,7 @@ def test_timesteps_are_read_from_the_time_embedding_gradient() -> None:
     cfg = experiment("adult", "gaussian", "fedsgd", SMALL)
     case = make_case(cfg, 8, seed=8000)[0]
     truth = case.truth_latents[0].t.double().sort().values
-    g = case.target["time_embed.0.weight"]
+    g = case.know.update["time_embed.0.weight"]
     found = goliath.timesteps_from_embedding(g, 8, 64).sort().values
     assert float((found - truth).abs().max()) < 1e-3
     noise = torch.randn(g.shape, generator=torch.Generator().manual_seed(0))
@@ -140,13 +110,13 @@ def test_gaussian_regime_b8_is_inverted_in_closed_form() -> None:
     full, ablated, ig = [], [], []
     for seed in (8000, 8002):
         case = make_case(cfg, 8, seed=seed)[0]
-        budget = replace(CONFIGS["goliath"], restarts=1, iterations=20, cycles=1, seed=seed)
-        rec = invert(case.know, case.target, 8, budget)
+        budget = replace(GOLIATH, restarts=1, iterations=20, seed=seed).on_diffusion(cycles=1)
+        rec = invert(case.know, budget)
         full.append(_acc(case, rec))
         assert rec.seconds < 30
-        off = replace(budget, analytic_init=False, label_recovery=False)
-        ablated.append(_acc(case, invert(case.know, case.target, 8, off)))
-        ig.append(_acc(case, invert(case.know, case.target, 8, replace(IG, iterations=40))))
+        off = budget.on_diffusion(analytic_init=False, label_recovery=False)
+        ablated.append(_acc(case, invert(case.know, off)))
+        ig.append(_acc(case, invert(case.know, replace(IG, iterations=40))))
     assert np.mean(full) > 0.95
     assert np.mean(full) > max(np.mean(ablated), np.mean(ig)) + 0.3
 
@@ -163,11 +133,11 @@ def test_mixed_regime_b16_time_route_beats_signature_search() -> None:
             if closed is None:
                 return 0.0
             rows = closed[0]
-            frame = goliath.decode(case.know, rows.num, rows.cat)
-            return _acc(case, goliath.Reconstruction(rows.num, rows.cat, None, None, 0.0, frame))
+            frame = case.know.replay.decode(rows.num, rows.cat)
+            return _acc(case, Reconstruction(rows, 0.0, decoded=frame))
 
-        timed.append(accuracy(goliath.analytic_time(case.know, case.target, 16)))
-        searched.append(accuracy(goliath.analytic_mixed(case.know, case.target, 16)))
+        timed.append(accuracy(goliath.analytic_time(case.know)))
+        searched.append(accuracy(goliath.analytic_mixed(case.know)))
     assert np.mean(timed) > 0.95
     assert np.mean(searched) < np.mean(timed) - 0.2
 
@@ -178,12 +148,12 @@ def test_fedavg_local_sgd_visits_are_inverted_and_grouped() -> None:
     differentiate through the local steps and, at this budget, stays far below."""
     cfg = experiment("adult", "mixed", "fedavg", [*SMALL, "workload.params.optimizer=sgd"])
     case = make_case(cfg, 4, seed=4001)[0]
-    assert case.know.protocol.local_epochs == 2
-    budget = replace(CONFIGS["goliath"], restarts=1, iterations=20, cycles=1)
-    full = _acc(case, invert(case.know, case.target, 4, budget))
-    off = replace(budget, analytic_init=False, label_recovery=False)
+    assert case.know.replay.protocol.local_epochs == 2
+    budget = replace(GOLIATH, restarts=1, iterations=20).on_diffusion(cycles=1)
+    full = _acc(case, invert(case.know, budget))
+    off = budget.on_diffusion(analytic_init=False, label_recovery=False)
     assert full > 0.95
-    assert full > _acc(case, invert(case.know, case.target, 4, off)) + 0.2
+    assert full > _acc(case, invert(case.know, off)) + 0.2
 
 
 def test_fedavg_adam_update_read_as_signs_mixed_regime() -> None:
@@ -195,15 +165,15 @@ def test_fedavg_adam_update_read_as_signs_mixed_regime() -> None:
     signs, unrolled = [], []
     for i in range(3):
         case = make_case(cfg, 1, seed=40 + i)[0]
-        goliath = replace(CONFIGS["goliath"], restarts=1, iterations=30, cycles=2, seed=i)
-        rec = invert(case.know, case.target, 1, goliath)
-        prep = case.know.prep
-        table = tableak_accuracy(case.truth_frame, rec.frame, list(prep.numeric),
+        goliath = replace(GOLIATH, restarts=1, iterations=30, seed=i).on_diffusion(cycles=2)
+        rec = invert(case.know, goliath)
+        prep = case.know.replay.prep
+        table = tableak_accuracy(case.truth_frame, rec.decoded, list(prep.numeric),
                                  list(prep.categorical), {c: 1.0 for c in prep.numeric})  # fmt: skip
         assert table["cat_accuracy"] == 1.0
         signs.append(_acc(case, rec))
-        ablation = replace(goliath, adam_as_signs=False)
-        unrolled.append(_acc(case, invert(case.know, case.target, 1, ablation)))
+        ablation = goliath.on_diffusion(adam_as_signs=False)
+        unrolled.append(_acc(case, invert(case.know, ablation)))
     assert min(signs) > 0.65
     assert np.mean(signs) > np.mean(unrolled) + 0.2
 
@@ -213,15 +183,14 @@ def test_multi_round_vote_fixes_disagreeing_cells() -> None:
     cfg = experiment("adult", "mixed", "fedsgd", SMALL)
     case = make_case(cfg, 4, seed=3)[0]
     rng = np.random.default_rng(0)
-    from flowerbed.attacks.goliath import Reconstruction, decode
-
-    truth_num = torch.tensor(case.know.prep.encode(case.truth_frame)[0], dtype=torch.float32)
-    codes = case.know.prep.encode(case.truth_frame)[1]
+    replay = case.know.replay
+    truth_num = torch.tensor(replay.prep.encode(case.truth_frame)[0], dtype=torch.float32)
+    codes = replay.prep.encode(case.truth_frame)[1]
     recs = []
     for r in range(7):  # noisy copies: ~25 % of categorical cells wrong, rows shuffled
         noisy = codes.copy()
         flip = rng.random(noisy.shape) < 0.25
-        sizes = np.array(case.know.spec.cat_sizes)
+        sizes = np.array(replay.spec.cat_sizes)
         noisy[flip] = (noisy[flip] + 1 + rng.integers(0, 1, flip.sum())) % np.broadcast_to(
             sizes, noisy.shape
         )[flip]
@@ -233,11 +202,10 @@ def test_multi_round_vote_fixes_disagreeing_cells() -> None:
             ],
             1,
         )
-        rec = Reconstruction(truth_num[perm] + 0.01 * r, cat, None, None, float(r))
-        rec.frame = decode(case.know, rec.num, rec.cat)
-        recs.append(rec)
+        rows = Rows(truth_num[perm] + 0.01 * r, cat)
+        recs.append(Reconstruction(rows, float(r), decoded=replay.decode(rows.num, rows.cat)))
     single = np.mean([_acc(case, r) for r in recs])
-    voted = _acc(case, aggregate_rounds(case.know, recs))
+    voted = _acc(case, aggregate_rounds(replay, recs))
     assert voted > single + 0.05
 
 
@@ -268,19 +236,19 @@ def test_attack_code_never_touches_client_data() -> None:
     ]
     baselines = [
         importlib.import_module(f"flowerbed.attacks.{name}")
-        for name in ("baseline_common", "dlg", "idlg", "inverting_gradients", "tableak",
+        for name in ("common", "baseline_common", "dlg", "idlg", "inverting_gradients", "tableak",
                      "random_baseline", "analytic_fc")
     ]  # fmt: skip
     for module in (goliath, *baselines, *attack_modules):
         assert not (_names(module) & forbidden), module.__name__
     # the observer touches ground truth only through the scorer, after the attack returned
     assert not (_names(observer) & (forbidden - {"truth"}))
-    params = set(inspect.signature(invert).parameters)
-    assert params == {"know", "target", "batch", "cfg", "oracle", "start"}
+    params = set(inspect.signature(invert).parameters)  # the update and batch are in ``know``
+    assert params == {"know", "cfg", "oracle", "start"}
     # ``start``: another attack's reconstruction of the same update (the aware one's warm start)
     assert "Reconstruction" in str(inspect.signature(invert).parameters["start"].annotation)
     assert "Knowledge" in str(inspect.signature(invert).parameters["know"].annotation)
-    assert isinstance(goliath.GOLIATH, InversionConfig)
+    assert isinstance(goliath.GOLIATH, InversionSettings)
 
 
 def test_observer_in_a_federated_run(tmp_path, monkeypatch) -> None:

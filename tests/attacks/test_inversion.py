@@ -11,26 +11,30 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from flowerbed.attacks.baseline_common import IG
+from flowerbed.attacks.common import Knowledge, ModelLossReplay, Reconstruction
 from flowerbed.attacks.inversion import (
-    INVERTING_GRADIENTS,
-    ServerView,
     invert_analytic,
     invert_optimised,
     recover_labels,
-    server_view,
     simulate,
 )
 from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.knowledge import Recovered
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.clients.core.capabilities import Capability, alternatives, describe, fits
 from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
 from flowerbed.server.experiment import load_experiment
+from flowerbed.server.runner import truth_source
 
 
 def _workload(preset: str, *overrides: str):
     cfg = load_experiment(preset, ["engine=inline", *overrides])
     return cfg, WORKLOADS.get(cfg["workload"]["name"])(cfg)
+
+
+def _seen(contract, params, update, batch) -> Knowledge:
+    """What the server knows and sees of an update on the model-loss replay."""
+    return Knowledge(ModelLossReplay(contract), params, update, batch)
 
 
 def _true_gradient(contract, params, x, y) -> dict[str, torch.Tensor]:
@@ -58,18 +62,18 @@ def test_analytic_recovers_one_tabular_row_exactly_float64_and_needs_the_bias() 
     contract.module.double()
     params = {k: v.double() for k, v in work.init_arrays().to_torch_state_dict().items()}
     train = work.load_partition(0, cfg["clients"]["num"])["train"]
-    scorer = ClassifierScorer(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     for i in (0, 7, 31):
         x, y = train.x[i : i + 1].double(), train.y[i : i + 1]
         grad = _true_gradient(contract, params, x, y)
-        rec = invert_analytic(ServerView(contract, params, grad, 1))
+        rec = invert_analytic(_seen(contract, params, grad, 1))
         assert float((rec.x - x).abs().max()) < 1e-10  # exact in float64
         assert int(rec.y[0]) == int(y[0])
         scores = scorer.score_against(Examples(x, y), rec)
         assert scores["success"] == 1.0 and scores["label_accuracy"] == 1.0
         # ablation: withhold the first layer's bias gradient -> no ratio, nothing recovered
         blind = {k: v for k, v in grad.items() if k != contract.first_linear[1]}
-        rec = invert_analytic(ServerView(contract, params, blind, 1))
+        rec = invert_analytic(_seen(contract, params, blind, 1))
         assert float((rec.x - x).abs().max()) > 0.5
         assert scorer.score_against(Examples(x, y), rec)["success"] < 0.8
 
@@ -88,9 +92,7 @@ def test_analytic_batch_recovers_inputs_single_neurons_isolate() -> None:
     for seed in (1, 2, 3):
         idx = np.random.default_rng(seed).choice(len(train.y), 4, replace=False)
         x, y = train.x[idx], train.y[idx]
-        rec = invert_analytic(
-            ServerView(contract, params, _true_gradient(contract, params, x, y), 4)
-        )
+        rec = invert_analytic(_seen(contract, params, _true_gradient(contract, params, x, y), 4))
         err = ((x.reshape(4, 1, -1) - rec.x.reshape(1, 4, -1)) ** 2).mean(-1).min(1).values
         exact.append(float((err < 1e-6).float().mean()))
     assert np.mean(exact) >= 0.75
@@ -108,11 +110,11 @@ def test_idlg_labels_from_the_output_bias() -> None:
     for i in range(10):
         x, y = train.x[i : i + 1], train.y[i : i + 1]
         grad = _true_gradient(contract, params, x, y)
-        hits.append(int(recover_labels(ServerView(contract, params, grad, 1))[0]) == int(y[0]))
+        hits.append(int(recover_labels(_seen(contract, params, grad, 1))[0]) == int(y[0]))
     assert all(hits)
     idx = np.arange(20, 28)  # a batch of 8: the recovered multiset of labels
     grad = _true_gradient(contract, params, train.x[idx], train.y[idx])
-    rec = recover_labels(ServerView(contract, params, grad, 8))
+    rec = recover_labels(_seen(contract, params, grad, 8))
     assert sorted(rec.tolist()) == sorted(train.y[idx].tolist())
     # a model that predicts class 0 most of the time (as a trained model may): class 0's bias
     # gradient is positive although it is in the batch; the mean prediction accounts for it
@@ -121,7 +123,7 @@ def test_idlg_labels_from_the_output_bias() -> None:
     idx = np.concatenate([np.flatnonzero(train.y == 0)[:1], np.flatnonzero(train.y != 0)[:7]])
     grad = _true_gradient(contract, skewed, train.x[idx], train.y[idx])
     assert float(grad[contract.last_bias][0]) > 0
-    rec = recover_labels(ServerView(contract, skewed, grad, 8))
+    rec = recover_labels(_seen(contract, skewed, grad, 8))
     assert sorted(rec.tolist()) == sorted(train.y[idx].tolist())
 
 
@@ -149,11 +151,11 @@ def test_simulated_local_training_reproduces_the_client_update(overrides) -> Non
     model.load_state_dict(arrays.to_torch_state_dict())
     fit_classifier(work, model, ex, work.training, 0, RecordDict())
     sent = dict(arrays.to_torch_state_dict())
-    view = server_view(contract, sent, dict(model.state_dict()), 3)
+    seen = Knowledge.observe(ModelLossReplay(contract), sent, dict(model.state_dict()), 3)
     sim = simulate(contract, sent, ex.x, ex.y, create_graph=False)
     for k in sent:
-        scale = float(view.update[k].abs().max()) + 1e-6
-        assert float((sim[k] - view.update[k]).detach().abs().max()) / scale < 2e-3, k
+        scale = float(seen.update[k].abs().max()) + 1e-6
+        assert float((sim[k] - seen.update[k]).detach().abs().max()) / scale < 2e-3, k
 
 
 # -- Inverting Gradients on digits vs a random image ---------------------------------------------
@@ -164,7 +166,8 @@ def test_inverting_gradients_beats_a_random_image_on_digits() -> None:
     cfg, work = _workload("digits-classifier", "workload.params.protocol=fedsgd",
                           "workload.params.batch_size=4")  # fmt: skip
     contract = work.model_loss()
-    scorer = ClassifierScorer(cfg)
+    replay = ModelLossReplay(contract)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     arrays = work.init_arrays()
     sent = dict(arrays.to_torch_state_dict())
     from flowerbed.clients.workloads.digits_classifier import digits_split
@@ -177,15 +180,14 @@ def test_inverting_gradients_beats_a_random_image_on_digits() -> None:
         model.load_state_dict(arrays.to_torch_state_dict())
         fit_classifier(work, model, ex, work.training, seed, RecordDict())
         reply = dict(model.state_dict())
-        ig = replace(INVERTING_GRADIENTS, iterations=150, seed=seed)
-        rec = ModelLossAttack(contract, "optimised", ig).invert(sent, reply, 4)
-        rnd = ModelLossAttack(contract, "random", ig).invert(sent, reply, 4)
+        ig = replace(IG, iterations=150, seed=seed)
+        rec = ModelLossAttack(replay, ig).invert(sent, reply, 4)
+        rnd = ModelLossAttack(replay, replace(ig, method="prior")).invert(sent, reply, 4)
         s_ig, s_rnd = scorer.score_against(ex, rec), scorer.score_against(ex, rnd)
         assert s_ig["success"] >= 0.5 and s_rnd["success"] == 0.0, (seed, s_ig, s_rnd)
         assert s_ig["psnr"] > s_rnd["psnr"] + 10, (seed, s_ig, s_rnd)
-        view = server_view(contract, sent, reply, 4)
-        blind = ServerView(contract, sent, {k: torch.zeros_like(v) for k, v in view.update.items()},
-                           4)  # fmt: skip
+        seen = Knowledge.observe(replay, sent, reply, 4)
+        blind = _seen(contract, sent, {k: torch.zeros_like(v) for k, v in seen.update.items()}, 4)
         s_blind = scorer.score_against(ex, invert_optimised(blind, ig))
         assert s_blind["psnr"] < s_rnd["psnr"] + 5, (seed, s_blind)
 
@@ -292,8 +294,8 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
     measured FedSGD 0.88 / 1.00 / 0.75, FedAvg 0.50 / 0.19 / 0.44), scored by the benchmark's
     own scorer (``ClassifierScorer.score``: prior, advantage). Mutant: the attack returns its
     prior guess -> advantage 0."""
-    from flowerbed.attacks.inversion import with_budget
-    from flowerbed.attacks.inversion.attack import model_loss_of
+    from flowerbed.attacks import ATTACKS
+    from flowerbed.attacks.common import with_budget
     from flowerbed.attacks.prior import keep_prior
 
     for seed in (0, 1, 2):
@@ -305,10 +307,11 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
         model = work._model()
         model.load_state_dict(sent)
         fit_classifier(work, model, ex, work.training, seed, RecordDict())
-        settings = with_budget(INVERTING_GRADIENTS, cfg["attack"]["params"], seed)
-        attack = keep_prior(ModelLossAttack(model_loss_of(cfg), "optimised", settings), seed)
+        params = ATTACKS.get(cfg["attack"]["name"]).Params(**cfg["attack"]["params"])
+        settings = with_budget(IG, params, seed)
+        attack = keep_prior(ModelLossAttack(ModelLossReplay(work.model_loss()), settings), seed)
         rec = attack.invert(sent, dict(model.state_dict()), len(ex.y))
-        scores = ClassifierScorer(cfg).score(0, 1, sent, rec)
+        scores = ClassifierScorer(truth_source(cfg, work)).score(0, 1, sent, rec)
         assert scores["prior"] < 0.05 and scores["advantage"] > 0.1, (arm, seed, scores)
         assert scores["success"] == scores["identified"]
 
@@ -317,14 +320,16 @@ def test_image_success_is_identification_among_the_training_images() -> None:
     """A reconstruction blurred towards the mean image (below 20 dB) still singles its image out
     of every training image: success 1 while the PSNR-recovered share is 0; the mean image itself,
     or another training image of the same class, identifies nothing."""
-    cfg, _ = _workload("digits-classifier", "clients.num=4")
-    scorer = ClassifierScorer(cfg)
+    cfg, work = _workload("digits-classifier", "clients.num=4")
+    scorer = ClassifierScorer(truth_source(cfg, work))
     pool = scorer.pool().reshape(-1, 1, 8, 8).float()
     truth = Examples(pool[:8], torch.zeros(8, dtype=torch.long))
     mean = pool.mean(0, keepdim=True).expand(8, -1, -1, -1)
     blurred = 0.5 * truth.x + 0.5 * mean
-    s = scorer.score_against(truth, Recovered(blurred, truth.y, 0.0))
+    s = scorer.score_against(truth, Reconstruction(blurred, 0.0, y=truth.y))
     assert s["success"] == 1.0 and s["recovered"] == 0.0, s
-    assert scorer.score_against(truth, Recovered(mean.clone(), truth.y, 0.0))["success"] == 0.0
+    assert (
+        scorer.score_against(truth, Reconstruction(mean.clone(), 0.0, y=truth.y))["success"] == 0.0
+    )
     others = pool[8:16]
-    assert scorer.score_against(truth, Recovered(others, truth.y, 0.0))["success"] == 0.0
+    assert scorer.score_against(truth, Reconstruction(others, 0.0, y=truth.y))["success"] == 0.0

@@ -45,11 +45,14 @@ def test_model_stealing_needs_the_filosofer_workload(inline_cfg):
 
 
 def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(inline_cfg):
-    from flowerbed.attacks.adaptive.model_stealing_adaptive import ModelStealingAdaptive
-
-    cfg = inline_cfg("filosofer", "defenses=[{name: filosofer, params: {rho: 0.05}}]")
-    assert ModelStealingAdaptive.wrap(None, cfg, None).params.rho == 0.05
-    cfg = inline_cfg("filosofer", "defenses=[{name: shield-last-layer}]")  # publishes no flips
     from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
+    from flowerbed.clients.workloads.filosofer import Filosofer
+    from flowerbed.server.runner import build_attack
 
-    assert ModelStealingAdaptive.wrap(None, cfg, None).params.rho == DEFAULT_RHO
+    def rho(cfg: dict) -> float:
+        attack, _ = build_attack(cfg, Filosofer(cfg))
+        return attack.wrap(None, None, None).params.rho
+
+    assert rho(inline_cfg("filosofer", "defenses=[{name: filosofer, params: {rho: 0.05}}]")) == 0.05
+    # shield-last-layer publishes no flips
+    assert rho(inline_cfg("filosofer", "defenses=[{name: shield-last-layer}]")) == DEFAULT_RHO

@@ -12,12 +12,14 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.attacks.inversion import DLG
+from flowerbed.attacks.baseline_common import DLG
+from flowerbed.attacks.common import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.prior import PriorKeeping, advantage
 from flowerbed.clients.workloads import WORKLOADS, fit_classifier
 from flowerbed.server.experiment import load_experiment
+from flowerbed.server.runner import truth_source
 
 
 def test_advantage_is_zero_at_the_prior_one_at_full_recovery() -> None:
@@ -45,7 +47,7 @@ def _fedsgd_update(seed: int, batch: int = 8):
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
     work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
-    scorer = ClassifierScorer(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     examples = scorer.truth(0, 1)
     arrays = work.init_arrays()
     model = work.loaded_model(arrays)
@@ -64,8 +66,8 @@ def test_below_the_prior_advantage_is_negative_and_keeping_the_prior_restores_it
     kept, priors = [], []
     for seed in range(3):
         cfg, work, scorer, sent, reply = _fedsgd_update(seed)
-        attack = ModelLossAttack(work.model_loss(), "optimised",
-                                 replace(DLG, lr=1.0, iterations=50, seed=seed), "dlg")  # fmt: skip
+        settings = replace(DLG, iterations=50, seed=seed).on_model_loss(lr=1.0)
+        attack = ModelLossAttack(ModelLossReplay(work.model_loss()), settings, "dlg")
         rec = attack.invert(sent, reply, 8)
         raw = scorer.score(0, 1, sent, rec)
         assert raw["success"] < raw["prior"] and raw["advantage"] < 0, (seed, raw)
@@ -231,15 +233,15 @@ def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
     scorer's prior draws are made with the client's partition and batch plan unavailable."""
     import flowerbed.attacks.goliath.scoring as gs
     import flowerbed.clients.workloads.tabdiff as td
-    from flowerbed.attacks.goliath.attack import TabularInversion
-    from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
+    from flowerbed.attacks.goliath.knowledge import prior_rows
 
     cfg = load_experiment("tabdiff-german-mixed", ["engine=inline", "workload.params.hidden=16",
                                                    "workload.params.layers=1",
                                                    "workload.params.protocol=fedsgd",
                                                    "workload.params.batch_size=8"])  # fmt: skip
-    scorer = gs.TruthScorer(cfg)
-    sent = {k: v.detach() for k, v in scorer.workload.model.named_parameters()}
+    work = td.TabDiff(cfg)
+    scorer = gs.TruthScorer(truth_source(cfg, work))
+    sent = {k: v.detach() for k, v in work.model.named_parameters()}
 
     def no_data(*a, **k):
         raise RuntimeError("client data read while the prior is made")
@@ -248,18 +250,17 @@ def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
         for owner, name in ((td.TabDiff, "load_partition"), (gs, "round_plan"),
                             (td, "client_row_ids")):  # fmt: skip
             mp.setattr(owner, name, no_data)
-        guesses = scorer.prior_guesses(0, 1, sent, 8)
+        guesses = scorer.prior_guesses(0, 1, 8)
     truth = scorer.truth(0, 1, sent)
     level = np.mean([scorer.score_against(truth, g)["success"] for g in guesses])
     assert 0.3 < level < 0.75, level  # the marginal level, not the client's own rows (~1)
-    attack = TabularInversion(cfg, GOLIATH)
-    know = attack.knowledge({k: v.detach() for k, v in attack.workload.model.named_parameters()})
-    rows = prior_rows(know, 4000, seed=1).frame
-    train = attack.workload.table.train
-    for c in know.prep.categorical[:3]:
+    replay = DiffusionReplay(work.model, work.protocol, work.prep)
+    rows = prior_rows(replay, 4000, seed=1).decoded
+    train = work.table.train
+    for c in replay.prep.categorical[:3]:
         want = train[c].astype(str).value_counts(normalize=True)
         got = rows[c].astype(str).value_counts(normalize=True).reindex(want.index, fill_value=0)
         assert float((want - got).abs().max()) < 0.04, c
-    for c in know.prep.numeric[:3]:
+    for c in replay.prep.numeric[:3]:
         assert abs(float(rows[c].median()) - float(train[c].median())) <= 0.1 * float(train[c].std()) + 1e-9, c  # fmt: skip
-    assert torch.equal(prior_rows(know, 5, 7).num, prior_rows(know, 5, 7).num)
+    assert torch.equal(prior_rows(replay, 5, 7).num, prior_rows(replay, 5, 7).num)

@@ -11,12 +11,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from flowerbed.attacks.baseline_common import TABLEAK
+from flowerbed.attacks.common import Knowledge, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.knowledge import SETTINGS, server_view
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.experiment import load_experiment
+from flowerbed.server.runner import truth_source
 from flowerbed.server.sweep import cell_config, cells_of, load_sweep
 
 FEDSGD = ["workload.params.protocol=fedsgd", "workload.params.batch_size=8", "workload.params.lr=1.0"]  # fmt: skip
@@ -46,10 +48,10 @@ def test_category_support_is_exactly_the_rounds_categories(protocol):
     step: the support read from the update is the truth's, no more, no less."""
     cfg, work, arrays = _setup(protocol)
     contract = work.model_loss()
-    scorer = ClassifierScorer(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
     for pid in (0, 1):
         sent, reply, n = _reply(work, arrays, pid)
-        present = present_columns(server_view(contract, sent, reply, n))
+        present = present_columns(Knowledge.observe(ModelLossReplay(contract), sent, reply, n))
         truth = scorer.truth(pid, 1).x.reshape(n, -1)
         for start, size in contract.schema.onehot_blocks:
             held = truth[:, start : start + size].sum(0) > 0
@@ -59,9 +61,9 @@ def test_category_support_is_exactly_the_rounds_categories(protocol):
 
 def _tableak_advantage(seed: int, clients: tuple[int, ...]) -> float:
     cfg, work, arrays = _setup(FEDSGD, seed)
-    scorer = ClassifierScorer(cfg)
-    settings = replace(SETTINGS["tableak"], iterations=50, restarts=1, seed=seed)
-    attack = ModelLossAttack(work.model_loss(), "optimised", settings, "tableak")
+    scorer = ClassifierScorer(truth_source(cfg, work))
+    settings = replace(TABLEAK, iterations=50, restarts=1, seed=seed)
+    attack = ModelLossAttack(ModelLossReplay(work.model_loss()), settings, "tableak")
     out = []
     for pid in clients:
         sent, reply, n = _reply(work, arrays, pid)

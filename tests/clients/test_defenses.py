@@ -6,6 +6,7 @@ from opacus.accountants import RDPAccountant
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.attacks import ATTACKS
+from flowerbed.attacks.common import Attack
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DefenseContext
 from flowerbed.clients.defenses.compression import quantize, topk
@@ -14,9 +15,8 @@ SEEN: dict[int, list] = {}
 
 
 @ATTACKS.register("record-replies", "test helper: records what the observer position receives")
-class RecordReplies:
-    @staticmethod
-    def wrap(strategy, cfg, writer):
+class RecordReplies(Attack):
+    def wrap(self, strategy, writer, scorer):
         class Recorder(StrategyWrapper):
             def aggregate_train(self, server_round, replies):
                 replies = list(replies)
@@ -101,9 +101,8 @@ AGGREGATES: dict[int, dict] = {}
 
 
 @ATTACKS.register("record-aggregate", "test helper: records replies and the aggregate below")
-class RecordAggregate:
-    @staticmethod
-    def wrap(strategy, cfg, writer):
+class RecordAggregate(Attack):
+    def wrap(self, strategy, writer, scorer):
         class Recorder(StrategyWrapper):
             def aggregate_train(self, server_round, replies):
                 replies = list(replies)

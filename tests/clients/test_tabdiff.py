@@ -51,12 +51,12 @@ def test_oracle_latents_reproduce_client_gradient(regime: str) -> None:
     sent = to_params(arrays)
     observed = {k: sent[k] - v for k, v in to_params(reply).items()}  # lr = 1
     # The attacker's computation: the same pure loss, with the true rows and latents.
-    plan, latents = round_plan(cfg, work.spec, work.protocol, sent, 1, 3, len(data["ids"]))
+    plan, latents = round_plan(cfg["seed"], work.spec, work.protocol, sent, 1, 3, len(data["ids"]))
     oracle = loss_grad(work.model, sent, rows_of(data, plan[0], work.spec.cat_sizes), latents[0])
     diff = max(float((observed[k] - oracle[k]).abs().max()) for k in oracle)
     assert diff < 1e-5
     # ... and wrong latents (another round's draw) do not reproduce it.
-    _, other = round_plan(cfg, work.spec, work.protocol, sent, 1, 4, len(data["ids"]))
+    _, other = round_plan(cfg["seed"], work.spec, work.protocol, sent, 1, 4, len(data["ids"]))
     wrong = loss_grad(work.model, sent, rows_of(data, plan[0], work.spec.cat_sizes), other[0])
     assert max(float((observed[k] - wrong[k]).abs().max()) for k in oracle) > 1e-3
 
