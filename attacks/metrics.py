@@ -2,8 +2,8 @@
 
 Categorical cell correct on exact match; numeric cell correct when within 0.319 x the column's
 std (original units); rows matched by the Hungarian algorithm on per-row mean cell error. Ground truth enters only
-through ``attacks.goliath.scoring.TruthScorer``, which rebuilds a client's batch from the
-config, partition id and round — the attacks never see it.
+through ``attacks.goliath.scoring.TruthScorer``, which rebuilds a client's batch through the
+server's workload from (seed, partition id, round) — the attacks never see it.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from flowerbed.attacks.common import (
     DiffusionReplay,
     InversionSettings,
     Knowledge,
+    Reading,
     Reconstruction,
 )
 from flowerbed.attacks.goliath.attack import TabularInversion
@@ -65,7 +66,6 @@ from flowerbed.clients.defenses.secagg import MEMBERS_RECORD
 from flowerbed.clients.tabdiff.model import Latents, Rows
 from flowerbed.clients.tabdiff.training import Protocol
 
-View = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 AVERAGE_LR = 1e-3
 #: the denoiser's layers whose outputs are summed (input projection + time embedding): one delta
 SUMMED_LAYERS = (
@@ -74,7 +74,7 @@ SUMMED_LAYERS = (
 
 
 # -- what a defense does to an update, as the attacker models it -------------------------------------
-def topk_view(observed: dict[str, torch.Tensor]) -> View:
+def topk_view(observed: dict[str, torch.Tensor]) -> Reading:
     """Kept coordinates (nonzero) match as they are; a dropped one only beyond the kept minimum."""
     support = {k: v != 0 for k, v in observed.items()}
     kept = torch.cat([v[support[k]].abs().flatten() for k, v in observed.items()])
@@ -89,7 +89,7 @@ def topk_view(observed: dict[str, torch.Tensor]) -> View:
     return view
 
 
-def grid_view(observed: dict[str, torch.Tensor], bits: int) -> View:
+def grid_view(observed: dict[str, torch.Tensor], bits: int) -> Reading:
     """Each coordinate matches within one quantisation step of the observed value."""
     levels = 2**bits - 1
     steps = {k: (float(v.max()) - float(v.min())) / levels for k, v in observed.items()}
@@ -163,7 +163,7 @@ def _solve_rows(g: torch.Tensor, seen: torch.Tensor, basis: torch.Tensor, eye: t
     return torch.linalg.solve(gram, rhs[..., None])[..., 0]
 
 
-def compose(views: list[View]) -> View | None:
+def compose(views: list[Reading]) -> Reading | None:
     if not views:
         return None
 
@@ -193,8 +193,8 @@ class DefenseAwareInversion(TabularInversion):
         noisy = any(isinstance(m, GaussianNoise) and m.on_update for m in self.mechanisms)
         return self.average_rounds > 1 and noisy
 
-    def view_for(self, target: dict[str, torch.Tensor]) -> View | None:
-        views: list[View] = []
+    def view_for(self, target: dict[str, torch.Tensor]) -> Reading | None:
+        views: list[Reading] = []
         for mechanism in self.mechanisms:
             if isinstance(mechanism, Sparsification):
                 views.append(topk_view(target))

@@ -239,11 +239,15 @@ class ModelLossAdaptive(InversionAttack):
     scorer = ClassifierScorer
     base: ClassVar[str]  # the unaware attack's registered name
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
-        settings, p = self.budgeted(), self.params  # 0 = the attack's own budget
+    def engine(self) -> DefenseAwareModelLoss:
+        """The aware attack with its unaware companion (``plain``: reused where nothing adapts)."""
+        settings = self.budgeted()  # a budget of 0: the attack's own
         plain = RememberingAttack(self.ctx.replay, settings, self.base)
-        adaptive = DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
-                                         self.ctx.mechanisms, plain)  # fmt: skip
-        unaware = plain if p.compare_unaware else None
+        return DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
+                                     self.ctx.mechanisms, plain)  # fmt: skip
+
+    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+        p, adaptive = self.params, self.engine()
+        unaware = adaptive.plain if p.compare_unaware else None
         return DefenseAwareObserver(strategy, writer, adaptive, scorer, p.target_clients,
                                     p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip
