@@ -5,7 +5,7 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads import WORKLOADS, assigned_device
+from flowerbed.clients.workloads import assigned_device, build_workload
 from flowerbed.server.engines.simulation import federation_config
 from flowerbed.server.experiment import load_experiment
 
@@ -37,7 +37,7 @@ def test_an_assigned_gpu_without_cuda_is_one_line_naming_it(monkeypatch):
 def test_assigned_gpu_gives_the_workload_cuda(monkeypatch, name):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = _cfg(name, "clients.resources.gpus=1")
-    assert WORKLOADS.get(cfg["workload"]["name"])(cfg).device == "cuda"
+    assert build_workload(cfg).device == "cuda"
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -45,7 +45,7 @@ def test_fit_computes_on_the_workload_device(name):
     """On a CPU machine: a workload told to use the ``meta`` device fails on its first value
     read, which shows its tensors went where ``device`` says (on ``cpu`` it trains)."""
     cfg = _cfg(name)
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     arrays, data = workload.init_arrays(), workload.load_partition(0, 2)
     config = {"partition-id": 0, "server-round": 1}
     trained, metrics = workload.fit(arrays, data, config, RecordDict())
