@@ -45,8 +45,8 @@ from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import build_model, model_params, onehot_rows, sample_latents
 from flowerbed.clients.tabdiff.training import local_update
-from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
-from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
+from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
+from flowerbed.clients.workloads.tabdiff import encoded
 from flowerbed.server.experiment import load_experiment
 
 ATTACK_NAMES = ["goliath", "tableak", "inverting-gradients", "dlg", "idlg", "random", "oracle"]
@@ -133,7 +133,7 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
 def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
               params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
-    work = TabDiff(cfg)
+    work = build_workload(cfg)
     data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.num), batch, replace=False)
@@ -242,7 +242,7 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
     rows = []
     for ds in datasets:
         cfg = classifier_experiment(workload, ds, overrides)
-        work = WORKLOADS.get(workload)(cfg)
+        work = build_workload(cfg)
         contract = work.model_loss()
         scorer = ClassifierScorer(cfg)
         label, p = dataset_label(cfg), cfg["workload"]["params"]

@@ -39,7 +39,7 @@ from flowerbed.clients.training import (
     make_mlp,
     output_entropy,
 )
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack
 
 
@@ -174,7 +174,7 @@ def attack_release(
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
     torch.set_num_threads(1)
-    setup = WORKLOADS.get(cfg["workload"]["name"])(cfg).release_setup()  # model-release
+    setup = build_workload(cfg).release_setup()  # model-release
     hidden, split = setup.hidden, setup.split
     victim = load_state(state, hidden)
     seed = client_seed(cfg["seed"], 0, cfg["rounds"], salt=16)

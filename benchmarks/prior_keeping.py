@@ -22,13 +22,13 @@ from flwr.app import RecordDict
 def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, contract, sent, reply)
     """Client 0's round-1 FedSGD update, made by the client's own training code."""
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
-    from flowerbed.clients.workloads import WORKLOADS, fit_classifier
+    from flowerbed.clients.workloads import build_workload, fit_classifier
     from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
-    work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    work = build_workload(cfg)
     scorer = ClassifierScorer(cfg)
     arrays = work.init_arrays()
     model = work.loaded_model(arrays)

@@ -10,13 +10,13 @@ from flwr.app import RecordDict
 
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import build_defenses
-from flowerbed.clients.workloads.tabdiff import TabDiff
+from flowerbed.clients.workloads import build_workload
 
 
 def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Partition 0's round-1 update under ``cfg``'s defenses (their update transforms in the order
     listed, as the client mods apply them): the arrays sent and the reply, as tensors."""
-    workload = TabDiff(cfg)
+    workload = build_workload(cfg)
     sent = workload.init_arrays()
     config = {"partition-id": 0, "server-round": 1}
     num = cfg["clients"]["num"]

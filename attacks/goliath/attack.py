@@ -20,7 +20,7 @@ from flowerbed.attacks.goliath.knowledge import (
     prior_rows,
 )
 from flowerbed.attacks.goliath.optimisation import invert, rows_score
-from flowerbed.clients.workloads.tabdiff import TabDiff
+from flowerbed.clients.workloads import build_workload
 
 
 class TabularInversion:
@@ -28,7 +28,7 @@ class TabularInversion:
 
     def __init__(self, cfg: dict[str, Any], icfg: InversionConfig) -> None:
         self.icfg = icfg
-        self.workload = TabDiff(cfg)
+        self.workload = build_workload(cfg)
 
     def knowledge(self, sent: dict[str, torch.Tensor]) -> Knowledge:
         w = self.workload

@@ -19,7 +19,8 @@ from flowerbed.attacks.metrics import TOLERANCE, mask_f1, tableak_accuracy, time
 from flowerbed.attacks.pictures import Shown, rows_markdown
 from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
 from flowerbed.clients.tabdiff.model import onehot_rows
-from flowerbed.clients.workloads.tabdiff import TabDiff, encoded, round_plan
+from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads.tabdiff import encoded, round_plan
 
 
 @dataclass
@@ -37,7 +38,7 @@ class TruthScorer:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.workload = TabDiff(cfg)
+        self.workload = build_workload(cfg)
         self.data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
         prep, train = self.data.prep, self.data.table.train
         self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
@@ -45,7 +46,7 @@ class TruthScorer:
 
     def truth(self, partition_id: int, server_round: int, params: dict[str, torch.Tensor]) -> Truth:
         part = self.workload.load_partition(partition_id, self.cfg["clients"]["num"])
-        plan, latents = round_plan(self.cfg, self.workload.spec, self.workload.protocol, params,
+        plan, latents = round_plan(self.cfg["seed"], self.workload.spec, self.workload.protocol, params,
                                    partition_id, server_round, len(part["ids"]))  # fmt: skip
         idx = plan[0]
         num, codes = part["num"][idx], part["codes"][idx]

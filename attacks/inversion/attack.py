@@ -22,14 +22,14 @@ from flowerbed.attacks.inversion.knowledge import (
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.simulate import distance, observed
 from flowerbed.clients.model_loss import ModelLoss, prior_guess_inputs, prior_guess_labels
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 
 METHODS = ("analytic", "optimised", "random")
 
 
 def model_loss_of(cfg: dict[str, Any]) -> ModelLoss:
     """The workload's model-loss contract, from the server's own copy of the workload."""
-    return WORKLOADS.get(cfg["workload"]["name"])(cfg).model_loss()
+    return build_workload(cfg).model_loss()
 
 
 class ModelLossAttack:

@@ -29,7 +29,7 @@ from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
 from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
 from flowerbed.clients.datasets import load_table
-from flowerbed.clients.workloads import WORKLOADS, Examples
+from flowerbed.clients.workloads import Examples, build_workload
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
 
@@ -55,7 +55,7 @@ class ClassifierScorer:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+        self.workload = build_workload(cfg)
         self.contract = self.workload.model_loss()
         self.kind = self.contract.schema.kind
         self._pool: torch.Tensor | None = None

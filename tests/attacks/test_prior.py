@@ -16,7 +16,7 @@ from flowerbed.attacks.inversion import DLG
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.prior import PriorKeeping, advantage
-from flowerbed.clients.workloads import WORKLOADS, fit_classifier
+from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
 
 
@@ -44,7 +44,7 @@ def _fedsgd_update(seed: int, batch: int = 8):
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
-    work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    work = build_workload(cfg)
     scorer = ClassifierScorer(cfg)
     examples = scorer.truth(0, 1)
     arrays = work.init_arrays()

@@ -12,6 +12,7 @@ from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
@@ -71,7 +72,7 @@ def _cfg(**params: object) -> dict:
 
 
 def test_fit_trains_and_sends_only_held_concept_modules() -> None:
-    workload = FCM(_cfg(scenario="partial"))
+    workload = build_workload(_cfg(scenario="partial"))
     arrays = workload.init_arrays()
     data = workload.load_partition(0, 3)
     config = {"partition-id": 0, "server-round": 3}
@@ -84,7 +85,7 @@ def test_fit_trains_and_sends_only_held_concept_modules() -> None:
         if key.startswith(("enc.", "concept.")):
             assert not np.array_equal(sent[key].numpy(), arrays[key].numpy())
     # ablation (FedAvg baseline): lacked modules are trained by the task gradient and sent
-    baseline = FCM(_cfg(scenario="partial", train_lacked=True))
+    baseline = build_workload(_cfg(scenario="partial", train_lacked=True))
     sent_all, _ = baseline.fit(arrays, data, config, RecordDict())
     lacked = [
         n
@@ -98,7 +99,7 @@ def test_fit_trains_and_sends_only_held_concept_modules() -> None:
 
 
 def test_concept_loss_masked_to_held_concepts() -> None:
-    workload = FCM(_cfg(model="cbm"))
+    workload = build_workload(_cfg(model="cbm"))
     data = make_dataset("trig", 600, 1)
     params = to_params(to_arrays(init_params(workload.spec, ("a_pos", "b_pos", "z_pos"), 0)))
     trained, _ = local_train(params, workload.spec, data, ("a_pos",), train_lacked=True,
@@ -110,7 +111,7 @@ def test_concept_loss_masked_to_held_concepts() -> None:
 
 
 def test_interventions_raise_task_accuracy_on_a_cbm() -> None:
-    workload = FCM(_cfg(model="cbm", data="xor"))
+    workload = build_workload(_cfg(model="cbm", data="xor"))
     data = make_dataset("xor", 800, 1)
     params = to_params(to_arrays(init_params(workload.spec, ("x1_high", "x2_high"), 0)))
     trained, _ = local_train(params, workload.spec, data, ("x1_high", "x2_high"), train_lacked=False,
@@ -238,7 +239,7 @@ def test_yaml_task_and_schedule_run_through_config(tmp_path) -> None:
     cfg = load_experiment("fcm-trig-evolving", overrides)
     summary = run_inline(cfg)
     assert summary["metrics"]["train.registry-size"] == 3
-    workload = FCM(cfg)
+    workload = build_workload(cfg)
     assert workload.scenario.intro_round == {"a": 1, "b": 2, "c": 3}
     arrays = to_arrays(init_params(workload.spec, ("a", "b", "c"), 0))
     again = to_arrays(to_params(arrays))
@@ -396,10 +397,10 @@ POOL_SCHEDULE = {
 def _pool_pair(**params: object) -> tuple[FCM, FCM]:
     """The federated workload (3 clients, POOL_SCHEDULE) and the pooled one over the same data."""
     common = {"scenario": "schedule", "schedule": POOL_SCHEDULE, "n_train": 50, **params}
-    fed = FCM(_cfg(**common))
+    fed = build_workload(_cfg(**common))
     cfg = _cfg(pooled=True, central_clients=3, **common)
     cfg["clients"]["num"] = 1
-    return fed, FCM(cfg)
+    return fed, build_workload(cfg)
 
 
 def _all_concepts(workload: FCM):  # noqa: ANN202 - an ArrayRecord with every concept's module
@@ -492,5 +493,5 @@ def test_pooled_bad_combinations_are_one_line_errors(change: dict, message: str)
     cfg = _cfg(pooled=True, **params)
     cfg["clients"]["num"] = change.get("num", 1)
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        FCM(cfg)
+        build_workload(cfg)
     assert "\n" not in str(err.value) and str(err.value).startswith("workload.params.pooled=true")
