@@ -58,8 +58,8 @@ from flowerbed.clients.tabdiff.model import (
     sample_latents,
 )
 from flowerbed.clients.tabdiff.training import local_update
-from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
-from flowerbed.clients.workloads.tabdiff import TabDiff, encoded
+from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
+from flowerbed.clients.workloads.tabdiff import encoded
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 
@@ -145,7 +145,7 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
 def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
               params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
-    work = TabDiff(cfg)
+    work = build_workload(cfg)
     data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.num), batch, replace=False)
@@ -275,7 +275,7 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
     rows = []
     for ds in datasets:
         cfg = classifier_experiment(workload, ds, overrides)
-        work = WORKLOADS.get(workload)(cfg)
+        work = build_workload(cfg)
         replay = ModelLossReplay(work.model_loss())
         scorer = ClassifierScorer(truth_source(cfg, work))
         label, p = dataset_label(cfg), cfg["workload"]["params"]

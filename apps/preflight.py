@@ -21,7 +21,7 @@ def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> 
     """The resolved config; raises ``ConfigError`` for anything wrong with the input."""
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.datasets.partition import check_partitions
-    from flowerbed.clients.workloads import WORKLOADS, ClassifierWorkload
+    from flowerbed.clients.workloads import WORKLOADS, ClassifierWorkload, build_workload
     from flowerbed.server.experiment import load_experiment
 
     cfg = load_experiment(experiment, overrides, **forced)
@@ -35,7 +35,7 @@ def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> 
             ) from None
         labels = table.train[table.schema.label].astype(str).to_numpy()
         check_partitions(labels, cfg["clients"], cfg["seed"], f"dataset '{cfg['dataset']['name']}'")
-    workload = workload_cls(cfg)
+    workload = build_workload(cfg)
     if isinstance(workload, ClassifierWorkload) and "dataset" not in workload_cls.reads:
         labels = workload.train_pool().y.numpy()
         check_partitions(

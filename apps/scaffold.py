@@ -299,7 +299,10 @@ def test_{module}_beats_fedavg(tmp_path, seed):
 WORKLOAD = '''\
 """{name}: a flowerbed workload, top to bottom: data (seeded, generated), model, local step,
 metrics, registration. The skeleton is linear regression on generated data whose local step is
-missing, so the claim test fails until ``local_step`` learns."""
+missing, so the claim test fails until ``local_step`` learns.
+
+It gets ``self.params`` (its Params) and ``self.ctx`` (a WorkloadContext: seed, rounds, number of
+clients, device, the shared data settings it ``reads``), never the experiment config."""
 
 from __future__ import annotations
 
@@ -352,8 +355,8 @@ class {cls}(Workload):
     offers = frozenset()
 
     def load_partition(self, partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
-        seed = client_seed(self.cfg["seed"], partition_id, 0)
-        return generate_client(self.cfg["seed"], seed, self.params)
+        seed = client_seed(self.ctx.seed, partition_id, 0)
+        return generate_client(self.ctx.seed, seed, self.params)
 
     def init_arrays(self) -> ArrayRecord:
         return ArrayRecord({{"w": Array(np.zeros(self.params.features))}})
@@ -368,7 +371,7 @@ class {cls}(Workload):
         return {{"num-examples": len(y), "mse": mse(arrays["w"].numpy(), x, y)}}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
-        x, y = generate_client(self.cfg["seed"], self.cfg["seed"] + 10_000, self.params)
+        x, y = generate_client(self.ctx.seed, self.ctx.seed + 10_000, self.params)
         return {{"mse": mse(arrays["w"].numpy(), x, y)}}
 
 '''
@@ -380,7 +383,7 @@ the untrained model's on every seed (the skeleton, whose local step does nothing
 import pytest
 
 from flowerbed.apps.inline import run_inline
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 
 
@@ -392,7 +395,7 @@ def test_{module}_learns(tmp_path, seed):
         str(experiment),
         ["engine=inline", "rounds=3", "clients.num=3", f"seed={{seed}}", f"output.dir={{tmp_path}}"],
     )
-    workload = WORKLOADS.get("{name}")(cfg)
+    workload = build_workload(cfg)
     untrained = workload.server_evaluate(0, workload.init_arrays())["mse"]
     trained = run_inline(cfg)["metrics"]["central.mse"]
     assert trained < 0.5 * untrained

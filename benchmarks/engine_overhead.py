@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.apps.inline import InlineGrid, run_inline
-from flowerbed.clients.workloads.tabular_mlp import TabularMLP
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 
 ROUNDS = 5
@@ -38,7 +38,7 @@ CLIENTS = 10
 
 def bare_flower_round_s(cfg: dict) -> float:
     """The same training written directly against Flower, no flowerbed layers."""
-    workload = TabularMLP(cfg)
+    workload = build_workload(cfg)
     data = {i: workload.load_partition(i, CLIENTS) for i in range(CLIENTS)}
     app = ClientApp()
 

@@ -23,14 +23,14 @@ def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, replay, sent, 
     """Client 0's round-1 FedSGD update, made by the client's own training code."""
     from flowerbed.attacks.common import ModelLossReplay
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
-    from flowerbed.clients.workloads import WORKLOADS, fit_classifier
+    from flowerbed.clients.workloads import build_workload, fit_classifier
     from flowerbed.server.experiment import load_experiment
     from flowerbed.server.runner import truth_source
 
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
-    work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    work = build_workload(cfg)
     scorer = ClassifierScorer(truth_source(cfg, work))
     arrays = work.init_arrays()
     model = work.loaded_model(arrays)

@@ -41,9 +41,8 @@ from flowerbed.apps.client_app import app as client_app  # noqa: E402
 from flowerbed.apps.inline import InlineGrid  # noqa: E402
 from flowerbed.clients.core.config import load_base, to_json  # noqa: E402
 from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
-from flowerbed.clients.workloads import WORKLOADS  # noqa: E402
+from flowerbed.clients.workloads import build_workload  # noqa: E402
 from flowerbed.clients.workloads.routing.data import BenchmarkParams, RouterData, pool  # noqa: E402
-from flowerbed.clients.workloads.routing.federated import benchmark_for  # noqa: E402
 from flowerbed.clients.workloads.routing.kmeans import KMeansConfig, fit_kmeans_router  # noqa: E402
 from flowerbed.clients.workloads.routing.metrics import ndch, score_router  # noqa: E402
 from flowerbed.clients.workloads.routing.mlp import (  # noqa: E402
@@ -66,7 +65,7 @@ FARTHEST = 0.3  # share of clients whose topic mixture is farthest from the othe
 def run_federated(cfg: dict) -> ArrayRecord:
     """The registered strategy on the in-process grid with the flowerbed ClientApp."""
     random.seed(cfg["seed"])
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     result = strategy.start(
@@ -128,17 +127,17 @@ def run_setting(args: tuple) -> dict:
     started = time.perf_counter()
     mlp_cfg = _cfg("routing-synthetic-mlp", seed, alpha, coverage, HARD_MLP + extra + mlp_extra, base)  # fmt: skip
     km_cfg = _cfg("routing-synthetic-kmeans", seed, alpha, coverage, extra, base)
-    bench = benchmark_for(mlp_cfg)
+    fed_mlp = build_workload(mlp_cfg)
+    bench = fed_mlp.bench
     mp, kp = mlp_cfg["workload"]["params"], km_cfg["workload"]["params"]
     mlp_conf = MLPConfig(**{k: mp[k] for k in MLPConfig.__dataclass_fields__})
     km_conf = KMeansConfig(**{k: kp[k] for k in KMeansConfig.__dataclass_fields__})
     epochs = mlp_cfg["rounds"] * mlp_conf.local_epochs
     iters = km_cfg["rounds"] - 1
 
-    fed_mlp = WORKLOADS.get("routing-mlp")(mlp_cfg)
     fed_mlp_arrays = run_federated(mlp_cfg)
     fed_mlp_model = fed_mlp._load(fed_mlp_arrays)
-    fed_km = WORKLOADS.get("routing-kmeans")(km_cfg).router(run_federated(km_cfg))
+    fed_km = build_workload(km_cfg).router(run_federated(km_cfg))
     pooled = pool(bench.train)
     central_mlp = fit_mlp_router(pooled, mlp_conf, CENTRAL_EPOCHS, seed)
     central_km = fit_kmeans_router(pooled, km_conf, iters, seed)

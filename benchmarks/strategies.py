@@ -28,7 +28,8 @@ FEDERATION = [
 
 def main() -> None:
     from flowerbed.apps.inline import run_inline
-    from flowerbed.clients.workloads.tabular_mlp import TabularMLP, train_alone
+    from flowerbed.clients.workloads import build_workload
+    from flowerbed.clients.workloads.tabular_mlp import train_alone
     from flowerbed.server.experiment import load_experiment
 
     parser = argparse.ArgumentParser()
@@ -54,7 +55,7 @@ def main() -> None:
     prox_rows = []
     for seed in args.seeds:
         cfg = load_experiment("quickstart", [*FEDERATION, f"seed={seed}"])
-        alone = [train_alone(TabularMLP(cfg), pid)["accuracy"] for pid in range(4)]
+        alone = [train_alone(build_workload(cfg), pid)["accuracy"] for pid in range(4)]
         accs, majority = [], 0.0
         for name in ADAPTERS:
             metrics = run(seed, f"strategy.name={name}")

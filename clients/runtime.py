@@ -26,7 +26,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
 from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import Workload, build_workload
 
 CONFIG_KEY = "fb-config"
 PARTITION_KEY = "partition-id"
@@ -50,7 +50,7 @@ class _Entry:
     def __init__(self, cfg: dict[str, Any]) -> None:
         torch.set_num_threads(1)
         self.cfg = cfg
-        self.workload: Workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+        self.workload: Workload = build_workload(cfg)
         self.partitions: dict[tuple[int, int], Any] = {}
 
     def partition(self, partition_id: int, num_partitions: int) -> Any:

@@ -38,7 +38,7 @@ from flowerbed.clients.defenses import (
     published_mechanisms,
 )
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.federation import grid_engine
 from flowerbed.server.results import ResultsWriter
 from flowerbed.strategies.context import build_strategy as base_strategy
@@ -477,7 +477,7 @@ def _run(
     on_round: Callable[[int, dict[str, float]], None] | None,
 ) -> dict[str, Any]:
     seed_everything(cfg["seed"])
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     strategy = MetricsTap(SeededSampling(build_strategy(cfg, writer, workload), cfg["seed"]))
     final_arrays: list[ArrayRecord] = []
 
@@ -539,7 +539,7 @@ def evaluate_saved(run_dir: Path) -> dict[str, float]:
             f"{run_dir} has no config.yaml and {MODEL_FILE} (not a finished run directory)"
         )
     cfg = load_config_file(run_dir / "config.yaml")
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     arrays = ArrayRecord({name: Array(value) for name, value in load_model(run_dir).items()})
     metrics = workload.server_evaluate(cfg["rounds"], arrays)
     if not metrics:

@@ -11,14 +11,14 @@ from flwr.app import RecordDict
 
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import build_defenses
-from flowerbed.clients.workloads.tabdiff import TabDiff
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.runner import build_attack
 
 
 def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Partition 0's round-1 update under ``cfg``'s defenses (their update transforms in the order
     listed, as the client mods apply them): the arrays sent and the reply, as tensors."""
-    workload = TabDiff(cfg)
+    workload = build_workload(cfg)
     sent = workload.init_arrays()
     config = {"partition-id": 0, "server-round": 1}
     num = cfg["clients"]["num"]
@@ -31,4 +31,4 @@ def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
 def attack_of(cfg: dict[str, Any]) -> tuple[Any, Any]:
     """``cfg``'s attack (its typed params and context) and its scorer, built by the runner's
     ``build_attack`` on a server-side copy of the workload."""
-    return build_attack(cfg, TabDiff(cfg))
+    return build_attack(cfg, build_workload(cfg))

@@ -2,15 +2,24 @@
 
 A workload is one class registered with ``@WORKLOADS.register(name, description)`` in its own module
 under ``clients/workloads/``. The base class below is the contract every engine relies on.
+
+Inputs, typed: a workload is built from its validated ``Params`` (``self.params``) and a
+``WorkloadContext`` (``self.ctx``: the run's seed, rounds, client count, the shared data settings it
+``reads``, its device and the configured defenses), never the whole experiment config, so it cannot
+read another component's settings. ``build_workload(cfg)`` makes both from a resolved config.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -24,13 +33,16 @@ from flowerbed.clients.core.registry import NoParams, Registry
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.model_loss import LocalTraining, ModelLoss
 
+if TYPE_CHECKING:
+    from flowerbed.clients.defenses import Defense
+
 T = TypeVar("T")
 
 WORKLOADS = Registry("workload", (__name__,))
 
-__all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "assigned_device",
-           "fit_classifier", "round_subset", "score_classifier",
-           "train_cross_entropy"]  # fmt: skip
+__all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "WorkloadContext",
+           "assigned_device", "build_workload", "fit_classifier", "round_subset",
+           "score_classifier", "train_cross_entropy"]  # fmt: skip
 
 
 def assigned_device(cfg: dict[str, Any]) -> str:
@@ -50,6 +62,69 @@ def assigned_device(cfg: dict[str, Any]) -> str:
             f"process (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={visible}); use gpus=0"
         )
     return "cuda"
+
+
+@dataclass(frozen=True)
+class WorkloadContext:
+    """What a workload knows of the run it serves, besides its own ``Params``.
+
+    ``seed``: the experiment seed, from which every draw of data, model and training derives;
+    ``rounds``: the number of rounds (some workloads report more at the last one);
+    ``num_clients``: the federation's clients (N), for workloads that build every client's share;
+    ``device``: the torch device of the assigned resources (``assigned_device``);
+    ``defenses``: the configured defenses, built, in the order listed (training defenses such as
+    DP-SGD act inside ``fit``; the runtime chains their client mods around it).
+
+    The shared data settings a workload declares in ``reads`` (``clients.partitioner``,
+    ``clients.alpha``, ``clients.partition_by``, ``dataset``): ``partitioner``, ``alpha``,
+    ``partition_by`` and ``dataset`` (the dataset component's own section, read-only). A setting
+    the workload does not read is ``None``: the config check refuses it when set, so a workload
+    must not depend on its default either.
+    """
+
+    seed: int
+    rounds: int
+    num_clients: int
+    device: str = "cpu"
+    defenses: tuple[Defense, ...] = ()
+    partitioner: str | None = None
+    alpha: float | None = None
+    partition_by: str | None = None
+    dataset: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> WorkloadContext:
+        """The context of a resolved experiment config, for its configured workload."""
+        from flowerbed.clients.defenses import build_defenses
+
+        reads = WORKLOADS.get(cfg["workload"]["name"]).reads
+        clients = cfg["clients"]
+        return cls(
+            seed=int(cfg["seed"]),
+            rounds=int(cfg["rounds"]),
+            num_clients=int(clients["num"]),
+            device=assigned_device(cfg),
+            defenses=tuple(build_defenses(cfg)),
+            partitioner=str(clients["partitioner"]) if "clients.partitioner" in reads else None,
+            alpha=float(clients["alpha"]) if "clients.alpha" in reads else None,
+            partition_by=clients["partition_by"] if "clients.partition_by" in reads else None,
+            dataset=MappingProxyType(copy.deepcopy(cfg["dataset"])) if "dataset" in reads else None,
+        )
+
+    @property
+    def dataset_json(self) -> str:
+        """The dataset section as JSON with sorted keys: the key under which a workload caches
+        what it derives from the table."""
+        if self.dataset is None:
+            raise ConfigError("this workload does not declare 'dataset' in its reads")
+        return json.dumps(dict(self.dataset), sort_keys=True)
+
+
+def build_workload(cfg: Mapping[str, Any]) -> Workload:
+    """The configured workload of a resolved config: its registered class, built from its typed
+    ``Params`` and the run's ``WorkloadContext``."""
+    cls = WORKLOADS.get(cfg["workload"]["name"])
+    return cls(cls.Params(**cfg["workload"]["params"]), WorkloadContext.of(cfg))
 
 
 @dataclass
@@ -164,10 +239,10 @@ def score_classifier(model: nn.Module, data: Examples) -> dict[str, float]:
 class Workload:
     """Contract between the engines and a client-side method.
 
-    ``cfg`` is the resolved experiment config (a plain dict); ``params`` its typed
-    ``workload.params``; ``device`` the torch device of the assigned resources
-    (``assigned_device``): a workload computes there and returns CPU records. Methods receive and
-    return Flower records so nothing is lost in transit.
+    ``params`` is its typed ``workload.params``; ``ctx`` the ``WorkloadContext`` of the run;
+    ``device`` (from ``ctx``) the torch device of the assigned resources: a workload computes there
+    and returns CPU records. Methods receive and return Flower records so nothing is lost in
+    transit.
     """
 
     Params: ClassVar[type] = NoParams
@@ -182,13 +257,18 @@ class Workload:
     #: runs the same path
     private_training_path: ClassVar[str] = "opacus"
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        from flowerbed.clients.defenses import build_defenses
-
-        self.cfg = cfg
-        self.params = self.Params(**cfg["workload"]["params"])
-        self.device = assigned_device(cfg)
-        self.defenses = build_defenses(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        """``params``: this workload's ``Params``, or its fields as a mapping (validated here);
+        ``ctx``: the run (``build_workload(cfg)`` makes both from a config)."""
+        if not isinstance(ctx, WorkloadContext):
+            raise TypeError(
+                f"{type(self).__name__} takes its Params and a WorkloadContext, not "
+                f"{type(ctx).__name__} (build_workload(cfg) builds a workload from a config)"
+            )
+        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        self.ctx = ctx
+        self.device = ctx.device
+        self.defenses = list(ctx.defenses)
 
     # -- defenses that act inside training (DP-SGD) -------------------------------------------
     def private_training(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
@@ -266,12 +346,11 @@ class ClassifierWorkload(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Examples]:
         from flowerbed.clients.datasets.partition import partition_indices
 
-        pool, clients = self.train_pool(), self.cfg["clients"]
+        pool, ctx = self.train_pool(), self.ctx
         idx = partition_indices(
-            pool.y.numpy(), partition_id, num_partitions, clients["partitioner"],
-            clients["alpha"], self.cfg["seed"],
-        )  # fmt: skip
-        idx = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0)).permutation(idx)
+            pool.y.numpy(), partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
+        )
+        idx = np.random.default_rng(client_seed(ctx.seed, partition_id, 0)).permutation(idx)
         n_test = int(round(len(idx) * self.params.test_fraction_local))
         test, train = idx[:n_test], idx[n_test:]
         return {
@@ -282,10 +361,10 @@ class ClassifierWorkload(Workload):
     def round_data(self, data: dict[str, Examples], partition_id: int, server_round: int) -> Examples:  # fmt: skip
         """What a client trains on in a round (all it holds unless FedSGD / round_examples)."""
         return round_subset(data["train"], self.training, self.params.round_examples,
-                            self.cfg["seed"], partition_id, server_round)  # fmt: skip
+                            self.ctx.seed, partition_id, server_round)  # fmt: skip
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return ArrayRecord(self._model().state_dict())
 
     @staticmethod
@@ -300,7 +379,7 @@ class ClassifierWorkload(Workload):
         model = self.loaded_model(arrays)
         pid, rnd = config["partition-id"], config["server-round"]
         train = self.round_data(data, pid, rnd)
-        seed = client_seed(self.cfg["seed"], pid, rnd)
+        seed = client_seed(self.ctx.seed, pid, rnd)
         metrics = fit_classifier(self, model, train, self.training, seed, state,
                                  float(config.get("proximal-mu", 0.0)))  # fmt: skip
         return self._cpu_arrays(model), metrics

@@ -620,7 +620,7 @@ class ACCpp(Workload):
         ig_steps: int = param(256, ge=1)
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         model = AttnOnly()
         if arrays is not None:
             model.load_state_dict(arrays.to_torch_state_dict())
@@ -628,7 +628,7 @@ class ACCpp(Workload):
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         lang = partition_id % LANGUAGES
-        seed = client_seed(self.cfg["seed"], partition_id, 0)
+        seed = client_seed(self.ctx.seed, partition_id, 0)
         return {
             "partition": partition_id,
             "train": make_prompts(lang, self.params.train_prompts, seed),
@@ -643,7 +643,7 @@ class ACCpp(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         model = self._model(arrays)
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         p = self.params
         loss = train(model, data["train"], p.local_steps, seed, p.lr, p.batch_size)
         return ArrayRecord(model.state_dict()), {
@@ -671,7 +671,7 @@ class ACCpp(Workload):
             "acc_edges": summary["edges"],
             "acc_signal_dim": summary["signal_dim"],
         }
-        num = int(self.cfg["clients"]["num"])
+        num = int(self.ctx.num_clients)
         for client in range(num):  # same keys on every client; only the own slot is non-zero
             mine = client == data["partition"]
             for i, v in enumerate(summary["heads"]):

@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 CRITERIA = ("alo", "acv", "bic", "ebic")
 
@@ -318,17 +318,17 @@ class ACVGraph(Workload):
         n_splits: int = param(20, ge=2)
         criterion: Criterion = Criterion("acv")
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         self.lambdas = default_lambdas(self.params.num_lambdas)
         self.theta = make_precision(
-            make_graph(self.params.graph, self.params.p, cfg["seed"]), self.params.strength,
-            cfg["seed"],
+            make_graph(self.params.graph, self.params.p, self.ctx.seed), self.params.strength,
+            self.ctx.seed,
         )  # fmt: skip
         self.truth = true_adjacency(self.theta)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> np.ndarray:
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0))
         return sample_ggm(self.theta, self.params.samples_per_client, rng)
 
     def init_arrays(self) -> ArrayRecord:
@@ -342,7 +342,7 @@ class ACVGraph(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """Local criteria on the shared grid; per-example normalisation makes FedAvg's
         example-weighted mean equal the pooled (summed) criterion."""
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         crit = graph_criteria(data, self.lambdas, np.random.default_rng(seed), self.params.n_splits)
         n = len(data)
         reply = {

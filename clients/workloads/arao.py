@@ -536,9 +536,9 @@ class ARAO(Workload):
         return ArrayRecord(state)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientData:
-        seed, p = self.cfg["seed"], self.params
+        seed, p = self.ctx.seed, self.params
         rng = np.random.default_rng(client_seed(seed, partition_id, 0))
-        topics = rng.dirichlet(np.full(len(TOPICS), self.cfg["clients"]["alpha"] * 4))
+        topics = rng.dirichlet(np.full(len(TOPICS), self.ctx.alpha * 4))
         train_seed = client_seed(seed, partition_id, 0, salt=1)
         test_seed = client_seed(seed, partition_id, 0, salt=2)
         return ClientData(
@@ -547,7 +547,7 @@ class ARAO(Workload):
         )
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         model = Detector(self.params.n_features, self.params.hidden)
         return self._pack(model, np.zeros(K), np.zeros(K))
 
@@ -556,7 +556,7 @@ class ARAO(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model, attr, directions = self._unpack(arrays)
         server_round = int(config["server-round"])
-        seed = client_seed(self.cfg["seed"], config["partition-id"], server_round)
+        seed = client_seed(self.ctx.seed, config["partition-id"], server_round)
         rng = np.random.default_rng(seed)
         texts, labels = data.train.texts, data.train.labels
         metrics: dict[str, float] = {"num-examples": len(texts)}
@@ -592,14 +592,12 @@ class ARAO(Workload):
 
     def evaluate(self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any]):
         model, _, _ = self._unpack(arrays)
-        seed = client_seed(self.cfg["seed"], config["partition-id"], 0, salt=3)
+        seed = client_seed(self.ctx.seed, config["partition-id"], 0, salt=3)
         return {"num-examples": len(data.test.texts), **self._report(model, data.test, seed)}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         model, attr, _ = self._unpack(arrays)
-        test = make_corpus(
-            2 * self.params.n_test, self.cfg["seed"] + 777, self.params.vulnerable_axis
-        )
-        out = self._report(model, test, self.cfg["seed"] + 778)
+        test = make_corpus(2 * self.params.n_test, self.ctx.seed + 777, self.params.vulnerable_axis)
+        out = self._report(model, test, self.ctx.seed + 778)
         out.update({f"attr_axis{k}": float(attr[k]) for k in range(K)})
         return out

@@ -389,7 +389,7 @@ class Chamfer(Workload):
         check_exact: bool = True  # also compute exact CH (O(n^2 d)) to report the error
 
     def _references(self) -> np.ndarray:
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], 10**6, 0))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, 10**6, 0))
         pr = self.params
         return np.stack([make_shape(s, pr.reference_points, pr.dim, rng, pr.noise) for s in SHAPES])
 
@@ -398,13 +398,13 @@ class Chamfer(Workload):
         return ClientCloud(partition_id % len(SHAPES))
 
     def _cloud(self, data: ClientCloud, partition_id: int, server_round: int) -> np.ndarray:
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, server_round))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, server_round))
         pr = self.params
         scale = 1.0 + 0.03 * rng.standard_normal()
         return scale * make_shape(SHAPES[data.family], pr.points, pr.dim, rng, pr.noise)
 
     def init_arrays(self) -> ArrayRecord:
-        n = self.cfg["clients"]["num"]
+        n = self.ctx.num_clients
         refs = self._references()
         return _record(reference=refs, profile=np.zeros((n, len(refs))), present=np.zeros(n))
 
@@ -420,7 +420,7 @@ class Chamfer(Workload):
         profile = np.zeros(len(refs))
         errors, sub_errors, vs_sub, times, crude_ratio, exact_s = [], [], [], [], [], 0.0
         for j, ref in enumerate(refs):
-            seed = client_seed(self.cfg["seed"], pid, rnd, salt=j)
+            seed = client_seed(self.ctx.seed, pid, rnd, salt=j)
             est = chamfer_estimate(cloud, ref, pr.p, pr.eps, pr.delta, seed=seed)
             sub = np.random.default_rng(seed).choice(len(cloud), pr.subsample, replace=False)
             sub_value = len(cloud) / pr.subsample * float(nearest_lp(cloud[sub], ref, pr.p).sum())
@@ -435,7 +435,7 @@ class Chamfer(Workload):
                 errors.append(abs(est.estimate / exact - 1))
                 sub_errors.append(abs(sub_value / exact - 1))
                 crude_ratio[-1] = est.crude_sum / exact
-        n = self.cfg["clients"]["num"]
+        n = self.ctx.num_clients
         out_profile, present = np.zeros((n, len(refs))), np.zeros(n)
         out_profile[pid], present[pid] = profile, 1.0
         metrics = {

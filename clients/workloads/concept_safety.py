@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 PAD, BOS, SEP, EOS, REFUSE = 0, 1, 2, 3, 4
 N_SPECIAL = 5
@@ -507,16 +507,16 @@ class ConceptSafety(Workload):
         stride: int = param(3, ge=1)
         local_steps: int = param(20, ge=0)  # full-batch SGD steps per round
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
-        self.world = make_world(cfg["seed"], p.tasks, p.concepts, p.answer_len)
+        self.world = make_world(self.ctx.seed, p.tasks, p.concepts, p.answer_len)
         self.spec = ModelSpec(dim=p.dim)
 
     def _model(self, arrays: ArrayRecord | None = None) -> TinyGPT:
         if arrays is None:
             p = self.params
-            return pretrained_model(self.cfg["seed"], self.world, self.spec, p.pretrain_steps,
+            return pretrained_model(self.ctx.seed, self.world, self.spec, p.pretrain_steps,
                                     p.pretrain_lr)  # fmt: skip
         model = build_model(self.world, self.spec)
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -526,7 +526,7 @@ class ConceptSafety(Workload):
         p = self.params
         counts = client_counts(partition_id, p.concepts, p.concepts_per_client, p.stride,
                                p.budget, p.zipf_s)  # fmt: skip
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=9))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=9))
         examples = safety_examples(self.world, counts, p.safe_per_unsafe, rng)
         return ClientData(counts, make_batch(self.world, examples))
 
@@ -537,7 +537,7 @@ class ConceptSafety(Workload):
         self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model = self._model(arrays)
-        torch.manual_seed(client_seed(self.cfg["seed"], config["partition-id"],
+        torch.manual_seed(client_seed(self.ctx.seed, config["partition-id"],
                                       config["server-round"]))  # fmt: skip
         p = self.params
         loss = finetune_steps(model, data.batch, p.local_steps, p.lr, p.trainable)

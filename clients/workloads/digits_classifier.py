@@ -38,6 +38,7 @@ from flowerbed.clients.workloads import (
     WORKLOADS,
     ClassifierWorkload,
     Examples,
+    WorkloadContext,
     score_classifier,
 )
 
@@ -123,8 +124,8 @@ class DigitsClassifier(ClassifierWorkload):
             out[Capability.LINEAR_FIRST_LAYER] = "Adam local steps keep only gradient signs"
         return out
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
         if p.model not in MODELS:
             raise ConfigError(f"unknown workload.params.model '{p.model}' (allowed: mlp, cnn)")

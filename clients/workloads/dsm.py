@@ -337,7 +337,7 @@ class DSM(Workload):
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
-        return make_conditions(self.cfg["seed"], p.subclusters, p.n_mem, p.dup)
+        return make_conditions(self.ctx.seed, p.subclusters, p.n_mem, p.dup)
 
     def _model(self) -> Denoiser:
         return Denoiser(len(self._conditions()[2]), self.params.hidden)
@@ -346,7 +346,7 @@ class DSM(Workload):
         x, cond, memorised, _ = self._conditions()
         own = client_conditions(len(memorised), partition_id, num_partitions)
         rows = client_rows(
-            cond, memorised, partition_id, num_partitions, self.params.split, self.cfg["seed"]
+            cond, memorised, partition_id, num_partitions, self.params.split, self.ctx.seed
         )
         data = CondData(
             torch.from_numpy(x[rows]), torch.from_numpy(cond[rows]), memorised, len(memorised)
@@ -354,7 +354,7 @@ class DSM(Workload):
         return {"train": data, "own": own, "partition": partition_id}
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return ArrayRecord(self._model().state_dict())
 
     def _load(self, arrays: ArrayRecord) -> Denoiser:
@@ -367,7 +367,7 @@ class DSM(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         model = self._load(arrays)
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         loss = train_denoiser(
             model, data["train"], p.local_steps, seed, Schedule(), p.lr, p.batch_size
         )
@@ -383,7 +383,7 @@ class DSM(Workload):
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
         """The client audits its own conditions (it knows which of them it duplicated)."""
-        seed = client_seed(self.cfg["seed"], data["partition"], config["server-round"], salt=1)
+        seed = client_seed(self.ctx.seed, data["partition"], config["server-round"], salt=1)
         res = self._audit(self._load(arrays), data["own"], seed)
         return {"num-examples": len(data["own"]) * self.params.per_condition, **res}
 
@@ -396,13 +396,13 @@ class DSM(Workload):
             return {}
         model = self._load(arrays)
         n_cond = len(self._conditions()[2])
-        num = self.cfg["clients"]["num"]
+        num = self.ctx.num_clients
         keys = ("auroc_dsm_step0", "auroc_wen_step0", "auroc_hess_step0", "nn_dist_mem",
                 "nn_dist_gen")  # fmt: skip
         out: dict[str, float] = {}
         per_client = []
         for pid in range(num):
-            seed = client_seed(self.cfg["seed"], pid, server_round, salt=1)
+            seed = client_seed(self.ctx.seed, pid, server_round, salt=1)
             res = self._audit(model, client_conditions(n_cond, pid, num), seed)
             per_client.append(res)
             for key in keys[:3]:

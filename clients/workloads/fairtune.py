@@ -39,7 +39,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 
 # -- 1. data generator -----------------------------------------------------------------------
@@ -464,12 +464,12 @@ class FairTune(Workload):
         share: float = param(0.5, ge=0, le=1)
         strategic: bool = True
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        self.sellers = int(cfg["clients"]["num"])
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
+        self.sellers = self.ctx.num_clients
         self.num_buyers = self.params.families * self.params.buyers_per_family
         self.base, domains = _public(
-            cfg["seed"], self.params.families, self.sellers + self.num_buyers
+            self.ctx.seed, self.params.families, self.sellers + self.num_buyers
         )
         self.seller_domains, self.buyers = domains[: self.sellers], domains[self.sellers :]
         p = self.params
@@ -480,7 +480,7 @@ class FairTune(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         """The seller's checkpoint (fine-tuned once, deterministic) and its self-evaluated quality
         on each buyer's published validation split."""
-        seed = client_seed(self.cfg["seed"], partition_id, 0)
+        seed = client_seed(self.ctx.seed, partition_id, 0)
         ckpt = fine_tune_sellers(
             self.base, [self.seller_domains[partition_id]], self.params.seller_steps, seed
         )
@@ -531,7 +531,7 @@ class FairTune(Workload):
         reports = np.round(stacked.pop("reports"), 6)
         checkpoints = {k: torch.from_numpy(v.astype(np.float32)) for k, v in stacked.items()}
         data = measure_market(
-            checkpoints, self.base, self.buyers, self.cfg["seed"] + 2, self.params.target,
+            checkpoints, self.base, self.buyers, self.ctx.seed + 2, self.params.target,
             self.params.max_steps,
         )  # fmt: skip
-        return market_outcome(data, reports, self.mech, self.cfg["seed"], self.curve)
+        return market_outcome(data, reports, self.mech, self.ctx.seed, self.curve)

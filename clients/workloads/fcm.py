@@ -28,7 +28,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 from flowerbed.clients.workloads.fcm_data import (
     SCENARIOS,
     ConceptData,
@@ -340,34 +340,39 @@ class FCM(Workload):
         )  # round1 | all (oracle architecture)
         local_only: bool = False  # each client keeps its own model, never aggregated
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
         self.task = get_task(p.data, p.task)
         probe = make_dataset(self.task, 2, 0)
         self.spec = ModelSpec(
             probe.x.shape[1], p.hidden, p.emb, p.task_hidden, probe.n_classes, p.model
         )
-        problem = self._pooled_problem(cfg) if p.pooled else None
+        problem = self._pooled_problem() if p.pooled else None
         if problem:
             raise ConfigError(f"workload.params.pooled=true {problem}")
-        num = p.central_clients if p.scenario == "central" or p.pooled else cfg["clients"]["num"]
+        num = p.central_clients if p.scenario == "central" or p.pooled else self.ctx.num_clients
         if p.scenario == "schedule":  # any other scenario ignores the schedule
             self.scenario: Scenario = schedule_scenario(p.schedule, probe.concept_names, num)
         else:
             self.scenario = make_scenario(
-                p.scenario, probe.concept_names, num, cfg["rounds"], cfg["seed"], p.hold_fraction
+                p.scenario,
+                probe.concept_names,
+                num,
+                self.ctx.rounds,
+                self.ctx.seed,
+                p.hold_fraction,
             )
-        self.test = make_dataset(self.task, p.n_test, client_seed(cfg["seed"], 10**6, 0), "test")
+        self.test = make_dataset(self.task, p.n_test, client_seed(self.ctx.seed, 10**6, 0), "test")
 
-    def _pooled_problem(self, cfg: dict[str, Any]) -> str | None:
+    def _pooled_problem(self) -> str | None:
         p = self.params
         if p.scenario == "central":
             return "needs a federated scenario (full|partial|evolving|schedule); central is pooled"
         if p.local_only:
             return "and local_only=true exclude each other (pooled is one centralised client)"
-        if cfg["clients"]["num"] != 1:
-            return f"runs one client holding the pool: clients.num must be 1 (got {cfg['clients']['num']})"
+        if self.ctx.num_clients != 1:
+            return f"runs one client holding the pool: clients.num must be 1 (got {self.ctx.num_clients})"
         return None
 
     def initial_concepts(self) -> tuple[str, ...]:
@@ -376,7 +381,7 @@ class FCM(Workload):
         return self.scenario.initial_concepts()
 
     def load_partition(self, partition_id: int, num_partitions: int) -> ConceptData:
-        p, seed = self.params, self.cfg["seed"]
+        p, seed = self.params, self.ctx.seed
         if p.scenario != "central" and not p.pooled:
             return make_dataset(self.task, p.n_train, client_seed(seed, partition_id, 0), "train")
         parts = [
@@ -387,7 +392,7 @@ class FCM(Workload):
         return ConceptData(x, c, y, parts[0].concept_names, parts[0].n_classes)
 
     def init_arrays(self) -> ArrayRecord:
-        return to_arrays(init_params(self.spec, self.initial_concepts(), self.cfg["seed"]))
+        return to_arrays(init_params(self.spec, self.initial_concepts(), self.ctx.seed))
 
     def held(self, partition_id: int, server_round: int) -> tuple[str, ...]:
         """Concepts this client has labels for now (central: every one; pooled: those any pooled
@@ -434,12 +439,12 @@ class FCM(Workload):
             params, self.spec, data, held,
             train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
             batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
-            seed=client_seed(self.cfg["seed"], pid, rnd), frozen=frozen, label_mask=mask,
+            seed=client_seed(self.ctx.seed, pid, rnd), frozen=frozen, label_mask=mask,
         )  # fmt: skip
         local_scores = {}
         if p.local_only:  # the evaluate hook gets no client state, so score the local model here
             state[LOCAL_STATE_KEY] = to_arrays(trained)
-            final = rnd >= self.cfg["rounds"]
+            final = rnd >= self.ctx.rounds
             local_scores = score(trained, self.spec, self.test, available, curve=final)
         send = [
             k for k in sorted(trained)
@@ -460,7 +465,7 @@ class FCM(Workload):
         self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any]
     ) -> dict[str, float]:
         pid, rnd = int(config["partition-id"]), int(config.get("server-round", 0))
-        final = rnd >= self.cfg["rounds"]
+        final = rnd >= self.ctx.rounds
         metrics = score(to_params(arrays), self.spec, self.test, self.held(pid, rnd), curve=final)
         metrics["num-examples"] = len(self.test.y)
         return metrics
@@ -469,7 +474,7 @@ class FCM(Workload):
         if self.params.local_only:
             return None
         params = to_params(arrays)
-        final = server_round >= self.cfg["rounds"]
+        final = server_round >= self.ctx.rounds
         out = score(params, self.spec, self.test, self.scenario.concept_names, curve=final)
         out.pop("concept_acc_held", None)
         out["n_concepts"] = float(len(concepts_of(params)))

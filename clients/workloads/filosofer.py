@@ -34,7 +34,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.training import accuracy, fisher_diagonal, make_mlp
-from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: scikit-learn's bundled digits, a seeded train pool / test split
@@ -143,9 +143,9 @@ class Filosofer(Workload):
         local_epochs: int = param(5, ge=1)
         batch_size: int = param(64, ge=1)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        self.split = digits_split(cfg["seed"], self.params.train_size)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
+        self.split = digits_split(self.ctx.seed, self.params.train_size)
 
     def _model(self) -> nn.Sequential:
         return make_mlp(hidden=list(self.params.hidden))
@@ -161,7 +161,7 @@ class Filosofer(Workload):
         )
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         model = self._model()
         return pack(model, {k: torch.zeros_like(v) for k, v in model.state_dict().items()})
 
@@ -172,7 +172,7 @@ class Filosofer(Workload):
         model = self._model()
         model.load_state_dict(unpack(arrays)[0])
         fisher = fisher_diagonal(model, data.x, data.y)  # of the received global model
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         loss = train_cross_entropy(model, data.x, data.y, self.params.local_epochs, self.params.lr,
                      self.params.batch_size, torch.Generator().manual_seed(seed))  # fmt: skip
         return pack(model, fisher), {"num-examples": len(data.y), "loss": loss}

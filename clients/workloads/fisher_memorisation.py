@@ -45,7 +45,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload, train_cross_entropy
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
 # 1. data: bundled digits or generated image-like classes, with controlled label noise
@@ -552,12 +552,14 @@ class FisherMemorisation(Workload):
         project_layer: int = param(2, ge=0)
         keep_fractions: list[float] = param(factory=lambda: [0.05, 0.01], gt=0, le=1)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         x, y = (
-            digits_data() if self.params.dataset == "digits" else image_like_data(1800, cfg["seed"])
+            digits_data()
+            if self.params.dataset == "digits"
+            else image_like_data(1800, self.ctx.seed)
         )
-        rng = np.random.default_rng(client_seed(cfg["seed"], 0, 0, salt=24))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, 0, 0, salt=24))
         order = rng.permutation(len(y))
         self._x, self._y = x, y
         self._pool, self._test = order[: self.params.train_size], order[self.params.train_size :]
@@ -578,7 +580,7 @@ class FisherMemorisation(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientShard:
         idx = self._pool[partition_id::num_partitions]
         rate = float(self.params.noise_rates[partition_id % len(self.params.noise_rates)])
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=24))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=24))
         noisy = flip_labels(self._y[idx], rate, self.classes, rng)
         t = torch.from_numpy
         return ClientShard(t(self._x[idx]), t(noisy), t(self._y[idx]), rate)
@@ -603,7 +605,7 @@ class FisherMemorisation(Workload):
         return ArrayRecord(record)
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         zeros = [(np.zeros((a, a)), np.zeros((g, g))) for a, g in self._layer_sizes()]
         return self._pack(self._model(), zeros)
 
@@ -612,7 +614,7 @@ class FisherMemorisation(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model, _ = self._split_arrays(arrays)
         factors = kfac_factors(model, data.x)  # of the received global model
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         batch = self.params.batch_size or len(data.y_noisy)
         loss = train(model, data.x, data.y_noisy, self.params.local_epochs, self.params.lr, batch,
                      torch.Generator().manual_seed(seed))  # fmt: skip
@@ -638,7 +640,7 @@ class FisherMemorisation(Workload):
 
     def _global_split(self) -> NoisySplit:
         if self._shards is None:
-            num = self.cfg["clients"]["num"]
+            num = self.ctx.num_clients
             self._shards = [self.load_partition(i, num) for i in range(num)]
         t = torch.from_numpy
         return NoisySplit(

@@ -395,21 +395,18 @@ class FiTS(Workload):
         pitch_max: float = param(1.25, gt=0)
         cycles: float = param(0.5, gt=0)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-
     def _model(self, kind: str) -> SNN:
         p = self.params
-        return SNN(kind, 20, p.hidden, len(class_pairs(4)), self.cfg["seed"], p.cycles)
+        return SNN(kind, 20, p.hidden, len(class_pairs(4)), self.ctx.seed, p.cycles)
 
     def _pitch(self, partition_id: int) -> float:
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=11))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=11))
         return float(
             np.exp(rng.uniform(math.log(self.params.pitch_min), math.log(self.params.pitch_max)))
         )
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
-        seed = client_seed(self.cfg["seed"], partition_id, 0)
+        seed = client_seed(self.ctx.seed, partition_id, 0)
         pitch = self._pitch(partition_id)
         n = self.params.samples_per_client
         task = make_task(n + n // 4, seed, steps=self.params.steps, pitch=pitch)
@@ -440,7 +437,7 @@ class FiTS(Workload):
         )
 
     def init_arrays(self) -> ArrayRecord:
-        calib = make_task(200, self.cfg["seed"] + 7, steps=self.params.steps)
+        calib = make_task(200, self.ctx.seed + 7, steps=self.params.steps)
         models = {}
         for kind in self.params.arms:
             model = self._model(kind)
@@ -452,7 +449,7 @@ class FiTS(Workload):
         self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         models = self._load(arrays)
         metrics: dict[str, float] = {"num-examples": len(data["train"].y), "pitch": data["pitch"]}
         for kind, model in models.items():
@@ -472,9 +469,7 @@ class FiTS(Workload):
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         """Held-out speakers at pitch 1; accuracy, rates, f* near task frequencies, group delay."""
-        test = make_task(
-            self.params.test_samples, self.cfg["seed"] + 99_991, steps=self.params.steps
-        )
+        test = make_task(self.params.test_samples, self.ctx.seed + 99_991, steps=self.params.steps)
         freqs = (25.0, 50.0, 100.0, 200.0)
         out: dict[str, float] = {}
         for kind, model in self._load(arrays).items():

@@ -395,7 +395,7 @@ class FlowLeak(Workload):
             prior = Bandit.fresh()
         scores = []
         for j in range(self.params.mas_per_client):
-            key = client_seed(self.cfg["seed"], partition_id, server_round, salt=j)
+            key = client_seed(self.ctx.seed, partition_id, server_round, salt=j)
             mas = generate_mas(np.random.default_rng(key))
             curve, prior = flowleak_attack(
                 mas, self.params.budget, np.random.default_rng(key + 1), prior

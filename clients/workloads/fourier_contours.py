@@ -714,7 +714,7 @@ class FourierContours(Workload):
         return ArrayRecord(state)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Phantoms]:
-        p, seed = self.params, self.cfg["seed"]
+        p, seed = self.params, self.ctx.seed
         site = hospital(seed, partition_id)
         n_test = max(2, p.stacks_per_client // 4)
         data = make_phantoms(
@@ -725,7 +725,7 @@ class FourierContours(Workload):
         return {"train": _subset(data, slice(0, cut)), "test": _subset(data, slice(cut, None))}
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return self._arrays(*self._models())
 
     def fit(
@@ -734,7 +734,7 @@ class FourierContours(Workload):
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
         torch.set_num_threads(1)
         p = self.params
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         net, unet = self._models(arrays)
         fc_loss = train_contours(
             net, data["train"], p.local_steps, seed, p.lr, p.batch_size, p.labelled_fraction
@@ -760,10 +760,10 @@ class FourierContours(Workload):
         torch.set_num_threads(1)
         setup = LocalSetup(
             size=self.params.size, slices=self.params.slices, harmonics=self.params.harmonics,
-            hospitals=self.cfg["clients"]["num"],
+            hospitals=self.ctx.num_clients,
         )  # fmt: skip
         n = max(self.params.test_stacks, setup.hospitals)
-        test = _central_test(setup, self.cfg["seed"], n)
+        test = _central_test(setup, self.ctx.seed, n)
         return self._both(*self._models(arrays), test)
 
 

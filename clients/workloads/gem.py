@@ -30,7 +30,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 # ---------------------------------------------------------------------------------------------
 # 1. Data: the standard library's own source, character level
@@ -336,8 +336,8 @@ class GEM(Workload):
         val_fraction: float = param(0.1, gt=0, lt=1)
         eval_windows: int = param(64, ge=1)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
         self.lm = LMConfig(**{f.name: getattr(p, f.name) for f in fields(LMConfig)})
         if not -1 <= p.target_layer < p.layers or p.target_layer == 0:
@@ -355,14 +355,14 @@ class GEM(Workload):
         return LMData(train, val)
 
     def init_arrays(self) -> ArrayRecord:
-        return ArrayRecord(build_model(self.lm, self.cfg["seed"]).state_dict())
+        return ArrayRecord(build_model(self.lm, self.ctx.seed).state_dict())
 
     def fit(
         self, arrays: ArrayRecord, data: LMData, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model = self._model(arrays)
         server_round = int(config["server-round"])
-        seed = client_seed(self.cfg["seed"], config["partition-id"], server_round)
+        seed = client_seed(self.ctx.seed, config["partition-id"], server_round)
         steps = self.params.local_steps
         metrics = train_lm(model, data.train, self.lm, steps, seed, (server_round - 1) * steps)
         metrics["num-examples"] = steps * self.lm.batch_size

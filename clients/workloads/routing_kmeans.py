@@ -53,7 +53,7 @@ class RoutingKMeans(RoutingWorkload):
         counts plus per-(cluster, model) correctness/evaluation/cost sums, all sufficient stats."""
         train = data["train"]
         if config.get("phase") == "init":
-            seed = client_seed(self.cfg["seed"], config["partition-id"], 0, salt=1)
+            seed = client_seed(self.ctx.seed, config["partition-id"], 0, salt=1)
             k = min(self.params.clusters, len(train))
             c, sizes = local_kmeans_init(train, k, self.params.init_iters, seed)
             pad = self.params.clusters - k

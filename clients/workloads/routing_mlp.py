@@ -44,7 +44,7 @@ class RoutingMLP(RoutingWorkload):
         return model
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return ArrayRecord(self._model().state_dict())
 
     def fit(
@@ -52,7 +52,7 @@ class RoutingMLP(RoutingWorkload):
     ) -> tuple[ArrayRecord, dict[str, Any]]:
         model = self._load(arrays)
         p = self.params
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         train = data["train"]
         loss = train_mlp(
             model, train, p.local_epochs, p.lr, p.batch_size, p.cost_weight, p.weight_decay, seed
@@ -70,7 +70,7 @@ class RoutingMLP(RoutingWorkload):
     def personal_predict(
         self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        seed = client_seed(self.cfg["seed"], partition_id, 0, salt=2)
+        seed = client_seed(self.ctx.seed, partition_id, 0, salt=2)
         return mlp_predict(
             personalise_mlp(self._load(arrays), data["train"], self.params, seed), emb
         )

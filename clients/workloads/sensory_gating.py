@@ -32,7 +32,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import defaults, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 LENGTH = 128  # samples per window (100 Hz: 1.28 s, three beats)
 PATCH = 16  # F-JEPA patch
@@ -567,15 +567,15 @@ class SensoryGating(Workload):
         local_steps: int = param(60, ge=0)  # steps of the stage being trained, per round
         server_windows: int = param(400, ge=1)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
         shared = {f.name: getattr(p, f.name) for f in fields(StageSetup)}
         self.stage_cfg = StageConfig(
             **shared, teacher_steps=p.local_steps, gate_steps=p.local_steps,
             student_steps=p.local_steps,
         )  # fmt: skip
-        self.server_test = make_beats(p.server_windows, client_seed(cfg["seed"], 0, 0, salt=201))
+        self.server_test = make_beats(p.server_windows, client_seed(self.ctx.seed, 0, 0, salt=201))
 
     def stage(self, server_round: int) -> str:
         if server_round <= self.params.teacher_rounds:
@@ -587,7 +587,7 @@ class SensoryGating(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientBeats:
         """A 'patient': own noise level and class priors; labelled / calibration / test splits."""
         p = self.params
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=202))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=202))
         priors = 0.5 * np.array([0.5, 0.25, 0.25]) + 0.5 * rng.dirichlet([2.0, 1.0, 1.0])
         beats = make_beats(p.windows_per_client, int(rng.integers(2**31)), tuple(priors),
                            noise=float(rng.uniform(0.05, 0.1)))  # fmt: skip
@@ -632,7 +632,7 @@ class SensoryGating(Workload):
         return mods, threshold, mask_keep
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return self._pack(self._modules(), 0.0, 1.0)
 
     def fit(
@@ -641,7 +641,7 @@ class SensoryGating(Workload):
         torch.set_num_threads(1)
         mods, threshold, mask_keep = self._unpack(arrays)
         stage = self.stage(int(config["server-round"]))
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         torch.manual_seed(seed)
         x = _tensor(data.train.x)
         metrics: dict[str, float] = {"num-examples": len(data.train.y)}
@@ -677,9 +677,9 @@ class SensoryGating(Workload):
 
     def evaluate(self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any]):
         torch.set_num_threads(1)
-        seed = client_seed(self.cfg["seed"], config["partition-id"], 0, salt=203)
+        seed = client_seed(self.ctx.seed, config["partition-id"], 0, salt=203)
         return {"num-examples": len(data.test.y)} | self._score(arrays, data.test, seed)
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         torch.set_num_threads(1)
-        return self._score(arrays, self.server_test, self.cfg["seed"])
+        return self._score(arrays, self.server_test, self.ctx.seed)

@@ -47,7 +47,7 @@ from flowerbed.clients.tabdiff.training import (
     local_update,
     per_sample_gradients,
 )
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
 
@@ -82,13 +82,13 @@ def _encoded_table(key: str) -> Encoded:
     )
 
 
-def client_row_ids(cfg: dict[str, Any], partition_id: int, num_partitions: int) -> np.ndarray:
-    """Train-row positions a client holds (a function of the config and partition id only)."""
-    data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
-    clients = cfg["clients"]
+def client_row_ids(ctx: WorkloadContext, partition_id: int, num_partitions: int) -> np.ndarray:
+    """Train-row positions a client holds (a function of the run's dataset, partitioner, alpha and
+    seed, and the partition id only)."""
+    data = encoded(ctx.dataset_json)
     labels = data.table.train[data.table.schema.label].astype(str).to_numpy()
     return partition_indices(
-        labels, partition_id, num_partitions, clients["partitioner"], clients["alpha"], cfg["seed"]
+        labels, partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
     )
 
 
@@ -96,7 +96,8 @@ def round_plan(
     seed: int, spec: DiffusionSpec, protocol: Protocol, params: dict[str, torch.Tensor],
     partition_id: int, server_round: int, n_rows: int,
 ) -> tuple[list[np.ndarray], list[Latents]]:  # fmt: skip
-    """The local positions of each step's batch and its latents, from (seed, client, round)."""
+    """The local positions of each step's batch and its latents, from (experiment seed, client,
+    round)."""
     gen = torch.Generator().manual_seed(client_seed(seed, partition_id, server_round))
     plan = batch_plan(n_rows, protocol, gen)
     if protocol.kind == "fedsgd":
@@ -164,10 +165,10 @@ class TabDiff(Workload):
         quality_rows: int = param(0, ge=0)
         sample_steps: int = param(50, ge=1)
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
-        self._key = json.dumps(cfg["dataset"], sort_keys=True)
+        self._key = self.ctx.dataset_json
         data = encoded(self._key)
         self.spec = DiffusionSpec(
             n_num=data.num.shape[1], cat_sizes=data.prep.cat_sizes, regime=p.regime,
@@ -177,7 +178,7 @@ class TabDiff(Workload):
         self.protocol = Protocol(
             p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps
         )
-        self.model = build_model(self.spec, cfg["seed"])
+        self.model = build_model(self.spec, self.ctx.seed)
 
     @property
     def prep(self) -> TablePreprocessor:
@@ -189,7 +190,7 @@ class TabDiff(Workload):
         return encoded(self._key).table
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
-        ids = client_row_ids(self.cfg, partition_id, num_partitions)
+        ids = client_row_ids(self.ctx, partition_id, num_partitions)
         data = encoded(self._key)
         return {
             "ids": ids,
@@ -198,7 +199,7 @@ class TabDiff(Workload):
         }
 
     def init_arrays(self) -> ArrayRecord:
-        model = build_model(self.spec, self.cfg["seed"])
+        model = build_model(self.spec, self.ctx.seed)
         return to_arrays(model, dict(model.named_parameters()))
 
     # -- local step -----------------------------------------------------------------------------
@@ -209,7 +210,7 @@ class TabDiff(Workload):
         params = to_params(arrays)
         pid, rnd = int(config["partition-id"]), int(config["server-round"])
         plan, latents = round_plan(
-            self.cfg["seed"], self.spec, self.protocol, params, pid, rnd, len(data["ids"])
+            self.ctx.seed, self.spec, self.protocol, params, pid, rnd, len(data["ids"])
         )
         batches = [onehot_rows(data["num"][i], data["codes"][i], self.spec.cat_sizes) for i in plan]
         # plan and latents are drawn on the CPU (the same bits on any device), then moved
@@ -221,7 +222,7 @@ class TabDiff(Workload):
         dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
         gradient = None
         if dp is not None:  # DP-SGD: clipped per-row gradients + Gaussian noise, seeded per round
-            noise = torch.Generator().manual_seed(client_seed(self.cfg["seed"], pid, rnd, salt=3))
+            noise = torch.Generator().manual_seed(client_seed(self.ctx.seed, pid, rnd, salt=3))
 
             def gradient(model, state, rows, lat):  # noqa: ANN001, ANN202
                 per_row = per_sample_gradients(model, state, rows, lat)
@@ -255,7 +256,7 @@ class TabDiff(Workload):
         self, params: dict[str, torch.Tensor], num: np.ndarray, codes: np.ndarray
     ) -> dict[str, float]:
         n = min(self.params.eval_rows, len(num))
-        gen = torch.Generator().manual_seed(self.cfg["seed"] + 12345)
+        gen = torch.Generator().manual_seed(self.ctx.seed + 12345)
         idx = torch.randperm(len(num), generator=gen)[:n].numpy()
         rows = onehot_rows(
             torch.from_numpy(num[idx]), torch.from_numpy(codes[idx]), self.spec.cat_sizes
@@ -283,15 +284,15 @@ class TabDiff(Workload):
         data = encoded(self._key)
         out = self._heldout_loss(to_params(arrays), data.test_num, data.test_codes)
         out.pop("num-examples")
-        if self.params.quality_rows and server_round == self.cfg["rounds"]:
+        if self.params.quality_rows and server_round == self.ctx.rounds:
             try:
-                synth = self.synthesize(arrays, self.params.quality_rows, self.cfg["seed"])
+                synth = self.synthesize(arrays, self.params.quality_rows, self.ctx.seed)
             except DivergedModel:  # e.g. strong DP noise: a diverged model draws no row
                 return out | {"diverged": 1.0}
             schema = data.table.schema
             out |= quality_report(
                 data.table.train, synth, data.table.test, list(schema.numeric),
-                list(data.prep.categorical), data.prep.categories, schema.label, self.cfg["seed"],
+                list(data.prep.categorical), data.prep.categories, schema.label, self.ctx.seed,
             )  # fmt: skip
         return out
 

@@ -37,6 +37,7 @@ from flowerbed.clients.workloads import (
     WORKLOADS,
     ClassifierWorkload,
     Examples,
+    WorkloadContext,
     score_classifier,
 )
 
@@ -217,9 +218,9 @@ class TabularMLP(ClassifierWorkload):
             return {Capability.LINEAR_FIRST_LAYER: "Adam local steps keep only gradient signs"}
         return {}
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        self._key = json.dumps(cfg["dataset"], sort_keys=True)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
+        self._key = self.ctx.dataset_json
         data = _encoded(self._key)
         self.in_dim = data.x_train.shape[1]
         self.num_classes = len(data.schema.classes)
@@ -263,10 +264,10 @@ class TabularMLP(ClassifierWorkload):
 def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:
     """The ablation of federation: one client trains on its own partition for the federation's
     whole budget (``rounds`` x local epochs) with no aggregation; central test metrics."""
-    cfg = work.cfg
-    data = work.load_partition(partition_id, cfg["clients"]["num"])
+    ctx = work.ctx
+    data = work.load_partition(partition_id, ctx.num_clients)
     arrays, state = work.init_arrays(), RecordDict()
-    for server_round in range(1, cfg["rounds"] + 1):
+    for server_round in range(1, ctx.rounds + 1):
         config = {"partition-id": partition_id, "server-round": server_round}
         arrays, _ = work.fit(arrays, data, config, state)
-    return work.server_evaluate(cfg["rounds"], arrays)
+    return work.server_evaluate(ctx.rounds, arrays)

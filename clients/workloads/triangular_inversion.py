@@ -27,7 +27,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
@@ -441,8 +441,8 @@ class TriangularInversion(Workload):
         )  # evaluation only: the same weights served with this inverse
         probe_precision: Precision = Precision("bf16")
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
         p = self.params
         self.vocab = p.num_keys + p.num_values + 1
         self.kernel = {"chunk": p.chunk, "method": p.method, "precision": p.precision}
@@ -455,7 +455,7 @@ class TriangularInversion(Workload):
         """Each client draws its own bindings; non-IID: clients differ in the number of pairs."""
         p = self.params
         pairs = max(2, min(p.pairs - partition_id % 3, p.seq_len // 3))
-        seed = client_seed(self.cfg["seed"], partition_id, 0)
+        seed = client_seed(self.ctx.seed, partition_id, 0)
         args = (p.seq_len, p.num_keys, p.num_values, pairs)
         return {
             "train": make_recall(p.train_size, *args, seed=seed),
@@ -463,7 +463,7 @@ class TriangularInversion(Workload):
         }
 
     def init_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
+        torch.manual_seed(self.ctx.seed)
         return ArrayRecord(self._model().state_dict())
 
     def fit(
@@ -474,7 +474,7 @@ class TriangularInversion(Workload):
         model = self._model()
         model.load_state_dict(arrays.to_torch_state_dict())
         train = data["train"]
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.params.lr)
         losses = []

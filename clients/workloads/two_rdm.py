@@ -44,7 +44,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import WORKLOADS, Workload
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 # ---------------------------------------------------------------------------------------------
 # 1. data generator: a linear teacher with well separated singular values
@@ -635,10 +635,12 @@ class TwoRDM(Workload):
         warning_decades: float = param(2.0, gt=0)  # server-side RiseDetector on rounds_log_trace
         warning_confirm: int = param(1, ge=1)  # rounds the rise must hold before the alarm
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        self.teacher = make_teacher(self.params.dim, list(self.params.singular_values), cfg["seed"])
-        rng = np.random.default_rng(client_seed(cfg["seed"], 0, 0, salt=22))
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
+        self.teacher = make_teacher(
+            self.params.dim, list(self.params.singular_values), self.ctx.seed
+        )
+        rng = np.random.default_rng(client_seed(self.ctx.seed, 0, 0, salt=22))
         self.server_probe = teacher_data(self.teacher, self.params.probes, 0.0, rng)
         self.round_losses: list[np.ndarray] = []
         self.detector = self._detector()
@@ -647,7 +649,7 @@ class TwoRDM(Workload):
         return RiseDetector(self.params.warning_decades, confirm=self.params.warning_confirm)
 
     def load_partition(self, partition_id: int, num_partitions: int) -> DLNShard:
-        rng = np.random.default_rng(client_seed(self.cfg["seed"], partition_id, 0, salt=21))
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=21))
         x, y = teacher_data(
             self.teacher, self.params.samples_per_client, self.params.label_noise, rng
         )
@@ -655,7 +657,7 @@ class TwoRDM(Workload):
         return DLNShard(x, y, probe_x, probe_y)
 
     def init_arrays(self) -> ArrayRecord:
-        rng = np.random.default_rng(self.cfg["seed"])
+        rng = np.random.default_rng(self.ctx.seed)
         params = init_dln(self.params.dim, self.params.hidden, self.params.init_scale, rng)
         return ArrayRecord({k: Array(v) for k, v in params.items()})
 
@@ -680,7 +682,7 @@ class TwoRDM(Workload):
         self, arrays: ArrayRecord, data: DLNShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         params = self._params(arrays)
-        seed = client_seed(self.cfg["seed"], config["partition-id"], config["server-round"])
+        seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
         rng = np.random.default_rng(seed)
         history = [dln_losses(params, data.probe_x, data.probe_y)]
         total = 0.0

@@ -88,7 +88,7 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
     from flowerbed.attacks.goliath import TruthScorer
     from flowerbed.attacks.metrics import TOLERANCE
     from flowerbed.clients.datasets import load_table
-    from flowerbed.clients.workloads.tabdiff import TabDiff
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
     from flowerbed.server.runner import truth_source
 
@@ -99,6 +99,6 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
     summary = run_inline(cfg)
     assert summary["metrics"]["attack.success"] > 0.9
     train = load_table(cfg["dataset"]).train
-    stds = TruthScorer(truth_source(cfg, TabDiff(cfg))).stds
+    stds = TruthScorer(truth_source(cfg, build_workload(cfg))).stds
     assert stds == pytest.approx({c: float(train[c].std()) for c in ("dose", "weight")})
     assert TOLERANCE == 0.319

@@ -8,6 +8,7 @@ for both), the Ray sweep cell is in tests/server/test_ray_sweep.py (its cluster)
 in tests/deploy.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,4 +136,43 @@ def test_the_scaffolds_claim_test_fails_on_the_skeleton_and_passes_on_the_method
     skeleton = claim_test(plugin_site.attack_src)  # label-prior is the attack scaffold as written
     assert skeleton.returncode == 1 and "attack.prior_error" in skeleton.stdout, skeleton.stdout
     method = claim_test(plugin_site.defense_src)  # clip-noise: the defense scaffold, written
+    assert method.returncode == 0, method.stdout[-2000:]
+
+
+GRADIENT_STEPS = """
+    for _ in range(steps):
+        w = w - lr * 2 * x.T @ (x @ w - y) / len(y)
+    return w
+"""
+
+
+def test_the_workload_scaffold_runs_on_its_params_and_context(tmp_path):
+    """``flowerbed new workload``: the package's module (built from ``self.params`` and
+    ``self.ctx``) runs federated in its claim test, which fails on the skeleton (no learning)
+    and passes once ``local_step`` is written. The module is imported by name (no install)."""
+    from flowerbed.apps.scaffold import new_package
+
+    package = new_package("workload", "lin-reg", tmp_path / "lin-reg")
+    module = package / "src" / "flowerbed_lin_reg" / "lin_reg.py"
+    text = module.read_text()
+    assert "cfg" not in text and "self.ctx.seed" in text
+
+    def claim_test() -> subprocess.CompletedProcess:
+        script = (
+            "import sys, pytest\nimport flowerbed_lin_reg.lin_reg\n"
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-k', '0]', 'tests']))\n"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", script], cwd=package, capture_output=True, text=True,
+            timeout=600, env={**os.environ, "PYTHONPATH": str(package / "src")},
+        )  # fmt: skip
+
+    skeleton = claim_test()
+    assert skeleton.returncode == 1 and "assert trained < 0.5 * untrained" in skeleton.stdout, (
+        skeleton.stdout[-2000:]
+    )
+    todo = '    """TODO: the method (e.g. ``steps`` of gradient descent on the squared error)."""\n    return w\n'
+    assert todo in text, "the workload scaffold changed: update this test"
+    module.write_text(text.replace(todo, GRADIENT_STEPS.lstrip("\n")))
+    method = claim_test()
     assert method.returncode == 0, method.stdout[-2000:]

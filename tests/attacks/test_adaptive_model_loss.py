@@ -25,7 +25,7 @@ from flowerbed.clients.defenses import (
     build_defenses,
     published_mechanisms,
 )
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 
@@ -37,7 +37,7 @@ def _setup(seed: int, defenses: str):
         "engine=inline", "clients.num=8", "dataset.max_rows=2000", f"seed={seed}", *FEDSGD,
         "attack.name=tableak-adaptive", f"defenses={defenses}",
     ])  # fmt: skip
-    work = WORKLOADS.get("tabular-mlp")(cfg)
+    work = build_workload(cfg)
     return cfg, work, work.init_arrays()
 
 

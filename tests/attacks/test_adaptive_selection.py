@@ -35,7 +35,7 @@ from flowerbed.clients.defenses import (
     Quantisation,
 )
 from flowerbed.clients.defenses.compression import quantize
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 from tests.tabdiff_update import attack_of, defended_update
@@ -123,7 +123,7 @@ def mlp():
         "engine=inline", "clients.num=8", "dataset.max_rows=200", "seed=0",
         "workload.params.protocol=fedsgd", "workload.params.batch_size=8", "workload.params.lr=1.0",
     ])  # fmt: skip
-    work = WORKLOADS.get("tabular-mlp")(cfg)
+    work = build_workload(cfg)
     arrays = work.init_arrays()
     fit, metrics = work.fit(arrays, work.load_partition(0, 8), {"partition-id": 0, "server-round": 1}, RecordDict())  # fmt: skip
     # for the tests' checks only, never the attacker

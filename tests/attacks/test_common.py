@@ -23,7 +23,7 @@ from flowerbed.attacks.common import (
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.defenses import Quantisation
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import build_attack
 
@@ -75,7 +75,7 @@ def test_every_attack_refuses_a_config_dict(name: str) -> None:
 
 def _built(preset: str, *overrides: str):
     cfg = load_experiment(preset, ["engine=inline", "clients.num=2", *overrides])
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     return cfg, workload, *build_attack(cfg, workload)
 
 

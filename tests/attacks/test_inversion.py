@@ -22,14 +22,14 @@ from flowerbed.attacks.inversion import (
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.clients.core.capabilities import Capability, alternatives, describe, fits
-from flowerbed.clients.workloads import WORKLOADS, Examples, fit_classifier
+from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 
 
 def _workload(preset: str, *overrides: str):
     cfg = load_experiment(preset, ["engine=inline", *overrides])
-    return cfg, WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    return cfg, build_workload(cfg)
 
 
 def _seen(contract, params, update, batch) -> Knowledge:
@@ -300,7 +300,7 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
 
     for seed in (0, 1, 2):
         cfg = _benchmark_arm(arm, seed)
-        work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+        work = build_workload(cfg)
         sent = dict(work.init_arrays().to_torch_state_dict())
         data = work.load_partition(0, cfg["clients"]["num"])
         ex = work.round_data(data, 0, 1)

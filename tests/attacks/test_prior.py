@@ -17,7 +17,7 @@ from flowerbed.attacks.common import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.prior import PriorKeeping, advantage
-from flowerbed.clients.workloads import WORKLOADS, fit_classifier
+from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 
@@ -46,7 +46,7 @@ def _fedsgd_update(seed: int, batch: int = 8):
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",
                                          f"workload.params.batch_size={batch}"])  # fmt: skip
-    work = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    work = build_workload(cfg)
     scorer = ClassifierScorer(truth_source(cfg, work))
     examples = scorer.truth(0, 1)
     arrays = work.init_arrays()
@@ -239,7 +239,7 @@ def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
                                                    "workload.params.layers=1",
                                                    "workload.params.protocol=fedsgd",
                                                    "workload.params.batch_size=8"])  # fmt: skip
-    work = td.TabDiff(cfg)
+    work = build_workload(cfg)
     scorer = gs.TruthScorer(truth_source(cfg, work))
     sent = {k: v.detach() for k, v in work.model.named_parameters()}
 

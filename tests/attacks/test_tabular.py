@@ -16,7 +16,7 @@ from flowerbed.attacks.common import Knowledge, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.runner import truth_source
 from flowerbed.server.sweep import cell_config, cells_of, load_sweep
@@ -30,12 +30,12 @@ FEDAVG = ["workload.params.protocol=fedavg", "workload.params.batch_size=32",
 def _setup(protocol: list[str], seed: int = 0):
     cfg = load_experiment("quickstart", ["engine=inline", "clients.num=8", "dataset.max_rows=2000",
                                          f"seed={seed}", *protocol])  # fmt: skip
-    work = WORKLOADS.get("tabular-mlp")(cfg)
+    work = build_workload(cfg)
     return cfg, work, work.init_arrays()
 
 
 def _reply(work, arrays, pid: int, server_round: int = 1):
-    data = work.load_partition(pid, work.cfg["clients"]["num"])
+    data = work.load_partition(pid, work.ctx.num_clients)
     reply, metrics = work.fit(arrays, data, {"partition-id": pid, "server-round": server_round},
                               RecordDict())  # fmt: skip
     sent = {k: v.float() for k, v in arrays.to_torch_state_dict().items()}
@@ -88,7 +88,7 @@ def test_the_mlp_arms_learn_past_the_majority_class():
         if not p["arm"].startswith("mlp-") or p["defenses"] or p["seed"] != 0:
             continue
         cfg = cell_config(sweep, cell)
-        work = WORKLOADS.get("tabular-mlp")(cfg)
+        work = build_workload(cfg)
         arrays = work.init_arrays()
         n = cfg["clients"]["num"]
         parts = [work.load_partition(pid, n) for pid in range(n)]

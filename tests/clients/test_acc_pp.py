@@ -207,8 +207,8 @@ def test_federated_language_communities_report_circuit_summaries(tmp_path) -> No
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.acc_pp import ACCpp
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        ACCpp(load_experiment("acc-pp", ["engine=inline", bad]))
+        build_workload(load_experiment("acc-pp", ["engine=inline", bad]))

@@ -132,8 +132,8 @@ def test_same_seed_same_result(uniform):
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.concept_safety import ConceptSafety
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        ConceptSafety(load_experiment("concept-safety", ["engine=inline", bad]))
+        build_workload(load_experiment("concept-safety", ["engine=inline", bad]))

@@ -130,9 +130,9 @@ def test_central_dp_clips_updates_and_noises_the_aggregate(inline_cfg):
         f"defenses=[{{name: central-dp, params: {{noise_multiplier: {sigma}, "
         f"clipping_norm: {clip}, clipping: client, audit_trials: 100}}}}]",
     )  # fmt: skip
-    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.clients.workloads import build_workload
 
-    sent = _numpy(WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays())
+    sent = _numpy(build_workload(cfg).init_arrays())
     AGGREGATES.clear()
     summary = run_inline(cfg)
     seen = AGGREGATES[1]
@@ -175,10 +175,10 @@ def test_bytes_per_round_count_the_compressed_encoding(inline_cfg):
         assert metrics["comm.upload_bytes"] == 2 * metrics["comm.upload_bytes_per_client"]
         return metrics["comm.upload_bytes_per_client"]
 
-    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.clients.workloads import build_workload
 
     cfg = inline_cfg("quickstart", *base)
-    arrays = WORKLOADS.get(cfg["workload"]["name"])(cfg).init_arrays()
+    arrays = build_workload(cfg).init_arrays()
     sizes = [arrays[k].numpy().size for k in arrays]
     assert per_client("[]") == 4 * sum(sizes)
     kept = per_client("[{name: topk, params: {fraction: 0.1}}]")

@@ -12,6 +12,7 @@ from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
@@ -71,7 +72,7 @@ def _cfg(**params: object) -> dict:
 
 
 def test_fit_trains_and_sends_only_held_concept_modules() -> None:
-    workload = FCM(_cfg(scenario="partial"))
+    workload = build_workload(_cfg(scenario="partial"))
     arrays = workload.init_arrays()
     data = workload.load_partition(0, 3)
     config = {"partition-id": 0, "server-round": 3}
@@ -84,7 +85,7 @@ def test_fit_trains_and_sends_only_held_concept_modules() -> None:
         if key.startswith(("enc.", "concept.")):
             assert not np.array_equal(sent[key].numpy(), arrays[key].numpy())
     # ablation (FedAvg baseline): lacked modules are trained by the task gradient and sent
-    baseline = FCM(_cfg(scenario="partial", train_lacked=True))
+    baseline = build_workload(_cfg(scenario="partial", train_lacked=True))
     sent_all, _ = baseline.fit(arrays, data, config, RecordDict())
     lacked = [
         n
@@ -98,7 +99,7 @@ def test_fit_trains_and_sends_only_held_concept_modules() -> None:
 
 
 def test_concept_loss_masked_to_held_concepts() -> None:
-    workload = FCM(_cfg(model="cbm"))
+    workload = build_workload(_cfg(model="cbm"))
     data = make_dataset("trig", 600, 1)
     params = to_params(to_arrays(init_params(workload.spec, ("a_pos", "b_pos", "z_pos"), 0)))
     trained, _ = local_train(params, workload.spec, data, ("a_pos",), train_lacked=True,
@@ -110,7 +111,7 @@ def test_concept_loss_masked_to_held_concepts() -> None:
 
 
 def test_interventions_raise_task_accuracy_on_a_cbm() -> None:
-    workload = FCM(_cfg(model="cbm", data="xor"))
+    workload = build_workload(_cfg(model="cbm", data="xor"))
     data = make_dataset("xor", 800, 1)
     params = to_params(to_arrays(init_params(workload.spec, ("x1_high", "x2_high"), 0)))
     trained, _ = local_train(params, workload.spec, data, ("x1_high", "x2_high"), train_lacked=False,
@@ -238,7 +239,7 @@ def test_yaml_task_and_schedule_run_through_config(tmp_path) -> None:
     cfg = load_experiment("fcm-trig-evolving", overrides)
     summary = run_inline(cfg)
     assert summary["metrics"]["train.registry-size"] == 3
-    workload = FCM(cfg)
+    workload = build_workload(cfg)
     assert workload.scenario.intro_round == {"a": 1, "b": 2, "c": 3}
     arrays = to_arrays(init_params(workload.spec, ("a", "b", "c"), 0))
     again = to_arrays(to_params(arrays))
@@ -337,22 +338,28 @@ def test_random_dag_task_kinds_are_balanced(kind: str) -> None:
 
 def _family_run(
     tmp_path, index: int, warmup: int, rounds: int = 12, n_train: int = 150, n_test: int = 400,
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), seed: int = 0, central: bool = False, matched_steps: bool = False,
 ) -> float:  # fmt: skip
     """Task ``index`` of benchmarks/fcm_family.py's family (12 rounds, 150 examples per client
-    unless given): the final global model's task accuracy with ``strategy.params.warmup``."""
+    unless given): the final global model's task accuracy with ``strategy.params.warmup``.
+    ``central``: the centralised arm (one client, the pooled data, every label);
+    ``matched_steps``: ``clients`` local epochs per round (the family's ``--budget steps``)."""
     kind = ("logic", "count", "vote")[index % 3]
     task = random_dag_task(100 + index, concepts=5 + index % 5, inputs=8 + (3 * index) % 5,
                            parents=1 + index % 3, task_kind=kind)  # fmt: skip
     clients = 5 + index % 2
     last = max(2, round(rounds * (0.4 + 0.05 * (index % 5))))
     schedule = random_schedule(100 + index, tuple(task["concepts"]), clients, last)
-    overrides = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false"]
+    overrides = ["engine=inline", f"output.dir={tmp_path}", "output.plots=false", f"seed={seed}"]
     overrides += [f"rounds={rounds}", f"clients.num={clients}", "clients.fraction_evaluate=0"]
     overrides += [f"workload.params.n_train={n_train}", f"workload.params.n_test={n_test}"]
     overrides += [f"strategy.params.warmup={warmup}", *extra]
+    if central:
+        overrides += ["workload.params.scenario=central", "clients.num=1"]
+    if matched_steps:
+        overrides.append(f"workload.params.local_epochs={clients}")
     cfg = load_experiment("fcm-dag6-schedule", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    cfg["workload"]["params"] |= {"task": task, "schedule": schedule, "central_clients": clients}
     return run_inline(cfg)["metrics"]["central.task_accuracy"]
 
 
@@ -384,6 +391,30 @@ def test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks(tmp_p
     assert min(m - p for m, p in zip(moment, plain, strict=True)) >= -0.005, (plain, moment)
 
 
+# -- claim test: matched local steps close the gap to centralised (issue 41) -----------------------
+
+
+def test_matched_local_steps_bring_fcms_to_centralised_on_the_worst_generated_tasks(
+    tmp_path,
+) -> None:
+    """Claim (issue 41): the gap to centralised is the federated optimisation (docs/fcm.md, the
+    decomposition); given as many sequential optimizer steps per round as the centralised arm
+    (``clients`` local epochs: 50 / 60 steps against its 47 / 57 over the pool), F-CMs reach
+    centralised task accuracy on the family's three worst tasks (4, 13, 18, named before this
+    was run), seeds 0-2, at a small size (15 rounds, 120 examples per client, 400 test samples).
+    Measured: mean 0.693 against centralised 0.703 (-1.1 points; -1.4 / -0.2 / -1.6 per seed),
+    with one local epoch 0.608 (-9.5); the mutant that ignores ``local_epochs`` gives the latter."""
+    size = {"rounds": 15, "n_train": 120, "n_test": 400}
+    matched, central = [], []
+    for seed in (0, 1, 2):
+        for index in (4, 13, 18):
+            matched.append(_family_run(tmp_path, index, 0, seed=seed, matched_steps=True, **size))
+            central.append(_family_run(tmp_path, index, 0, seed=seed, central=True, **size))
+    assert np.mean(matched) >= np.mean(central) - 0.025, (matched, central)
+    per_seed = np.subtract(matched, central).reshape(3, 3).mean(axis=1)
+    assert per_seed.min() >= -0.04, per_seed
+
+
 # -- pooled: centralised optimisation with the federated label availability (issue 41) -----------
 
 POOL_SCHEDULE = {
@@ -396,10 +427,10 @@ POOL_SCHEDULE = {
 def _pool_pair(**params: object) -> tuple[FCM, FCM]:
     """The federated workload (3 clients, POOL_SCHEDULE) and the pooled one over the same data."""
     common = {"scenario": "schedule", "schedule": POOL_SCHEDULE, "n_train": 50, **params}
-    fed = FCM(_cfg(**common))
+    fed = build_workload(_cfg(**common))
     cfg = _cfg(pooled=True, central_clients=3, **common)
     cfg["clients"]["num"] = 1
-    return fed, FCM(cfg)
+    return fed, build_workload(cfg)
 
 
 def _all_concepts(workload: FCM):  # noqa: ANN202 - an ArrayRecord with every concept's module
@@ -492,5 +523,5 @@ def test_pooled_bad_combinations_are_one_line_errors(change: dict, message: str)
     cfg = _cfg(pooled=True, **params)
     cfg["clients"]["num"] = change.get("num", 1)
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        FCM(cfg)
+        build_workload(cfg)
     assert "\n" not in str(err.value) and str(err.value).startswith("workload.params.pooled=true")

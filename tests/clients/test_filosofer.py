@@ -23,7 +23,8 @@ from flowerbed.clients.training import (
     load_state,
     make_mlp,
 )
-from flowerbed.clients.workloads.filosofer import Filosofer, digits_split, train_victim, unpack
+from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads.filosofer import digits_split, train_victim, unpack
 
 QS = (0.02, 0.05, 0.1)
 
@@ -135,7 +136,7 @@ def test_surrogate_bound_holds_on_four_of_five_seeds(victim):
 
 def test_clients_pooled_fisher_is_the_pooled_data_fisher(inline_cfg):
     cfg = inline_cfg("filosofer", "clients.num=2", "workload.params.train_size=200")
-    workload = Filosofer(cfg)
+    workload = build_workload(cfg)
     sent = workload.init_arrays()
     model = load_state(unpack(sent)[0])
     shards = [workload.load_partition(i, 2) for i in range(2)]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.fisher_memorisation import (
     FisherMemorisation,
     InContextRegressor,
@@ -195,7 +196,7 @@ def test_federated_factors_are_pooled_exactly(tmp_path, monkeypatch):
     summary = run_inline(cfg)["metrics"]
     assert "central.proj_keep0.02_memorisation" in summary
     # round 1 carries the factors of the initial model: equal to the pooled-data factors
-    workload = FisherMemorisation(cfg)
+    workload = build_workload(cfg)
     model = workload._model()
     model.load_state_dict({k: torch.from_numpy(seen[0][k]) for k in model.state_dict()})
     union = torch.cat([workload.load_partition(i, 3).x for i in range(3)])
@@ -208,8 +209,7 @@ def test_federated_factors_are_pooled_exactly(tmp_path, monkeypatch):
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.fisher_memorisation import FisherMemorisation
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        FisherMemorisation(load_experiment("fisher-memorisation", ["engine=inline", bad]))
+        build_workload(load_experiment("fisher-memorisation", ["engine=inline", bad]))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.fits import (
     SNN,
     FiTS,
@@ -194,8 +195,8 @@ def test_fedavg_averages_f_star_in_the_log_domain(tmp_path, monkeypatch):
         "workload.params.batch_size=20",
     ]  # fmt: skip
     cfg = load_experiment("fits", overrides)
-    assert "fs.layer1.log_f" in FiTS(cfg).init_arrays()
-    assert "fs.layer1.kappa" not in FiTS(cfg).init_arrays()
+    assert "fs.layer1.log_f" in build_workload(cfg).init_arrays()
+    assert "fs.layer1.kappa" not in build_workload(cfg).init_arrays()
     sent: dict[int, list[torch.Tensor]] = {}
     received: dict[int, list[torch.Tensor]] = {}
     fit = FiTS.fit
@@ -218,8 +219,7 @@ def test_fedavg_averages_f_star_in_the_log_domain(tmp_path, monkeypatch):
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.fits import FiTS
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        FiTS(load_experiment("fits", ["engine=inline", bad]))
+        build_workload(load_experiment("fits", ["engine=inline", bad]))

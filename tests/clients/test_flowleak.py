@@ -76,8 +76,8 @@ def test_federated_audits_show_the_gain_and_pool_the_bandit_statistics(inline_cf
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.flowleak import FlowLeak
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        FlowLeak(load_experiment("flowleak", ["engine=inline", bad]))
+        build_workload(load_experiment("flowleak", ["engine=inline", bad]))

@@ -13,8 +13,8 @@ import torch
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.routing.data import BenchmarkParams, pool, sample_coverage
-from flowerbed.clients.workloads.routing.federated import benchmark_for
 from flowerbed.clients.workloads.routing.kmeans import KMeansConfig, fit_kmeans_router
 from flowerbed.clients.workloads.routing.metrics import ndch, score_router
 from flowerbed.clients.workloads.routing.mlp import (
@@ -141,7 +141,7 @@ def test_eval_table_loader_and_federated_run(tmp_path) -> None:
     overrides += ["workload.params.n_global_test=60", "workload.params.coverage=0.5"]
     overrides += ["workload.params.clusters=4"]
     cfg = load_experiment("routing-synthetic-kmeans", overrides)
-    assert len(benchmark_for(cfg).global_test) == 60
+    assert len(build_workload(cfg).bench.global_test) == 60
     summary = run_inline(cfg)
     assert summary["failures"] == 0 and 0 < summary["metrics"]["central.auc"] <= 1
 
@@ -242,7 +242,7 @@ def _table_cfg(tmp_path: Path, kind: str = "kmeans", extra: list[str] = ()) -> d
 
 def test_partition_by_gives_each_client_a_group_of_values(tmp_path: Path) -> None:
     cfg = _table_cfg(tmp_path)
-    bench = benchmark_for(cfg)
+    bench = build_workload(cfg).bench
     frame = pd.read_csv(FIXTURE)
     subjects = pd.factorize(frame["subject"])[0]
     seen = [set(np.flatnonzero(np.bincount(t.topic, minlength=6)).tolist()) for t in bench.train]
@@ -253,11 +253,11 @@ def test_partition_by_gives_each_client_a_group_of_values(tmp_path: Path) -> Non
         assert len(train) == 400 and len(test) == 100
     assert (bench.coverage.sum(1) == 2).all()  # coverage 0.5 of 4 models
     with pytest.raises(ConfigError, match="6 distinct values, fewer than clients.num=7"):
-        benchmark_for(_table_cfg(tmp_path, extra=["clients.num=7"]))
+        build_workload(_table_cfg(tmp_path, extra=["clients.num=7"]))
     with pytest.raises(ConfigError, match="no column 'grade'"):
-        benchmark_for(_table_cfg(tmp_path, extra=["clients.partition_by=grade"]))
+        build_workload(_table_cfg(tmp_path, extra=["clients.partition_by=grade"]))
     with pytest.raises(ConfigError, match="needs workload.params.table_path|set workload.params"):
-        benchmark_for(load_experiment("routing-synthetic-kmeans", ["clients.partition_by=x"]))
+        build_workload(load_experiment("routing-synthetic-kmeans", ["clients.partition_by=x"]))
     with pytest.raises(ConfigError, match="does not use clients.partition_by"):
         load_experiment("quickstart", ["clients.partition_by=subject"])
     # a resolved config (partition_by: null) resolves again, as the ServerApp does
@@ -270,7 +270,7 @@ def test_dirichlet_draws_never_cross_topics_silently(tmp_path: Path) -> None:
     overrides = ["clients.partition_by=null", "clients.alpha=0.05", "workload.params.n_train=500"]
     overrides += ["workload.params.n_test=60"]
     with pytest.warns(UserWarning, match=r"Dirichlet draws came from a topic that ran out"):
-        bench = benchmark_for(_table_cfg(tmp_path, extra=overrides))
+        bench = build_workload(_table_cfg(tmp_path, extra=overrides)).bench
     assert sum(bench.fallback_draws) > 0
     assert all(len(t) == 500 for t in bench.train)
 

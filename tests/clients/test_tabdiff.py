@@ -22,7 +22,8 @@ from flowerbed.clients.tabdiff.model import (
 )
 from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.sampler import sample_rows
-from flowerbed.clients.workloads.tabdiff import TabDiff, round_plan, rows_of, to_params
+from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads.tabdiff import round_plan, rows_of, to_params
 from flowerbed.server.experiment import load_experiment
 
 torch.set_num_threads(1)
@@ -44,19 +45,21 @@ def _cfg(regime: str, protocol: str, extra: list[str] | None = None) -> dict:
 @pytest.mark.parametrize("regime", ["gaussian", "mixed"])
 def test_oracle_latents_reproduce_client_gradient(regime: str) -> None:
     cfg = _cfg(regime, "fedsgd", ["workload.params.lr=1.0", "workload.params.batch_size=8"])
-    work = TabDiff(cfg)
+    work = build_workload(cfg)
     data = work.load_partition(1, 4)
     arrays = work.init_arrays()
     reply, _ = work.fit(arrays, data, {"partition-id": 1, "server-round": 3}, RecordDict())
     sent = to_params(arrays)
     observed = {k: sent[k] - v for k, v in to_params(reply).items()}  # lr = 1
     # The attacker's computation: the same pure loss, with the true rows and latents.
-    plan, latents = round_plan(cfg["seed"], work.spec, work.protocol, sent, 1, 3, len(data["ids"]))
+    plan, latents = round_plan(
+        work.ctx.seed, work.spec, work.protocol, sent, 1, 3, len(data["ids"])
+    )
     oracle = loss_grad(work.model, sent, rows_of(data, plan[0], work.spec.cat_sizes), latents[0])
     diff = max(float((observed[k] - oracle[k]).abs().max()) for k in oracle)
     assert diff < 1e-5
     # ... and wrong latents (another round's draw) do not reproduce it.
-    _, other = round_plan(cfg["seed"], work.spec, work.protocol, sent, 1, 4, len(data["ids"]))
+    _, other = round_plan(work.ctx.seed, work.spec, work.protocol, sent, 1, 4, len(data["ids"]))
     wrong = loss_grad(work.model, sent, rows_of(data, plan[0], work.spec.cat_sizes), other[0])
     assert max(float((observed[k] - wrong[k]).abs().max()) for k in oracle) > 1e-3
 
@@ -176,7 +179,7 @@ def test_federated_synthetic_rows_train_a_classifier_beyond_the_baselines(qualit
 def test_an_untrained_denoiser_fails_the_efficacy_bar() -> None:
     """The bar above is not met by the initial model (what a server that never aggregates ships)."""
     cfg = load_experiment("tabdiff-adult-mixed", [*QUALITY, "output.dir=/tmp/fb-test-tabdiff"])
-    work = TabDiff(cfg)
+    work = build_workload(cfg)
     report = work.server_evaluate(cfg["rounds"], work.init_arrays())
     assert report["efficacy_synthetic"] < report["efficacy_majority"]
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from flowerbed.apps.inline import run_inline
-from flowerbed.clients.workloads.tabular_mlp import TabularMLP, train_alone
+from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads.tabular_mlp import train_alone
 from flowerbed.server.experiment import load_experiment
 
 # Adult (8 000 rows), 4 clients with Dirichlet(0.3) label skew, 5 rounds of one local epoch.
@@ -26,7 +27,7 @@ def test_federated_mlp_beats_the_majority_class_and_clients_training_alone(
     clients' mean accuracy when each trains alone for the same budget 0.667 / 0.512 / 0.609."""
     cfg = load_experiment("quickstart", [*SKEWED, f"seed={seed}", f"output.dir={tmp_path}"])
     metrics = run_inline(cfg)["metrics"]
-    alone = np.mean([train_alone(TabularMLP(cfg), pid)["accuracy"] for pid in range(4)])
+    alone = np.mean([train_alone(build_workload(cfg), pid)["accuracy"] for pid in range(4)])
     assert metrics["central.accuracy"] >= metrics["central.majority_accuracy"] + 0.05
     assert metrics["central.accuracy"] >= alone + 0.1, (metrics["central.accuracy"], alone)
 

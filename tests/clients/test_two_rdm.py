@@ -205,8 +205,8 @@ def test_federated_server_warns_before_the_first_drop(tmp_path):
 def test_bad_params_are_a_config_error(bad):
     """Caught when the workload is built, before a run starts (the CLI: one line, exit 2)."""
     from flowerbed.clients.core.errors import ConfigError
-    from flowerbed.clients.workloads.two_rdm import TwoRDM
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
 
     with pytest.raises(ConfigError):
-        TwoRDM(load_experiment("two-rdm", ["engine=inline", bad]))
+        build_workload(load_experiment("two-rdm", ["engine=inline", bad]))

@@ -8,7 +8,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from flowerbed.apps.inline import run_inline
-from flowerbed.clients.workloads.tabular_mlp import TabularMLP, train_alone
+from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads.tabular_mlp import train_alone
 from flowerbed.server.experiment import load_experiment
 from flowerbed.strategies.context import build_strategy
 
@@ -128,7 +129,7 @@ def alone(tmp_path_factory) -> dict[int, float]:
     for seed in SEEDS:
         run_dir = tmp_path_factory.mktemp(f"alone{seed}")
         cfg = load_experiment("quickstart", [*FEDERATION, f"seed={seed}", f"output.dir={run_dir}"])
-        work = TabularMLP(cfg)
+        work = build_workload(cfg)
         out[seed] = float(np.mean([train_alone(work, pid)["accuracy"] for pid in range(4)]))
     return out
 

@@ -12,9 +12,8 @@ from flowerbed.apps.client_app import app as client_app
 from flowerbed.apps.inline import InlineGrid
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.runtime import CONFIG_KEY
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.routing.data import pool
-from flowerbed.clients.workloads.routing.federated import benchmark_for
 from flowerbed.clients.workloads.routing.kmeans import (
     KMeansConfig,
     cluster_stats,
@@ -42,7 +41,7 @@ def run_flower(cfg: dict) -> dict[int, dict[str, np.ndarray]]:
         seen[server_round] = {k: v.numpy().copy() for k, v in arrays.items()}
 
     random.seed(cfg["seed"])
-    workload = WORKLOADS.get(cfg["workload"]["name"])(cfg)
+    workload = build_workload(cfg)
     strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     strategy.start(
@@ -76,7 +75,7 @@ def test_aggregated_lloyd_step_equals_centralised() -> None:
 def test_federated_lloyd_through_flower_equals_centralised_lloyd() -> None:
     cfg = load_experiment("routing-synthetic-kmeans", SMALL + ["rounds=5"])
     seen = run_flower(cfg)
-    bench = benchmark_for(cfg)
+    bench = build_workload(cfg).bench
     pooled = pool(bench.train)
     start = seen[1]["centroids"]  # after the init round
     assert seen[1]["ready"][0] == 0 and np.abs(start).sum() > 0
@@ -127,9 +126,8 @@ def test_model_no_client_evaluated_keeps_its_prior_head_through_flower() -> None
     plain = run_flower(
         load_experiment("routing-synthetic-mlp", overrides + ["strategy.name=fedavg"])
     )
-    assert (
-        not benchmark_for(load_experiment("routing-synthetic-mlp", overrides)).coverage[:, 10].any()
-    )
+    bench = build_workload(load_experiment("routing-synthetic-mlp", overrides)).bench
+    assert not bench.coverage[:, 10].any()
     for key in ("acc_head.weight", "acc_head.bias", "cost_head.weight", "cost_head.bias"):
         np.testing.assert_array_equal(fed[2][key][10], fed[0][key][10])
         assert np.abs(plain[2][key][10] - plain[0][key][10]).max() > 1e-4
@@ -144,7 +142,7 @@ def test_fed_kmeans_gets_its_params_and_the_workloads_tables_config_typed() -> N
         [*SMALL, "workload.params.clusters=7", "workload.params.shrinkage=2.5",
          "workload.params.temperature=0.2", "strategy.params.init_iters=3", "seed=4"],
     )  # fmt: skip
-    strategy = build_strategy(cfg, WORKLOADS.get("routing-kmeans")(cfg))
+    strategy = build_strategy(cfg, build_workload(cfg))
     assert type(strategy.tables) is KMeansConfig
     assert (strategy.tables.clusters, strategy.tables.shrinkage) == (7, 2.5)
     assert strategy.tables.temperature == 0.2 and strategy.tables.init_iters == 10

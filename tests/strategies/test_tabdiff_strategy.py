@@ -59,7 +59,7 @@ def test_fixed_k_stays_with_the_server() -> None:
 
 @pytest.mark.parametrize("learnable", [False, True])
 def test_the_strategy_reads_learnable_k_from_the_workloads_diffusion_spec(learnable: bool) -> None:
-    from flowerbed.clients.workloads import WORKLOADS
+    from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
     from flowerbed.strategies.context import build_strategy
 
@@ -68,4 +68,4 @@ def test_the_strategy_reads_learnable_k_from_the_workloads_diffusion_spec(learna
         ["engine=inline", "clients.num=3", "dataset.max_rows=300",
          f"workload.params.learnable_k={str(learnable).lower()}"],
     )  # fmt: skip
-    assert build_strategy(cfg, WORKLOADS.get("tabdiff")(cfg)).learnable_k is learnable
+    assert build_strategy(cfg, build_workload(cfg)).learnable_k is learnable

@@ -3,6 +3,7 @@ client logic (partitions, evaluation of the global and the personalised router).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -11,7 +12,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads import Workload
+from flowerbed.clients.workloads import Workload, WorkloadContext
 from flowerbed.clients.workloads.routing.data import Benchmark, BenchmarkParams
 from flowerbed.clients.workloads.routing.metrics import score_metrics, score_router
 from flowerbed.clients.workloads.routing.synthetic import make_synthetic_benchmark
@@ -34,17 +35,15 @@ def _benchmark_cached(key: str) -> Benchmark:
     return make_synthetic_benchmark(params, spec["num_clients"], spec["alpha"], spec["seed"])
 
 
-def benchmark_for(cfg: dict[str, Any]) -> Benchmark:
-    """The (cached) benchmark of an experiment config: seed, clients.num, clients.alpha,
-    clients.partition_by."""
-    names = BenchmarkParams.__dataclass_fields__
-    params = {k: v for k, v in cfg["workload"]["params"].items() if k in names}
+def benchmark_for(params: BenchmarkParams, ctx: WorkloadContext) -> Benchmark:
+    """The (cached) benchmark of a routing workload's data params and its run: seed, clients.num,
+    clients.alpha, clients.partition_by."""
     key = {
-        "params": params,
-        "num_clients": cfg["clients"]["num"],
-        "alpha": cfg["clients"]["alpha"],
-        "partition_by": cfg["clients"].get("partition_by"),
-        "seed": cfg["seed"],
+        "params": dataclasses.asdict(params),
+        "num_clients": ctx.num_clients,
+        "alpha": ctx.alpha,
+        "partition_by": ctx.partition_by,
+        "seed": ctx.seed,
     }
     return _benchmark_cached(json.dumps(key, sort_keys=True))
 
@@ -53,9 +52,9 @@ class RoutingWorkload(Workload):
     # Dirichlet topic mixtures per client, or clients split by a table column
     reads = frozenset({"clients.alpha", "clients.partition_by"})
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg)
-        self.bench = benchmark_for(cfg)
+    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+        super().__init__(params, ctx)
+        self.bench = benchmark_for(self.contract(BenchmarkParams), ctx)
         self.dim = int(self.bench.global_test.emb.shape[1])  # an encoder may differ from params.dim
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
