@@ -139,6 +139,17 @@ def test_the_scaffolds_claim_test_fails_on_the_skeleton_and_passes_on_the_method
     assert method.returncode == 0, method.stdout[-2000:]
 
 
+def test_the_attack_scaffold_has_the_attack_shape(plugin_site):
+    """``flowerbed new attack``: the class subclasses ``Attack`` (``self.params``, ``self.ctx``),
+    flowerbed's observer runs it and its scorer gets a ``TruthSource``; no config, no observer of
+    its own."""
+    module = plugin_site.attack_src / "src" / "flowerbed_label_prior" / "label_prior.py"
+    text = module.read_text()
+    assert "cfg" not in text and "StrategyWrapper" not in text
+    assert "class LabelPrior(Attack):" in text and "self.ctx." in text
+    assert "def __init__(self, truth: TruthSource)" in text
+
+
 GRADIENT_STEPS = """
     for _ in range(steps):
         w = w - lr * 2 * x.T @ (x @ w - y) / len(y)
