@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,16 @@ CASES = {
         "defenses=[{name: filosofer, params: {distill_epochs: 5, fisher_chunks: 1}}]",
     ],
 }  # fmt: skip
-TIMING = ("time", "seconds", "_s", "run_dir", "duration", "elapsed")
+#: keys that hold wall-clock or paths, not results: a timing word as a whole dotted part, any
+#: ``..._s`` field (``round_s``, ``elapsed_s``) and the ``time.`` scope; a substring match would
+#: also drop real metrics (``unaware_success``, ``dp_steps``, ``group_size``)
+TIMING = re.compile(r"(^|\.)(\w+_)?(seconds|run_dir|duration|elapsed)$|_s$|^time\.")
 
 
 def without_timings(value: Any) -> Any:
+    """``value`` without its timing keys (``TIMING``), recursively."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not any(t in k for t in TIMING)}
+        return {k: without_timings(v) for k, v in value.items() if not TIMING.search(k)}
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
