@@ -95,15 +95,16 @@ def family_task(index: int, rounds: int = 30) -> dict[str, Any]:
 
 def run_family_one(
     index: int, method: str, seed: int, rounds: int = 30, extra: list[str] | None = None,
-    n_train: int = 300, n_test: int = 1000, budget: str = "epochs",
+    n_train: int = 300, n_test: int = 1000, budget: str = "epochs", schedule_rounds: int = 0,
 ) -> dict[str, float]:  # fmt: skip
     """Final metrics of one (task, method, seed) run through the inline engine (``budget``: the
-    local work per round, ``BUDGETS``)."""
+    local work per round, ``BUDGETS``; ``schedule_rounds``: the run length the task's arrival
+    schedule is drawn for, 0 = ``rounds``: a longer run of the same schedule shows convergence)."""
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget '{budget}' (allowed: {', '.join(BUDGETS)})")
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    item = family_task(index, rounds)
+    item = family_task(index, schedule_rounds or rounds)
     schedule, base, extra = item["schedule"], method, list(extra or [])
     if method == "F-CMs, no growth":  # the same holders, every concept from round 1
         schedule, base = {c: {**e, "round": 1} for c, e in schedule.items()}, "F-CMs"
@@ -342,6 +343,12 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=300, help="examples per client")
     parser.add_argument("--n-test", type=int, default=1000)
     parser.add_argument("--override", nargs="*", default=[], help="extra overrides, all methods")
+    parser.add_argument(
+        "--schedule-rounds",
+        type=int,
+        default=0,
+        help="draw the arrival schedules for this many rounds (0: --rounds)",
+    )
     parser.add_argument("--budget", choices=BUDGETS, default="epochs",
                         help="local work per round: epochs (one each) | steps (clients x epochs "
                              "for federated arms)")  # fmt: skip
@@ -366,7 +373,8 @@ def main() -> None:
         args.methods = list(dict.fromkeys([*args.methods, *POOLED]))
     # seed-major: a run cut short has whole seeds over all tasks
     jobs = [
-        (i, m, s, sizes["rounds"], args.override, sizes["n_train"], sizes["n_test"], args.budget)
+        (i, m, s, sizes["rounds"], args.override, sizes["n_train"], sizes["n_test"], args.budget,
+         args.schedule_rounds)
         for s in seeds for i in tasks for m in args.methods
     ]  # fmt: skip
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
