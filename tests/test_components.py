@@ -1,0 +1,94 @@
+"""House rules every component keeps (issue 37): typed inputs, no import cycles.
+
+- No registered component's module reads the experiment config: every entry of every registry
+  (workloads, attacks, defenses, strategies; built-in ones) lives in a module without a
+  ``cfg[...]`` subscript, a ``cfg.get`` or a ``.cfg`` attribute. Components get their ``Params``
+  and a typed context; the factories that read a config (``build_workload``, ``build_defenses``,
+  ``strategies.context``, the runner) live in modules that register nothing.
+- No import cycle between flowerbed's modules, function-level imports included (grimp reads every
+  import statement): a package importing its own submodules is not a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import grimp
+
+from flowerbed.attacks import ATTACKS
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOTS = [f"flowerbed.{top}" for top in ("apps", "server", "strategies", "attacks", "clients")]
+REGISTRIES = {"workload": WORKLOADS, "attack": ATTACKS, "defense": DEFENSES, "strategy": STRATEGIES}
+
+
+def config_reads(source: str) -> list[int]:
+    """Lines of ``source`` that read a config dict: ``cfg[...]``, ``cfg.get(...)``, ``x.cfg``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            if node.value.id in ("cfg", "config_dict"):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "cfg" or (
+                isinstance(node.value, ast.Name) and node.value.id == "cfg" and node.attr == "get"
+            ):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_the_scan_finds_config_reads() -> None:
+    assert config_reads("def f(cfg):\n    return cfg['seed']\n") == [2]
+    assert config_reads("class A:\n    def f(self):\n        return self.cfg\n") == [3]
+    assert config_reads("def f(cfg):\n    return cfg.get('seed')\n") == [2]
+    assert config_reads("def f(ctx):\n    return ctx.seed\n") == []
+
+
+def test_no_registered_component_reads_the_experiment_config() -> None:
+    offending = {}
+    for kind, registry in REGISTRIES.items():
+        for name in registry.names():
+            if not registry.is_builtin(name):
+                continue  # outside code (a test's plug-in) is its author's
+            path = Path(inspect.getsourcefile(registry.get(name)))
+            lines = config_reads(path.read_text())
+            if lines:
+                offending[f"{kind} {name} ({path.name})"] = lines
+    assert not offending, offending
+
+
+def test_no_import_cycle_between_flowerbed_modules() -> None:
+    # the five subpackages, as import-linter reads them (``flowerbed`` itself is a namespace
+    # package that an editable install maps through a finder: grimp would see no module in it)
+    graph = grimp.build_graph(*ROOTS, include_external_packages=False)
+    files = [f for top in ROOTS for f in (ROOT / top.split(".")[1]).rglob("*.py")]
+    assert len(graph.modules) == len(files), "grimp did not read every module of flowerbed"
+    edges = {
+        module: {
+            imported
+            for imported in graph.find_modules_directly_imported_by(module)
+            if not imported.startswith(module + ".") and not module.startswith(imported + ".")
+        }
+        for module in graph.modules
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(edges.get(module, ())):
+            if state.get(imported) == 1:
+                cycles.append(path[path.index(imported) :] + [module, imported])
+            elif imported not in state:
+                visit(imported, [*path, module])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, [" -> ".join(c) for c in cycles[:5]]
