@@ -381,14 +381,17 @@ def test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks(tmp_p
     """Claim (issue 41): on the family's three worst tasks (4, 13, 18: the largest federation /
     optimisation share of the gap to centralised, named before this was run), FedAvgM on the
     aggregated update (``strategy.params.server_momentum=0.5``, equal client compute) raises
-    F-CMs' task accuracy at the family's size (30 rounds, 300 examples per client, seed 0;
-    measured 0.734 / 0.725 / 0.746 -> 0.734 / 0.777 / 0.785, +3.0 points on average)."""
-    size = {"rounds": 30, "n_train": 300, "n_test": 1000}
-    plain = [_family_run(tmp_path, i, 0, **size) for i in (4, 13, 18)]
+    F-CMs' task accuracy on every seed (15 rounds, 200 examples per client, 600 test samples;
+    measured +2.7 / +2.3 / +2.1 points for seeds 0-2, mean 0.635 -> 0.658; at the family's size,
+    30 rounds and 300 examples, seed 0 gains +3.0)."""
+    size = {"rounds": 15, "n_train": 200, "n_test": 600}
     fix = ("strategy.params.server_momentum=0.5",)
-    moment = [_family_run(tmp_path, i, 0, **size, extra=fix) for i in (4, 13, 18)]
-    assert np.mean(moment) >= np.mean(plain) + 0.02, (plain, moment)
-    assert min(m - p for m, p in zip(moment, plain, strict=True)) >= -0.005, (plain, moment)
+    gains = []
+    for seed in (0, 1, 2):
+        plain = [_family_run(tmp_path, i, 0, seed=seed, **size) for i in (4, 13, 18)]
+        moment = [_family_run(tmp_path, i, 0, seed=seed, **size, extra=fix) for i in (4, 13, 18)]
+        gains.append(np.mean(moment) - np.mean(plain))
+    assert np.mean(gains) >= 0.015 and min(gains) >= 0.01, gains
 
 
 # -- claim test: matched local steps close the gap to centralised (issue 41) -----------------------
@@ -401,10 +404,11 @@ def test_matched_local_steps_bring_fcms_to_centralised_on_the_worst_generated_ta
     decomposition); given as many sequential optimizer steps per round as the centralised arm
     (``clients`` local epochs: 50 / 60 steps against its 47 / 57 over the pool), F-CMs reach
     centralised task accuracy on the family's three worst tasks (4, 13, 18, named before this
-    was run), seeds 0-2, at a small size (15 rounds, 120 examples per client, 400 test samples).
-    Measured: mean 0.693 against centralised 0.703 (-1.1 points; -1.4 / -0.2 / -1.6 per seed),
-    with one local epoch 0.608 (-9.5); the mutant that ignores ``local_epochs`` gives the latter."""
-    size = {"rounds": 15, "n_train": 120, "n_test": 400}
+    was run), seeds 0-2, at a small size (10 rounds, 80 examples per client, 300 test samples).
+    Measured: mean 0.654 against centralised 0.616 (+2.1 / +3.0 / +6.3 points per seed), with
+    one local epoch 0.529 (-8.7); the mutant that ignores ``local_epochs`` gives the latter. (At
+    15 rounds and 120 examples: 0.693 against 0.703, one epoch 0.608.)"""
+    size = {"rounds": 10, "n_train": 80, "n_test": 300}
     matched, central = [], []
     for seed in (0, 1, 2):
         for index in (4, 13, 18):
