@@ -1,10 +1,13 @@
-"""House rules every component keeps (issue 37): typed inputs, no import cycles.
+"""House rules every component keeps (issue 37): typed inputs, no name tests, no import cycles.
 
 - No registered component's module reads the experiment config: every entry of every registry
   (workloads, attacks, defenses, strategies; built-in ones) lives in a module without a
   ``cfg[...]`` subscript, a ``cfg.get`` or a ``.cfg`` attribute. Components get their ``Params``
   and a typed context; the factories that read a config (``build_workload``, ``build_defenses``,
   ``strategies.context``, the runner) live in modules that register nothing.
+- No attack or strategy tests a defense's or a workload's name (``if defense == "topk"``,
+  ``name in ("tabdiff", ...)``): what a component may rely on is a declared capability
+  (``needs``) or a published mechanism, never which other component is running.
 - No import cycle between flowerbed's modules, function-level imports included (grimp reads every
   import statement): a package importing its own submodules is not a cycle.
 """
@@ -59,6 +62,38 @@ def test_no_registered_component_reads_the_experiment_config() -> None:
             lines = config_reads(path.read_text())
             if lines:
                 offending[f"{kind} {name} ({path.name})"] = lines
+    assert not offending, offending
+
+
+def compared_names(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """``(line, name)`` for each string constant in ``names`` that a comparison tests in
+    ``source`` (``==``, ``!=``, ``in``; alone or in a tuple, list or set literal)."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                items = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                for item in items:
+                    if isinstance(item, ast.Constant) and item.value in names:
+                        hits.append((node.lineno, item.value))
+    return hits
+
+
+def test_the_name_scan_finds_comparisons() -> None:
+    names = {"topk", "tabdiff"}
+    assert compared_names("if d == 'topk':\n    pass\n", names) == [(1, "topk")]
+    assert compared_names("ok = w not in ('tabdiff', 'x')\n", names) == [(1, "tabdiff")]
+    assert compared_names("ok = w == 'other'\nlabel = 'topk'\n", names) == []
+
+
+def test_no_attack_or_strategy_tests_a_defense_or_workload_name() -> None:
+    names = set(DEFENSES.names()) | set(WORKLOADS.names())
+    offending = {}
+    for folder in ("attacks", "strategies"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            hits = compared_names(path.read_text(), names)
+            if hits:
+                offending[str(path.relative_to(ROOT))] = hits
     assert not offending, offending
 
 
