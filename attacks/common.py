@@ -51,6 +51,11 @@ class DiffusionReplay:
     protocol: DiffusionProtocol
     prep: TablePreprocessor
 
+    @classmethod
+    def of(cls, workload: Any) -> DiffusionReplay:
+        """The public half of a tabular-diffusion ``workload`` (the server's own copy)."""
+        return cls(workload.model, workload.protocol, workload.prep)
+
     @property
     def spec(self) -> DiffusionSpec:
         return self.model.spec

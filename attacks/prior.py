@@ -2,8 +2,8 @@
 
 Two halves, shared by every inversion attack (Goliath, its baselines, the model-loss attacks):
 
-- **scoring** (``prior_scores``, ``with_prior``): the scorer also scores the *prior-only
-  reconstruction* -- rows drawn from the public marginals, the public mean image, labels from the
+- **scoring** (``scored_beside_prior``: ``prior_scores``, ``with_prior``): the scorer also scores
+  the *prior-only reconstruction* -- rows drawn from the public marginals, the public mean image, labels from the
   class prior -- on the same ground truth, the same way (same matching, same metrics), averaged
   over ``PRIOR_DRAWS`` draws seeded by (run seed, round, partition). It reports ``prior`` (the
   prior's mean success), ``advantage = (success - prior) / (1 - prior)`` and ``prior_<metric>``
@@ -78,6 +78,17 @@ def with_prior(scores: dict[str, float], prior: dict[str, float]) -> dict[str, f
     for key, value in prior.items():
         if key != "success" and not key.startswith("col."):
             out[f"prior_{key}"] = value
+    return out
+
+
+def scored_beside_prior(score: Callable[[Any], dict[str, float]], rec: Any, guesses: list[Any],
+                        partition_id: Any) -> dict[str, float]:  # fmt: skip
+    """``score(rec)`` with the prior guesses' mean scores beside it (``with_prior``) and, for a
+    secure-aggregation reply (``partition_id`` a tuple of members), the group's size."""
+    prior = prior_scores(score, guesses)
+    out = with_prior(score(rec), prior)
+    if isinstance(partition_id, tuple):
+        out["group_size"] = float(len(partition_id))
     return out
 
 

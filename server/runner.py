@@ -35,7 +35,7 @@ from flowerbed.clients.defenses import (
     Defense,
     build_defenses,
     dense_bytes,
-    published_mechanisms,
+    mechanisms_of,
 )
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import build_workload
@@ -387,7 +387,7 @@ def attack_context(
     capabilities = attack_capabilities(cfg, workload, needs)
     replay = None
     if Capability.TABULAR_DIFFUSION in capabilities:
-        replay = DiffusionReplay(workload.model, workload.protocol, workload.prep)
+        replay = DiffusionReplay.of(workload)
     elif Capability.MODEL_LOSS in capabilities:
         replay = ModelLossReplay(workload.model_loss())
     release = deploy = None
@@ -397,7 +397,7 @@ def attack_context(
     return AttackContext(
         seed=int(cfg["seed"]), rounds=int(cfg["rounds"]), num_clients=int(cfg["clients"]["num"]),
         experiment=str(cfg["experiment"]), capabilities=capabilities,
-        mechanisms=tuple(published_mechanisms(cfg)), replay=replay,
+        mechanisms=tuple(mechanisms_of(defenses)), replay=replay,
         release=release, deploy=deploy,
     )  # fmt: skip
 

@@ -19,7 +19,7 @@ from flowerbed.attacks.common import DiffusionReplay, Reconstruction
 from flowerbed.attacks.goliath.knowledge import prior_rows
 from flowerbed.attacks.metrics import TOLERANCE, mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.attacks.pictures import Shown, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
+from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.tabdiff.model import onehot_rows
 from flowerbed.clients.workloads.tabdiff import round_plan
@@ -53,7 +53,7 @@ class TruthScorer:
 
     def __init__(self, truth: TruthSource) -> None:
         self.source, workload = truth, truth.workload
-        self.replay = DiffusionReplay(workload.model, workload.protocol, workload.prep)
+        self.replay = DiffusionReplay.of(workload)
         prep, train = self.replay.prep, truth.table.train
         self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
         self.stds = {c: float(train[c].std()) for c in self.numeric}
@@ -91,11 +91,8 @@ class TruthScorer:
         group's size."""
         guesses = self.prior_guesses(partition_id, server_round, rec.batch)
         truth = self.truth_of(partition_id, server_round, sent)
-        prior = prior_scores(lambda g: self.score_against(truth, g), guesses)
-        out = with_prior(self.score_against(truth, rec), prior)
-        if isinstance(partition_id, tuple):
-            out["group_size"] = float(len(partition_id))
-        return out
+        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
+                                   partition_id)  # fmt: skip
 
     def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Any]],
                    run_dir: Path) -> None:  # fmt: skip

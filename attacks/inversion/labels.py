@@ -31,13 +31,13 @@ def sgd_scale(know: Knowledge) -> float:
 
 def _mean_prediction(know: Knowledge, generator: torch.Generator) -> torch.Tensor:
     contract = know.replay.contract
-    x = contract.draw(PRIOR_DRAWS, generator).to(next(iter(know.params.values())).dtype)
+    x = contract.draw(PRIOR_DRAWS, generator).to(know.dtype)
     with torch.no_grad():
         return torch.softmax(contract.logits(know.params, x), 1).mean(0)
 
 
 def label_counts(know: Knowledge, seed: int = 0) -> np.ndarray:
-    """Reconstruction number of examples per class (sums to the batch size)."""
+    """The recovered number of examples per class (sums to the batch size)."""
     contract, batch = know.replay.contract, know.batch
     name = contract.last_bias
     if name is None or name not in know.update:

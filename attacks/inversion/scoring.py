@@ -29,7 +29,7 @@ from flowerbed.attacks.common import Reconstruction
 from flowerbed.attacks.inversion.attack import guess_from_prior
 from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_scores, prior_seed, with_prior
+from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.workloads import Examples
 
@@ -92,11 +92,8 @@ class ClassifierScorer:
         group's size."""
         guesses = self.prior_guesses(partition_id, server_round, rec.batch)
         truth = self.truth(partition_id, server_round)
-        prior = prior_scores(lambda g: self.score_against(truth, g), guesses)
-        out = with_prior(self.score_against(truth, rec), prior)
-        if isinstance(partition_id, tuple):
-            out["group_size"] = float(len(partition_id))
-        return out
+        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
+                                   partition_id)  # fmt: skip
 
     def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip

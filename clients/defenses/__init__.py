@@ -34,7 +34,7 @@ metric ``wire-bytes``; the server counts dense array bytes for replies without i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +48,7 @@ DEFENSES = Registry("defense", (__name__,))
 __all__ = [
     "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "DefenseContext", "GaussianNoise", "Mechanism",
     "Quantisation", "Sparsification", "WeightFlipping", "build_defenses", "dense_bytes",
-    "published_mechanisms", "update_mod",
+    "mechanisms_of", "published_mechanisms", "update_mod",
 ]  # fmt: skip
 
 #: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
@@ -216,7 +216,12 @@ def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
     return [DEFENSES.get(d["name"])(ctx, d["params"]) for d in cfg["defenses"]]
 
 
+def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:
+    """The public mechanisms of built ``defenses``, in their order (what the server knows about
+    them from the protocol; handed to defense-aware attacks)."""
+    return [m for defense in defenses for m in defense.mechanism()]
+
+
 def published_mechanisms(cfg: Mapping[str, Any]) -> list[Mechanism]:
-    """Every configured defense's public mechanism, in the order the defenses are listed (what the
-    server knows about them from the protocol; handed to defense-aware attacks)."""
-    return [m for defense in build_defenses(cfg) for m in defense.mechanism()]
+    """Every configured defense's public mechanism, in the order the defenses are listed."""
+    return mechanisms_of(build_defenses(cfg))

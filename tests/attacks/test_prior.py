@@ -254,7 +254,7 @@ def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
     truth = scorer.truth(0, 1, sent)
     level = np.mean([scorer.score_against(truth, g)["success"] for g in guesses])
     assert 0.3 < level < 0.75, level  # the marginal level, not the client's own rows (~1)
-    replay = DiffusionReplay(work.model, work.protocol, work.prep)
+    replay = DiffusionReplay.of(work)
     rows = prior_rows(replay, 4000, seed=1).decoded
     train = work.table.train
     for c in replay.prep.categorical[:3]:
