@@ -139,9 +139,11 @@ def summary_caption(summary: dict) -> str:
     timing = f"{summary['wall_s']} s"
     if "startup_s" in summary:
         timing += f" (start-up {summary['startup_s']} s)"
+    from flowerbed.server.results import dropped_note
+
     return (
         f"{summary['rounds']} rounds, {summary['clients']} clients; {timing}; "
-        f"failed replies: {failures}"
+        f"failed replies: {failures}{dropped_note(summary)}"
     )
 
 

@@ -430,12 +430,30 @@ def names(kind: str, name: str) -> dict[str, str]:
             "package": f"flowerbed_{module}", "dist": f"flowerbed-{name}"}  # fmt: skip
 
 
+def _taken(kind: str, name: str) -> str | None:
+    """Where ``name`` is registered already for ``kind`` (flowerbed, an installed package)."""
+    from flowerbed.server.experiment import COMPONENTS
+
+    registry = getattr(COMPONENTS, KINDS[kind])
+    try:
+        registry.get(name)
+    except ConfigError:
+        return None
+    return registry.origin(name)
+
+
 def new_package(kind: str, name: str, directory: Path | None = None) -> Path:
     """Write the package for ``kind`` ``name`` into ``directory`` (default ``./flowerbed-NAME``).
 
     Refuses a directory that exists and is not empty (nothing is overwritten).
     """
     values = names(kind, name)
+    taken_by = _taken(kind, name)
+    if taken_by is not None:
+        raise ConfigError(
+            f"{kind} '{name}' is already registered by {taken_by} (choose another name; "
+            f"taken: flowerbed list {KINDS[kind]})"
+        )
     root = (directory or Path(values["dist"])).resolve()
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ConfigError(f"{root} exists and is not empty (choose another --dir)")

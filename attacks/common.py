@@ -277,6 +277,10 @@ class Attack:
     needs: ClassVar[Needs] = frozenset()
     #: (``TruthSource``) -> the scorer; typed loosely here: attack code never imports the truth
     scorer: ClassVar[Callable[..., Scorer] | None] = None
+    #: whether the attack reads what secure aggregation shows the server (group aggregates);
+    #: False: it inverts single clients' replies, so a run with an ``Aggregation`` defense is
+    #: refused when the config is resolved (it would never score)
+    reads_aggregates: ClassVar[bool] = False
 
     def __init__(self, params: Any, ctx: AttackContext) -> None:
         """``params``: this attack's ``Params``, or its fields as a mapping."""

@@ -240,6 +240,8 @@ class ModelStealing(Attack):
     """Scores itself: the stolen surrogate's test accuracy against the black-box bound (no
     scorer: the attacker's data and the test split are the model-release setup)."""
 
+    reads_aggregates = True  # it steals the released global model, whatever the server saw
+
     #: the clients' pooled Fisher of the final model (``fisher.*`` arrays): ``filosofer``
     needs = frozenset({Capability.MODEL_RELEASE})
 

@@ -389,7 +389,16 @@ def up(
                 f"{directory} holds a {'plaintext' if old['insecure'] else 'TLS'} federation; "
                 f"use {'--insecure' if old['insecure'] else 'no --insecure'} or another --dir"
             )
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--dir {directory} cannot be written ({exc.strerror or exc}); give a writable "
+            "directory (allowed: a new or a flowerbed deploy directory you own)"
+        ) from None
     port = port or free_port()
     state: dict[str, Any] = {
         "dir": str(directory), "nodes": nodes, "insecure": insecure, "port": port,

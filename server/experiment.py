@@ -14,6 +14,7 @@ from flowerbed.clients.core import config as core
 from flowerbed.clients.datasets import DATASETS
 from flowerbed.clients.defenses import DEFENSES
 from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.server.combinations import check_combinations
 from flowerbed.strategies import STRATEGIES
 
 COMPONENTS = core.Components(
@@ -26,9 +27,13 @@ def load_experiment(
     name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
 ) -> dict[str, Any]:
     """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved config."""
-    return core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)
+    cfg = core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)
+    check_combinations(cfg)
+    return cfg
 
 
 def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a raw config and fill every component's params."""
-    return core.resolve(base, overrides, COMPONENTS)
+    cfg = core.resolve(base, overrides, COMPONENTS)
+    check_combinations(cfg)
+    return cfg

@@ -86,6 +86,8 @@ class ResultsWriter:
         self.round_ends: dict[int, float] = {}
         self.final: dict[str, float] = {}
         self.failures: dict[int, int] = {}
+        #: rounds whose update was dropped (the model kept): round -> why
+        self.dropped: dict[int, str] = {}
         self.history: list[dict[str, Any]] = []
         # a ServerApp on another machine streams its results through the log (deployment engine)
         self.stream = cfg["engine"] == "deployment"
@@ -145,6 +147,10 @@ class ResultsWriter:
     def count_failures(self, server_round: int, count: int) -> None:
         self.failures[server_round] = self.failures.get(server_round, 0) + count
 
+    def drop_round(self, server_round: int, why: str) -> None:
+        """A round's update was dropped (the global model kept); the summary says which and why."""
+        self.dropped[server_round] = why
+
     def set_final(self, name: str, value: float) -> None:
         self.final[name] = float(value)
 
@@ -162,6 +168,7 @@ class ResultsWriter:
             **self.timings(),
             "failures": sum(self.failures.values()),
             "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
+            "dropped_rounds": {str(r): why for r, why in sorted(self.dropped.items())},
             "metrics": {k: v for k, v in sorted(self.final.items()) if math.isfinite(v)},
             "run_dir": str(self.run_dir),
             **(extra or {}),
@@ -186,13 +193,22 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
     return lines
 
 
+def dropped_note(summary: dict[str, Any]) -> str:
+    """``; dropped rounds: 2 (secagg: 1 replies, min_clients=2)`` or nothing."""
+    dropped = summary.get("dropped_rounds") or {}
+    if not dropped:
+        return ""
+    return "; dropped rounds: " + ", ".join(f"{r} ({why})" for r, why in dropped.items())
+
+
 def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str:
     out = [
         f"# {summary['experiment']}",
         "",
         f"engine `{summary['engine']}`, seed {summary['seed']}, {summary['rounds']} rounds, "
         f"{summary['clients']} clients, {summary['wall_s']} s (start-up "
-        f"{summary.get('startup_s', 0)} s), {summary['failures']} failed replies",
+        f"{summary.get('startup_s', 0)} s), {summary['failures']} failed replies"
+        + dropped_note(summary),
         "",
         "| metric | final value |",
         "|---|---|",

@@ -512,6 +512,12 @@ def _run(
     )
     if final_arrays:
         writer.save_model(final_arrays[0])
+    if len(writer.dropped) == cfg["rounds"]:
+        first = min(writer.dropped)
+        raise RunFailed(
+            f"every round was dropped, the model never changed (round {first}: "
+            f"{writer.dropped[first]})"
+        )
     writer.log(cfg["rounds"], "dp", audit_defenses(cfg, workload))
     rounds = range(1, cfg["rounds"] + 1)
     return writer.finish({"train_partitions": [strategy.partitions.get(r, []) for r in rounds]})

@@ -36,6 +36,7 @@ local Ray instance or a cluster (``flowerbed.server.ray_sweep``); rows land in t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -73,6 +74,9 @@ class Arm:
     value: str | None = None  # its unaware attack metric, if not the report's ("" = none)
     adaptive: str | None = None  # its defense-aware attack metric, if not the report's
     utility: str | None = None  # its utility metric, if not the report's
+    #: defenses this arm is not crossed with (an attack on single clients' updates has nothing
+    #: to invert under secure aggregation: ``without: [secagg]``)
+    without: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -143,9 +147,20 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     cells = []
     for values in itertools.product(*(axes[k] for k in keys)):
         params = dict(zip(keys, values, strict=True))
+        if _left_out(sweep, params):
+            continue
         cell_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
         cells.append({"id": cell_id, "params": params})
     return cells
+
+
+def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
+    """The cell's arm is not crossed with one of the cell's defenses (``Arm.without``)."""
+    arm = next((a for a in sweep.arms if a.name == params.get(ARM_KEY)), None)
+    defenses = params.get("defenses") or []
+    if arm is None or not arm.without or not isinstance(defenses, list):
+        return False
+    return any(isinstance(d, dict) and d.get("name") in arm.without for d in defenses)
 
 
 def cell_config(
@@ -171,6 +186,35 @@ def cell_config(
         raise ConfigError(f"sweep cell {values}: {exc}") from None
 
 
+def spec_hash(sweep: SweepConfig) -> str:
+    """A hash of what every run of the sweep shares: base, overrides, engine, arms and the grid's
+    keys. More seeds or more grid values keep it (``--resume`` adds their cells); the report's
+    layout is not part of it."""
+    spec = {k: v for k, v in dataclasses.asdict(sweep).items() if k not in ("report", "seeds")}
+    spec["grid"] = sorted(spec["grid"])
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def check_same_sweep(sweep: SweepConfig, out: Path) -> None:
+    """A sweep directory holds one sweep: another's ``--resume`` there would merge its cells
+    into this one's table (``sweep.json`` names the sweep and the hash of its spec)."""
+    path = out / "sweep.json"
+    if not path.is_file():
+        return
+    try:
+        held = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(
+            f"{path} is unreadable: not a sweep directory (use another --out)"
+        ) from None
+    name, spec = held.get("name"), held.get("spec")
+    if name != sweep.name or (spec is not None and spec != spec_hash(sweep)):
+        raise ConfigError(
+            f"{out} holds sweep '{name}' (spec {spec or 'unknown'}), not '{sweep.name}' (spec "
+            f"{spec_hash(sweep)}): --resume continues the same sweep only (use another --out)"
+        )
+
+
 def run_sweep(
     sweep: SweepConfig, out: Path, make_grid: Callable[[int], Any], resume: bool = False,
     on_cell: Callable[[dict[str, Any]], None] | None = None, ray: RayOptions | None = None,
@@ -184,6 +228,7 @@ def run_sweep(
     out = out.resolve()
     if out.exists() and (out / "cells.jsonl").is_file() and not resume:
         raise ConfigError(f"{out} already holds a sweep (use --resume, or another --out)")
+    check_same_sweep(sweep, out)
     cells = cells_of(sweep)
     done = finished_ids(out) if resume else set()
     engine = "inline" if ray is not None else None
@@ -196,8 +241,9 @@ def run_sweep(
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(
-        json.dumps({"name": sweep.name, "cells": cells}, default=str, indent=1)
-    )
+        json.dumps({"name": sweep.name, "spec": spec_hash(sweep), "cells": cells}, default=str,
+                   indent=1)
+    )  # fmt: skip
     if todo:
         if ray is not None:
             from flowerbed.server.ray_sweep import run_cells_on_ray

@@ -25,6 +25,7 @@ from flowerbed.clients.core.params import param
     "defense-aware Goliath (top-k support, quantisation grid, DP averaging, SecAgg aggregate)",
 )
 class GoliathAdaptive(InversionAttack):
+    reads_aggregates = True  # secure-aggregation groups are attacked as their union
     needs = frozenset({Capability.TABULAR_DIFFUSION})
     settings = GOLIATH
     scorer = TruthScorer

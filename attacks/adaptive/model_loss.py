@@ -234,6 +234,8 @@ class ModelLossAdaptive(InversionAttack):
     """The defense-aware variant of the model-loss attack ``base`` (module docstring): its
     ``settings`` read through the context's published mechanisms, the unaware attack beside it."""
 
+    reads_aggregates = True  # secure-aggregation groups are attacked as their union
+
     Params = ModelLossAdaptiveParams
     needs = ON_MODEL_LOSS
     scorer = ClassifierScorer

@@ -193,6 +193,10 @@ def _one_line(exc: OmegaConfBaseException, where: str) -> str:
         choice = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", first)
         if choice:
             return f"unknown value '{choice[1]}' for '{key}' (allowed: {choice[2]})"
+        if "is not a ListConfig" in first:  # OmegaConf's words for "a scalar where a list goes"
+            return (
+                f"wrong type for '{key}': a list is required, e.g. {key.rsplit('.', 1)[-1]}: [a, b]"
+            )
         return f"wrong type for '{key}': {first}"
     return f"invalid config at '{key}': {str(exc).splitlines()[0]}"
 
@@ -304,6 +308,11 @@ def resolve(
         raise ConfigError(_one_line(exc, "")) from None
     check_rules(experiment, "")
     cfg: dict[str, Any] = plain(dataclasses.asdict(experiment))
+    num, least = cfg["clients"]["num"], cfg["clients"]["min_clients"]
+    if least > num and any(_is_set(raw, "clients.min_clients") for raw in (base, overrides or {})):
+        raise ConfigError(  # Flower would wait for clients that never come; never cap it silently
+            f"clients.min_clients={least} above clients.num={num} (allowed: 1..{num})"
+        )
     cfg["plugins"] = normalise(cfg["plugins"])
     load_plugins(cfg["plugins"])
     if cfg["clients"]["fraction_evaluate"] is None:

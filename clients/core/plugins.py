@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import traceback
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -77,6 +78,10 @@ def _load(spec: str) -> None:
                     f"plugin '{spec}' could not be imported ({exc}): install it, put it on "
                     "PYTHONPATH, or name its .py file"
                 ) from None
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the plug-in's own bug, named in one line
+                raise ConfigError(import_failure(f"plugin '{spec}'", exc)) from None
             return
         path = Path(spec)
         if not path.is_file():
@@ -96,6 +101,25 @@ def _load(spec: str) -> None:
             raise ConfigError(
                 f"plugin file {spec}: SyntaxError at line {exc.lineno}: {exc.msg}"
             ) from None
+        except ConfigError:
+            del sys.modules[name]
+            raise
+        except Exception as exc:  # noqa: BLE001 - the plug-in's own bug, named in one line
+            del sys.modules[name]
+            raise ConfigError(import_failure(f"plugin file {spec}", exc, path)) from None
         except BaseException:
             del sys.modules[name]
             raise
+
+
+def import_failure(what: str, exc: Exception, path: Path | None = None) -> str:
+    """``plugin file X raised RuntimeError at import (line 3): boom`` (the line in the plug-in's
+    own file where the traceback leaves it)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if path is not None and Path(f.filename) == path] or frames[-1:]
+    where = f" (line {own[-1].lineno} of {Path(own[-1].filename).name})" if own else ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (
+        f"{what} raised {type(exc).__name__} at import{where}: {message} (fix the plug-in or "
+        "remove it from plugins)"
+    )

@@ -83,6 +83,11 @@ class Registry:
                         self._load_entry_point(point)
             existing = self._entries.get(name)
             if existing is not None and not _same_class(existing, cls):
+                if self._origins[name] == BUILTIN:
+                    raise ConfigError(
+                        f"{self.kind} '{name}' is a built-in flowerbed name; {origin} registers "
+                        f"it again (rename yours; taken: flowerbed list {self.kind}s)"
+                    )
                 raise ConfigError(
                     f"{self.kind} '{name}' registered twice: by {self._origins[name]} and by "
                     f"{origin} (rename one)"
@@ -98,11 +103,13 @@ class Registry:
         return decorate
 
     def _origin_of(self, cls: type) -> str:
+        """flowerbed's own package first: a built-in imported while a plugin loads (the plugin
+        asked for its name) is still flowerbed's, not the plugin's."""
+        if any(cls.__module__.startswith(f"{p}.") or cls.__module__ == p for p in self._packages):
+            return BUILTIN
         loading_origin = _LOADING.get()
         if loading_origin is not None:
             return loading_origin
-        if any(cls.__module__.startswith(f"{p}.") or cls.__module__ == p for p in self._packages):
-            return BUILTIN
         return f"module {cls.__module__}"
 
     def origin(self, name: str) -> str:

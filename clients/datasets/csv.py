@@ -18,6 +18,18 @@ from flowerbed.clients.datasets import (
 )
 
 
+def _check_columns_once(label: str, numeric: list[str], categorical: list[str]) -> None:
+    """Each column in one role: the label only in ``dataset.label``, no column listed twice."""
+    named = [("dataset.numeric", c) for c in numeric] + [("dataset.categorical", c) for c in categorical]  # fmt: skip
+    for i, (key, column) in enumerate(named):
+        if column == label or column in [c for _, c in named[:i]]:
+            what = "the label" if column == label else "listed twice"
+            raise ConfigError(
+                f"column '{column}' in {key} is {what} (allowed: each column once, the label in "
+                "dataset.label only)"
+            )
+
+
 @DATASETS.register("csv", "any CSV file with a declared schema (dataset.path/label/numeric/...)")
 class CsvDataset:
     @staticmethod
@@ -31,6 +43,7 @@ class CsvDataset:
         label, numeric, categorical = cfg.get("label"), cfg.get("numeric"), cfg.get("categorical")
         if not label:
             raise ConfigError("dataset 'csv' needs dataset.label (the name of the label column)")
+        _check_columns_once(label, list(numeric), list(categorical))
         frame = read_csv_table(path)
         columns = [*numeric, *categorical, label]
         missing = [c for c in columns if c not in frame.columns]

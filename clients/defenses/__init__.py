@@ -52,7 +52,9 @@ __all__ = [
 ]  # fmt: skip
 
 #: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
-UpdateTransform = Callable[[ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord]
+UpdateTransform = Callable[
+    [ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord | tuple[ArrayRecord, int]
+]
 #: the size of an encoded update in bytes: (arrays sent, arrays the transform returned) -> bytes
 WireSize = Callable[[ArrayRecord, ArrayRecord], int]
 
@@ -188,9 +190,10 @@ def update_mod(
 ) -> Callable[[Message, Context, Any], Message]:
     """A Flower client mod that rewrites the trained arrays of a train reply.
 
-    The transform sees the arrays the server sent, the trained arrays and the round config with
-    ``partition-id`` (for seeding); error replies pass through untouched. ``wire_size``, when given,
-    is recorded as the reply's ``wire-bytes`` (the transform's compact encoding).
+        The transform sees the arrays the server sent, the trained arrays and the round config with
+        ``partition-id`` (for seeding); error replies pass through untouched. ``wire_size``, when given,
+        is recorded as the reply's ``wire-bytes`` (the transform's compact encoding); a transform that
+    builds its encoding returns ``(arrays, len(encoding))`` instead, the length measured.
     """
 
     def mod(msg: Message, context: Context, call_next: Any) -> Message:
@@ -200,9 +203,14 @@ def update_mod(
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         config["partition-id"] = int(context.node_config["partition-id"])
         out = transform(msg.content["arrays"], reply.content["arrays"], config)
+        measured = None
+        if isinstance(out, tuple):  # (arrays, bytes of the encoding the client sent)
+            out, measured = out
         reply.content["arrays"] = out
-        if wire_size is not None:
-            reply.content["metrics"][WIRE_BYTES] = wire_size(msg.content["arrays"], out)
+        if measured is None and wire_size is not None:
+            measured = wire_size(msg.content["arrays"], out)
+        if measured is not None:
+            reply.content["metrics"][WIRE_BYTES] = measured
         return reply
 
     return mod

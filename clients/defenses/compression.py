@@ -5,7 +5,8 @@ Both act on the update ``delta = trained - sent`` (what a gradient-inversion att
 send ``sent + compressed(delta)``. What they would cost on the wire (reply metric ``wire-bytes``):
 top-k sends each changed entry as a float32 value and an int32 flat index (8 bytes); quantisation
 sends ``bits`` per entry (packed, rounded up to whole bytes per tensor) plus the tensor's float32
-min and max (8 bytes). The random seed of stochastic rounding is not sent (the server does not need
+min and max (8 bytes): the client builds those bytes (:func:`encode_quantized`), its reply is what
+the server decodes from them, and ``wire-bytes`` is their length, measured. The random seed of stochastic rounding is not sent (the server does not need
 it to decode).
 """
 
@@ -49,14 +50,8 @@ def quantize(
     levels = 2**bits - 1
     out = {}
     for key, delta in deltas.items():
-        lo, hi = float(delta.min()), float(delta.max())
-        if hi == lo:
-            out[key] = delta.copy()
-            continue
-        scaled = (delta - lo) / (hi - lo) * levels
-        floor = np.floor(scaled)
-        q = floor + (rng.random(delta.shape) < (scaled - floor))
-        out[key] = lo + q / levels * (hi - lo)
+        codes, lo, hi = quantize_codes(delta, bits, rng)
+        out[key] = delta.copy() if hi == lo else lo + codes / levels * (hi - lo)
     return out
 
 
@@ -66,6 +61,44 @@ def topk_wire_bytes(sent: ArrayRecord, out: ArrayRecord) -> int:
     return changed * (VALUE_BYTES + INDEX_BYTES)
 
 
-def quantized_wire_bytes(out: ArrayRecord, bits: int) -> int:
-    """``bits`` per entry, packed per tensor, plus each tensor's min and max."""
-    return sum(-(-out[k].numpy().size * bits // 8) + RANGE_BYTES for k in out)
+def quantize_codes(
+    delta: np.ndarray, bits: int, rng: np.random.Generator
+) -> tuple[np.ndarray, float, float]:
+    """The ``bits``-bit codes of one tensor (stochastic rounding, as :func:`quantize`), min, max."""
+    levels = 2**bits - 1
+    lo, hi = float(delta.min()), float(delta.max())
+    if hi == lo:
+        return np.zeros(delta.shape, dtype=np.uint16), lo, hi
+    scaled = (delta - lo) / (hi - lo) * levels
+    floor = np.floor(scaled)
+    return (floor + (rng.random(delta.shape) < (scaled - floor))).astype(np.uint16), lo, hi
+
+
+def encode_quantized(deltas: dict[str, np.ndarray], bits: int, rng: np.random.Generator) -> bytes:
+    """What a quantising client sends: per tensor, in order, its float32 min and max, then its
+    codes, ``bits`` each, packed (big-endian) and padded to a whole byte."""
+    parts = []
+    for delta in deltas.values():
+        codes, lo, hi = quantize_codes(delta, bits, rng)
+        planes = np.unpackbits(codes.ravel().astype(">u2").view(np.uint8).reshape(-1, 2), axis=1)
+        parts += [np.array([lo, hi], dtype="<f4").tobytes(), np.packbits(planes[:, 16 - bits :]).tobytes()]  # fmt: skip
+    return b"".join(parts)
+
+
+def decode_quantized(payload: bytes, shapes: dict[str, tuple[int, ...]], bits: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """The deltas the server reads back from :func:`encode_quantized`'s bytes."""
+    levels, at, out = 2**bits - 1, 0, {}
+    for key, shape in shapes.items():
+        size = int(np.prod(shape, dtype=np.int64))
+        lo, hi = (float(v) for v in np.frombuffer(payload, "<f4", 2, at))
+        at += RANGE_BYTES
+        packed = -(-size * bits // 8)
+        planes = np.unpackbits(np.frombuffer(payload, np.uint8, packed, at))[: size * bits]
+        at += packed
+        full = np.zeros((size, 16), dtype=np.uint8)
+        full[:, 16 - bits :] = planes.reshape(size, bits)
+        codes = np.packbits(full, axis=1).view(">u2").ravel().astype(np.float64)
+        out[key] = (lo + codes / levels * (hi - lo)).reshape(shape)
+    if at != len(payload):
+        raise ValueError(f"quantised payload of {len(payload)} bytes, {at} read")
+    return out

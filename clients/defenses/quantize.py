@@ -16,7 +16,12 @@ from flowerbed.clients.defenses import (
     Quantisation,
     update_mod,
 )
-from flowerbed.clients.defenses.compression import _deltas, _rebuild, quantize, quantized_wire_bytes
+from flowerbed.clients.defenses.compression import (
+    _deltas,
+    _rebuild,
+    decode_quantized,
+    encode_quantized,
+)
 
 
 @DEFENSES.register("quantize", "k-bit stochastic quantisation of the client update")
@@ -26,14 +31,19 @@ class Quantize(Defense):
         bits: int = param(4, ge=1, le=16)
 
     def mods(self) -> list[Any]:
-        return [
-            update_mod(self.transform, lambda _, out: quantized_wire_bytes(out, self.params.bits))
-        ]
+        return [update_mod(self.sent_and_size)]
 
     def mechanism(self) -> list[Mechanism]:
         return [Quantisation(self.params.bits)]
 
     def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
+        """What the server receives: the update decoded from the bytes the client sends."""
+        return self.sent_and_size(sent, updated, config)[0]
+
+    def sent_and_size(
+        self, sent: ArrayRecord, updated: ArrayRecord, config: dict
+    ) -> tuple[ArrayRecord, int]:
+        """The arrays the server decodes from the client's encoding, and its length in bytes."""
         key = [
             self.ctx.seed,
             int(config["partition-id"]),
@@ -41,4 +51,6 @@ class Quantize(Defense):
             11,
         ]
         rng = np.random.default_rng(key)
-        return _rebuild(sent, quantize(_deltas(sent, updated), self.params.bits, rng))
+        payload = encode_quantized(_deltas(sent, updated), self.params.bits, rng)
+        shapes = {k: tuple(updated[k].shape) for k in updated}
+        return _rebuild(sent, decode_quantized(payload, shapes, self.params.bits)), len(payload)

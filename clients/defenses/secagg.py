@@ -43,7 +43,9 @@ class SecAgg(Defense):
         return [Aggregation(self.params.group_size, self.params.min_clients)]
 
     def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
-        return AggregateOnlyView(strategy, self.params.min_clients, self.params.group_size)
+        return AggregateOnlyView(
+            strategy, self.params.min_clients, self.params.group_size, writer=writer
+        )
 
 
 def groups_of(pids: list[int], group_size: int, min_clients: int) -> list[list[int]]:
@@ -53,7 +55,8 @@ def groups_of(pids: list[int], group_size: int, min_clients: int) -> list[list[i
         return [pids]
     groups = [pids[i : i + group_size] for i in range(0, len(pids), group_size)]
     if len(groups) > 1 and len(groups[-1]) < max(group_size, min_clients):
-        groups[-2] += groups.pop()
+        tail = groups.pop()  # (``groups[-2] += groups.pop()`` would index after the pop)
+        groups[-1] += tail
     return groups
 
 
@@ -81,14 +84,22 @@ def aggregate_message(replies: list[Message]) -> Message:
 class AggregateOnlyView(StrategyWrapper):
     """Hands the wrapped strategy one reply per group: the example-weighted aggregate of the group."""
 
-    def __init__(self, inner: Any, min_clients: int, group_size: int = 0) -> None:
+    def __init__(
+        self, inner: Any, min_clients: int, group_size: int = 0, writer: Any = None
+    ) -> None:
+        """``writer``: told of each dropped round (``drop_round``), so the run says it."""
         super().__init__(inner)
         self.min_clients = min_clients
         self.group_size = group_size
+        self.writer = writer
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         ok = {int(r.content["metrics"]["partition-id"]): r for r in replies if not r.has_error()}
         if len(ok) < self.min_clients:  # SecAgg cannot unmask below its threshold: drop the round
+            if self.writer is not None:
+                self.writer.drop_round(
+                    server_round, f"secagg: {len(ok)} replies, min_clients={self.min_clients}"
+                )
             return None, None
         groups = groups_of(list(ok), self.group_size, self.min_clients)
         summed = [aggregate_message([ok[pid] for pid in group]) for group in groups]

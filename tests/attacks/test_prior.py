@@ -264,3 +264,29 @@ def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
     for c in replay.prep.numeric[:3]:
         assert abs(float(rows[c].median()) - float(train[c].median())) <= 0.1 * float(train[c].std()) + 1e-9, c  # fmt: skip
     assert torch.equal(prior_rows(replay, 5, 7).num, prior_rows(replay, 5, 7).num)
+
+
+def test_tabular_prior_stays_well_below_what_the_clients_own_rows_give() -> None:
+    """A numeric bound on the prior, not a data-read guard: on quickstart (FedSGD, batch 8,
+    client 0, round 1) the scorer's prior level (its 8 prior draws scored against the client's
+    rows) is at least 0.15 below the level of draws made from the client's own rows (8 rows
+    resampled with replacement): a prior that read the attacked client's rows would reach it."""
+    from flowerbed.attacks.common import Reconstruction
+
+    cfg = load_experiment("quickstart", ["engine=inline", "clients.num=4", "attack.name=dlg",
+                                         "workload.params.protocol=fedsgd",
+                                         "workload.params.batch_size=8"])  # fmt: skip
+    scorer = ClassifierScorer(truth_source(cfg, build_workload(cfg)))
+    truth = scorer.truth(0, 1)
+
+    def level(recs: list) -> float:
+        return float(np.mean([scorer.score_against(truth, r)["success"] for r in recs]))
+
+    gen = torch.Generator().manual_seed(0)
+    own = []
+    for _ in range(8):
+        pick = torch.randint(0, len(truth.x), (len(truth.x),), generator=gen)
+        x = truth.x[pick]
+        own.append(Reconstruction(x, float("nan"), y=truth.y[pick], decoded=scorer.contract.decode(x)))  # fmt: skip
+    prior, from_own_rows = level(scorer.prior_guesses(0, 1, len(truth.x))), level(own)
+    assert prior < from_own_rows - 0.15, (prior, from_own_rows)

@@ -16,6 +16,8 @@ SEEN: dict[int, list] = {}
 
 @ATTACKS.register("record-replies", "test helper: records what the observer position receives")
 class RecordReplies(Attack):
+    reads_aggregates = True  # it records whatever the observer position receives
+
     def wrap(self, strategy, writer, scorer):
         class Recorder(StrategyWrapper):
             def aggregate_train(self, server_round, replies):
@@ -244,3 +246,84 @@ def test_defenses_get_a_typed_context_not_the_experiment_config():
     assert defense.ctx == DefenseContext.of(cfg)
     assert (defense.ctx.seed, defense.ctx.rounds, defense.ctx.sampled_clients) == (3, 4, 3)
     assert "output" not in defense.ctx.run_key and defense.params.bits == 2
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """A Message outside a run needs Flower's task identity (restored after the test)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+def _train_reply(pid: int, arrays: dict, examples: int):
+    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+
+    content = RecordDict({
+        "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+        "metrics": MetricRecord({"num-examples": examples, "partition-id": pid}),
+    })  # fmt: skip
+    return Message(content, dst_node_id=0, message_type="train")
+
+
+@pytest.mark.parametrize("group_size", [0, 2, 3])
+def test_secagg_server_view_never_equals_a_single_clients_update(group_size, task_identity):
+    """What the strategy behind secure aggregation receives, for 5 clients' replies: no reply
+    equals any single client's update; each is its members' example-weighted mean, and the
+    members cover every client once, none alone."""
+    from flowerbed.clients.defenses.secagg import MEMBERS_RECORD, AggregateOnlyView
+
+    seen = []
+
+    class Behind:
+        def aggregate_train(self, server_round, replies):
+            seen.extend(replies)
+            return None, None
+
+    rng = np.random.default_rng(0)
+    updates = {p: {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)} for p in range(5)}
+    examples = {p: 10 + 7 * p for p in range(5)}
+    view = AggregateOnlyView(Behind(), min_clients=2, group_size=group_size)
+    view.aggregate_train(1, [_train_reply(p, u, examples[p]) for p, u in updates.items()])
+    members = [list(r.content[MEMBERS_RECORD]["members"]) for r in seen]
+    assert sorted(p for group in members for p in group) == list(range(5))
+    for reply, group in zip(seen, members, strict=True):
+        assert len(group) >= 2
+        got = {k: reply.content["arrays"][k].numpy() for k in ("w", "b")}
+        for p, update in updates.items():
+            assert not all(np.allclose(got[k], update[k]) for k in got), (group_size, p)
+        total = sum(examples[p] for p in group)
+        for k in got:
+            mean = sum(updates[p][k] * examples[p] for p in group) / total
+            np.testing.assert_allclose(got[k], mean, rtol=1e-6)
+
+
+def test_quantize_reply_is_decoded_from_the_bytes_it_counts(task_identity):
+    """The quantize defense's client mod, as a run calls it: the reply's wire-bytes is the length
+    of the encoding the client built, and the arrays the server gets are decoded from it."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from flowerbed.clients.defenses import WIRE_BYTES
+    from flowerbed.clients.defenses.compression import decode_quantized, encode_quantized
+    from flowerbed.clients.defenses.quantize import Quantize
+
+    rng = np.random.default_rng(1)
+    sent = {"w": rng.normal(size=(9, 5)).astype(np.float32), "b": np.zeros(3, np.float32)}
+    trained = {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in sent.items()}
+    ctx = DefenseContext(seed=4, rounds=1, num_clients=2, sampled_clients=2, run_key="t")
+    (mod,) = Quantize(ctx, {"bits": 3}).mods()
+    msg = Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in sent.items()}),
+                              "config": ConfigRecord({"server-round": 2})}),
+                  dst_node_id=0, message_type="train")  # fmt: skip
+    context = Context(run_id=0, node_id=0, node_config={"partition-id": 1}, state=RecordDict(),
+                      run_config={})  # fmt: skip
+    reply = mod(msg, context, lambda m, c: _train_reply(1, trained, 9))
+    deltas = {k: trained[k].astype(np.float64) - sent[k] for k in sent}
+    payload = encode_quantized(deltas, 3, np.random.default_rng([4, 1, 2, 11]))
+    assert reply.content["metrics"][WIRE_BYTES] == len(payload) == (8 + 17) + (8 + 2)
+    decoded = decode_quantized(payload, {k: v.shape for k, v in sent.items()}, 3)
+    for k in sent:
+        np.testing.assert_allclose(reply.content["arrays"][k].numpy(), sent[k] + decoded[k],
+                                   atol=1e-6)  # fmt: skip
+        assert len(np.unique(np.round(decoded[k], 6))) <= 2**3  # at most 2^bits levels sent

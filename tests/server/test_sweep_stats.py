@@ -86,6 +86,25 @@ def test_settings_inside_each_others_interval_tie_a_clear_loser_is_dominated():
     assert est["runs"].mean == 4 and est["repeats"].mean == 8
 
 
+def test_domination_needs_both_paired_differences_outside_their_intervals():
+    """``none`` is better than each other setting on both axes, but beyond the interval on one
+    axis only: nothing is dominated, every setting stays on the front."""
+    noise = np.random.default_rng(0).normal(0, 0.05, 8)
+    frame = _study({
+        "none": ([0.80, 0.82, 0.78, 0.81], list(0.90 + noise)),
+        # worse than none: by far on utility, inside the interval on leakage (and the mirror)
+        "utility-only": ([0.60, 0.62, 0.58, 0.61], list(0.905 + noise[::-1])),
+        "privacy-only": ([0.81, 0.80, 0.79, 0.80], list(0.99 + noise / 10)),
+    })  # fmt: skip
+    (panel,) = panels_of(SWEEP, frame)
+    one_axis = [panel.comparisons["utility-only"]["none"], panel.comparisons["privacy-only"]["none"]]  # fmt: skip
+    assert all(c.utility.mean > 0 and c.privacy.mean > 0 for c in one_axis)  # none: better on both
+    assert [c.utility.excludes_zero() for c in one_axis] == [True, False]
+    assert [c.privacy.excludes_zero() for c in one_axis] == [False, True]
+    assert not any(c.dominates for c in one_axis)
+    assert set(pareto(panel, "central.accuracy", Goal.max)) == set(panel.comparisons)
+
+
 def test_frontier_panels_have_bars_prior_line_and_no_overlapping_labels(tmp_path):
     import matplotlib
 
