@@ -33,9 +33,16 @@ from flowerbed.clients.core.errors import ConfigError, RunFailed
 console = Console(stderr=True)
 out = Console()
 
-KINDS = ("experiments", "workloads", "strategies", "attacks", "defenses", "datasets", "engines")
-#: kinds listed with the workloads they run on
-ATTACHED = ("attacks", "defenses", "strategies")  # kinds listed with the workloads they run on
+KINDS = (
+    "experiments",
+    "sweeps",
+    "workloads",
+    "strategies",
+    "attacks",
+    "defenses",
+    "datasets",
+    "engines",
+)  # fmt: skip  (apps/listing.py lists them; the tuple is here so `--help` imports nothing)
 #: frames of an internal error's traceback that are printed (the innermost ones)
 TRACEBACK_FRAMES = 8
 
@@ -121,8 +128,10 @@ def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handle
 
 def summary_view(summary: dict) -> Group:
     """The summary table, then one line of counts and timings (never a wrapped caption)."""
+    overrides = " ".join(summary.get("overrides", []))
     table = RichTable(
         title=f"{summary['experiment']} ({summary['engine']}, seed {summary['seed']})"
+        + (f"\n{overrides}" if overrides else "")
     )
     table.add_column("metric", no_wrap=True, overflow="fold")
     table.add_column("final", justify="right", no_wrap=True)
@@ -432,56 +441,27 @@ def list_(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="experiments as the README's Markdown table")
     ] = False,
+    long: Annotated[
+        bool, typer.Option("--long", "-l", help="every kind as a table (descriptions, origins)")
+    ] = False,
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(help="import this plug-in first (a .py file or a module; repeat)"),
+    ] = None,
 ) -> None:
-    """List what is registered, each with a one-line description."""
+    """List what can be run and what is registered (compact; a KIND or --long for descriptions)."""
     if markdown:
         out.print(preset_table(), end="", highlight=False, markup=False, soft_wrap=True)
         return
     if kind is not None and kind not in KINDS:
         fail(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
-    from flowerbed.apps.engines import ENGINES
-    from flowerbed.clients.core.config import load_preset, preset_names
-    from flowerbed.server.experiment import COMPONENTS
+    from flowerbed.apps.listing import compact, load_listed_plugins, tables
 
-    registries = {
-        "workloads": COMPONENTS.workloads, "strategies": COMPONENTS.strategies,
-        "attacks": COMPONENTS.attacks, "defenses": COMPONENTS.defenses,
-        "datasets": COMPONENTS.datasets,
-    }  # fmt: skip
-    for name in [kind] if kind else KINDS:
-        table = RichTable(title=name, show_header=False, title_justify="left")
-        if name == "experiments":
-            for preset in preset_names():
-                table.add_row(preset, str(load_preset(preset).get("description", "")))
-        elif name == "engines":
-            for engine_name, (_, _, help_text) in ENGINES.items():
-                table.add_row(engine_name, help_text)
-        else:  # strategies, attacks, defenses with the workloads each runs on; every origin
-            registry = registries[name]
-            for entry, cls in registry.items():
-                runs_on = [_runs_on(cls, COMPONENTS.workloads)] if name in ATTACHED else []
-                table.add_row(entry, _described(registry, entry, cls), *runs_on)
-            table.caption = "entries marked 'from: ...' come from outside flowerbed (their origin)"
-            table.caption_justify = "left"
-        out.print(table)
-
-
-def _described(registry: Any, entry: str, cls: type) -> str:
-    """The description, and for an entry from outside flowerbed where it comes from."""
-    from flowerbed.clients.core.registry import BUILTIN
-
-    origin = registry.origin(entry)
-    return cls.description if origin == BUILTIN else f"{cls.description} (from: {origin})"
-
-
-def _runs_on(cls: type, workloads: Any) -> str:
-    """``on: tabdiff, tabular-mlp`` (the workloads whose offers fit ``cls.needs``)."""
-    from flowerbed.clients.core.capabilities import alternatives, supported_workloads
-
-    needs = getattr(cls, "needs", ())
-    if not any(alternatives(needs)):
-        return "on: any workload"
-    return "on: " + (", ".join(supported_workloads(needs, workloads.items())) or "none")
+    load_listed_plugins(plugin or [])
+    kinds = (kind,) if kind else KINDS
+    out.print(
+        tables(kinds) if kind or long else compact(kinds), soft_wrap=kind is None and not long
+    )
 
 
 @app.command()
@@ -495,15 +475,27 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
 
 @app.command()
 def new(
-    kind: Annotated[str, typer.Argument(help="workload | attack | defense | strategy")],
+    kind: Annotated[
+        str, typer.Argument(help="workload | attack | defense | strategy | experiment")
+    ],
     name: Annotated[str, typer.Argument(help="its registration name, e.g. clip-noise")],
     directory: Annotated[
         Path | None, typer.Option("--dir", help="where to write it (default ./flowerbed-NAME)")
     ] = None,
+    preset: Annotated[
+        str | None, typer.Option("--from", help="new experiment: the preset to copy")
+    ] = None,
 ) -> None:
-    """Write an installable plug-in package: module, entry point, claim test, README."""
-    from flowerbed.apps.scaffold import new_package
+    """Write an installable plug-in package (module, entry point, claim test, README), or an
+    experiment YAML to edit (``new experiment NAME``: a copy of --from, default quickstart)."""
+    from flowerbed.apps.scaffold import new_experiment, new_package
 
+    if kind == "experiment":
+        path = new_experiment(name, preset or "quickstart", directory)
+        out.print(f"wrote {path}: flowerbed run {path}", soft_wrap=True)
+        return
+    if preset is not None:
+        fail("--from goes with `new experiment` (a preset to copy)")
     root = new_package(kind, name, directory)
     out.print(f"wrote {root}: pip install -e {root} && flowerbed list", soft_wrap=True)
 

@@ -472,3 +472,31 @@ def new_package(kind: str, name: str, directory: Path | None = None) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return root
+
+
+def new_experiment(name: str, preset: str = "quickstart", directory: Path | None = None) -> Path:
+    """Write ``NAME.yaml``: the preset's config (its ``claim`` section left out) with a header
+    saying how to run and change it. Refuses to overwrite a file."""
+    from flowerbed.clients.core.config import configs_dir, load_preset
+
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"name '{name}' is not allowed: lower-case letters and digits, words joined by '-' "
+            "(e.g. my-experiment)"
+        )
+    load_preset(preset)  # an unknown preset is one line naming the allowed ones
+    path = ((directory or Path.cwd()) / f"{name}.yaml").resolve()
+    if path.exists():
+        raise ConfigError(f"{path} exists (choose another name or --dir)")
+    lines = (configs_dir() / "experiments" / f"{preset}.yaml").read_text().splitlines()
+    cut = next((i for i, line in enumerate(lines) if line.startswith("claim:")), len(lines))
+    body = "\n".join(line for line in lines[:cut] if not line.startswith("description:"))
+    header = (
+        f"# {name}: a copy of the preset '{preset}'. Run it: flowerbed run {path.name}\n"
+        "# Every key not written here takes its default; the smallest experiment is two lines,\n"
+        "# e.g. `rounds: 2` and `clients: {num: 4}` (the quickstart MLP on UCI Adult).\n"
+        f'description: "{name} (from {preset})"\n'
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + body.rstrip() + "\n")
+    return path

@@ -157,7 +157,7 @@ class ResultsWriter:
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write curves.png, summary.json (timed after the plot) and report.md."""
         if self.cfg["output"]["plots"]:
-            plot_curves(self.history, self.run_dir / "curves.png", self.cfg["experiment"])
+            plot_curves(self.history, self.run_dir / "curves.png", titled(self.cfg))
         rounds = self.cfg["rounds"]
         summary = {
             "experiment": self.cfg["experiment"],
@@ -165,6 +165,7 @@ class ResultsWriter:
             "seed": self.cfg["seed"],
             "rounds": rounds,
             "clients": self.cfg["clients"]["num"],
+            "overrides": list(self.cfg["output"].get("overrides", [])),
             **self.timings(),
             "failures": sum(self.failures.values()),
             "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
@@ -193,6 +194,12 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
     return lines
 
 
+def titled(cfg: dict[str, Any]) -> str:
+    """``quickstart (rounds=5 clients.num=20)``: the experiment and the overrides it ran with."""
+    overrides = cfg.get("output", {}).get("overrides") or []
+    return cfg["experiment"] + (f" ({' '.join(overrides)})" if overrides else "")
+
+
 def dropped_note(summary: dict[str, Any]) -> str:
     """``; dropped rounds: 2 (secagg: 1 replies, min_clients=2)`` or nothing."""
     dropped = summary.get("dropped_rounds") or {}
@@ -209,6 +216,11 @@ def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str
         f"{summary['clients']} clients, {summary['wall_s']} s (start-up "
         f"{summary.get('startup_s', 0)} s), {summary['failures']} failed replies"
         + dropped_note(summary),
+        *(
+            ["", f"overrides: `{' '.join(summary['overrides'])}`"]
+            if summary.get("overrides")
+            else []
+        ),
         "",
         "| metric | final value |",
         "|---|---|",

@@ -545,6 +545,12 @@ def evaluate_saved(run_dir: Path) -> dict[str, float]:
             f"{run_dir} has no config.yaml and {MODEL_FILE} (not a finished run directory)"
         )
     cfg = load_config_file(run_dir / "config.yaml")
+    try:
+        load_plugins(cfg.get("plugins", []))
+    except ConfigError as exc:
+        raise ConfigError(
+            f"plug-in missing: {run_dir} ran with plugins {cfg['plugins']} ({exc})"
+        ) from None
     workload = build_workload(cfg)
     arrays = ArrayRecord({name: Array(value) for name, value in load_model(run_dir).items()})
     metrics = workload.server_evaluate(cfg["rounds"], arrays)

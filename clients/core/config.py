@@ -124,6 +124,9 @@ class OutputConfig:
     plots: bool = True
     #: rounds after which the global model is written to model.r<round>.pt (torch state dict)
     save_rounds: list[int] = field(default_factory=list)
+    #: the overrides the run was started with, as typed (shown by ``show``, report.md and the
+    #: plot titles; set by ``load_experiment``, never read by a run)
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -477,7 +480,11 @@ def load_experiment(
     base = load_base(name_or_path)
     extra = parse_overrides(overrides)
     merge_into(extra, {k: v for k, v in forced.items() if v is not None})
-    return resolve(base, extra, components)
+    cfg = resolve(base, extra, components)
+    typed = overrides.split() if isinstance(overrides, str) else list(overrides or [])
+    if typed:
+        cfg["output"]["overrides"] = [str(o) for o in typed]
+    return cfg
 
 
 def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -33,6 +33,10 @@ def _files(tmp_path):
     (other / "sweep.json").write_text(json.dumps({"name": "other", "spec": "0123", "cells": []}))
     (other / "cells.jsonl").write_text("")
     (other / "results.md").write_text("the other sweep's results\n")
+    ran = tmp_path / "ran-with-plugin"
+    ran.mkdir()
+    (ran / "config.yaml").write_text(f"plugins: [{tmp_path}/gone.py]\nrounds: 1\n")
+    (ran / "model.npz").write_bytes(b"")
 
 
 CASES = {
@@ -59,6 +63,8 @@ CASES = {
                             "defense 'topk' is a built-in flowerbed name; plugin "),
     "plugins-not-a-list": (["run", "quickstart", "plugins=notalist"],
                            "wrong type for 'plugins': a list is required"),
+    "eval-plugin-missing": (["eval", "{tmp}/ran-with-plugin"],
+                            "plug-in missing: {tmp}/ran-with-plugin ran with plugins"),
     "resume-another-sweep": (["sweep", "quickstart-lr", "--resume", "--out", "{tmp}/other-sweep"],
                              "holds sweep 'other' (spec 0123), not 'quickstart-lr'"),
 }  # fmt: skip
@@ -68,7 +74,10 @@ CASES = {
 def test_input_that_would_run_and_lie_is_one_line_exit_2(tmp_path, case):
     _files(tmp_path)
     args, needle = CASES[case]
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    args, needle = (
+        [a.replace("{tmp}", str(tmp_path)) for a in args],
+        needle.replace("{tmp}", str(tmp_path)),
+    )
     if args[0] == "run":
         args += ["--engine", "inline", "--out", str(tmp_path / "out")]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}

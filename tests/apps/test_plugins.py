@@ -26,7 +26,7 @@ def inline_metrics(plugin_site, tmp_path_factory):
 
 
 def test_list_shows_the_packages_origin(plugin_site):
-    done = cli(plugin_site, "list")
+    done = cli(plugin_site, "list", "--long")
     assert done.returncode == 0, done.stderr
     lines = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if "│" in line}
     assert "(from: flowerbed-clip-noise 0.1.0 (entry point))" in lines["clip-noise"]
