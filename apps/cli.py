@@ -109,7 +109,9 @@ class _RunLog(logging.FileHandler):
 def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handler | None:
     """Flower's log at INFO: on the console only with ``-v`` (its own handler, no propagation),
     always in ``log_path`` when given, so its warnings (``fraction_evaluate is set to 0.0``)
-    never land in the middle of the progress display. Returns the file handler to remove."""
+    never land in the middle of the progress display; Python warnings of third-party code
+    (Opacus' secure RNG, torch's backward hooks) go the same way unless ``-v``. Returns the file
+    handler to remove."""
     import flwr.clientapp  # noqa: F401 - configure Flower's logger before adjusting it
     import flwr.serverapp  # noqa: F401
 
@@ -119,25 +121,31 @@ def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handle
     for handler in logger.handlers:
         if not isinstance(handler, _RunLog):
             handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
+    warned = logging.getLogger("py.warnings")  # third-party warnings (Opacus, torch): the log
+    logging.captureWarnings(not verbose)
+    warned.propagate = False
+    if not any(isinstance(h, logging.NullHandler) for h in warned.handlers):
+        warned.addHandler(logging.NullHandler())  # never logging's last-resort stderr printer
     if log_path is None:
         return None
     handler = _RunLog(log_path)
     logger.addHandler(handler)
+    warned.addHandler(handler)
     return handler
 
 
 def summary_view(summary: dict) -> Group:
     """The summary table, then one line of counts and timings (never a wrapped caption)."""
-    overrides = " ".join(summary.get("overrides", []))
     table = RichTable(
         title=f"{summary['experiment']} ({summary['engine']}, seed {summary['seed']})"
-        + (f"\n{overrides}" if overrides else "")
     )
     table.add_column("metric", no_wrap=True, overflow="fold")
     table.add_column("final", justify="right", no_wrap=True)
     for key, value in summary["metrics"].items():
         table.add_row(key, f"{value:.4g}")
-    return Group(table, Text(summary_caption(summary)))
+    overrides = " ".join(summary.get("overrides", []))
+    shown = [Text(f"overrides: {overrides}")] if overrides else []
+    return Group(table, *shown, Text(summary_caption(summary)))
 
 
 def summary_caption(summary: dict) -> str:
@@ -261,6 +269,7 @@ def execute(
             tail.flush()
         if log_handler is not None:
             logging.getLogger("flwr").removeHandler(log_handler)
+            logging.getLogger("py.warnings").removeHandler(log_handler)
             log_handler.close()
     return summary
 

@@ -75,4 +75,19 @@ def test_overrides_are_shown_by_show_report_and_plot_title():
                "clients": 4, "wall_s": 1.0, "failures": 0, "metrics": {"central.accuracy": 0.8},
                "overrides": cfg["output"]["overrides"]}  # fmt: skip
     assert "overrides: `rounds=2 clients.num=4`" in render_report(summary, [])
-    assert "rounds=2 clients.num=4" in str(summary_view(summary).renderables[0].title)
+    assert "overrides: rounds=2 clients.num=4" in str(summary_view(summary).renderables[1])
+
+
+def test_a_dp_run_keeps_third_party_warnings_in_its_log_and_show_names_its_overrides(tmp_path):
+    """Opacus' secure-RNG and torch's backward-hook warnings go to RUN_DIR/flower.log, not the
+    terminal; ``show`` re-prints the overrides the run was started with."""
+    from tests.cli_helpers import run_cli
+
+    dp = "defenses=[{name: dp-sgd}]"
+    result, out = run_cli(tmp_path, "quickstart", dp, "rounds=1", "clients.num=2",
+                          "dataset.max_rows=600", "output.plots=false")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Warning" not in result.stderr, result.stderr
+    assert "Secure RNG turned off" in (out / "flower.log").read_text()
+    shown = runner.invoke(app, ["show", str(out)], env={"COLUMNS": "250"})
+    assert f"overrides: {dp} rounds=1 clients.num=2 dataset.max_rows=600" in shown.output
