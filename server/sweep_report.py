@@ -308,7 +308,9 @@ def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
 def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     rep = sweep.report
     runs = frame["cell"].nunique() if "cell" in frame else len(frame)
-    lines = [f"# {sweep.name}", "", f"{runs} runs ({len(frame)} rows in cells.csv: one per run x attacked round x client), base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
+    attacked = any(str(c).startswith("attack.") for c in frame.columns)
+    per = "one per run x attacked round x client" if attacked else "one per run"
+    lines = [f"# {sweep.name}", "", f"{runs} runs ({len(frame)} rows in cells.csv: {per}), base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
     ok = _ok(frame)
     if is_study(sweep, ok):
         lines += study_md(sweep, ok)
@@ -321,6 +323,9 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
             markdown_table(pivot.round(4)),
             "",
         ]
+        x = rep.x if rep.x and rep.x in ok else columns
+        if x:
+            lines += [f"Plot: `{grid_plot_name(rep.value, x)}`.", ""]
         if rep.utility and rep.utility in ok:
             util = ok.groupby(rep.rows)[rep.utility].mean().round(4)
             lines += [f"mean `{rep.utility}` by `{rep.rows}`", "", markdown_table(util.to_frame()), ""]  # fmt: skip
@@ -349,6 +354,11 @@ def is_study(sweep: Any, ok: pd.DataFrame) -> bool:
 
 
 # -- plots -----------------------------------------------------------------------------------------
+def grid_plot_name(value: str, x: str) -> str:
+    """``central_accuracy_vs_lr.png``: the value along the grid's other axis."""
+    return f"{value.replace('.', '_')}_vs_{x.split('.')[-1]}.png"
+
+
 def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
     import matplotlib
 
@@ -373,16 +383,22 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "privacy_utility.png", dpi=90)
         plt.close(fig)
-    if rep.x and rep.x in ok:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
+    x = rep.x if rep.x and rep.x in ok else (rep.columns if rep.columns in ok else None)
+    if x is not None:  # the grid's other axis (report.x, else report.columns) along the x axis
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for name, group in ok.groupby(rep.rows):
-            curve = group.groupby(rep.x)[rep.value].mean()
-            ax.plot(curve.index.astype(str), curve.values, marker="o", label=str(name))
-        ax.set_xlabel(rep.x)
-        ax.set_ylabel(rep.value)
-        ax.legend(fontsize=7)
+            curve = group.groupby(x)[rep.value]
+            line = ax.plot(curve.mean().index.astype(str), curve.mean().values, marker="o",
+                           label=f"{name} (mean)")  # fmt: skip
+            ax.plot(
+                group[x].astype(str), group[rep.value], ".", color=line[0].get_color(), alpha=0.4
+            )  # fmt: skip  (each run: the seeds' spread)
+        ax.set_xlabel(x, fontsize=11)
+        ax.set_ylabel(rep.value, fontsize=11)
+        ax.set_title(f"{sweep.name} (dots: single runs)", fontsize=11)
+        ax.legend(fontsize=10, title=rep.rows, title_fontsize=10)
         fig.tight_layout()
-        fig.savefig(out / f"{rep.value.replace('.', '_')}_vs_{rep.x.split('.')[-1]}.png", dpi=90)
+        fig.savefig(out / grid_plot_name(rep.value, x), dpi=100)
         plt.close(fig)
 
 

@@ -53,7 +53,12 @@ def test_kill_9_then_resume_runs_every_cell_once(tmp_path):
     assert len(ids) == len(set(ids)) == 6
     csv = (out / "cells.csv").read_text().splitlines()
     assert len(csv) == 7
-    assert "central.accuracy" in (out / "results.md").read_text()
+    results = (out / "results.md").read_text()
+    assert "central.accuracy" in results
+    # a utility grid: one row per run, no word of attacks, the plot fits the grid (lr along x)
+    assert "one per run)" in results and "attack" not in results
+    assert "Plot: `central_accuracy_vs_lr.png`" in results
+    assert (out / "central_accuracy_vs_lr.png").stat().st_size > 5000
 
 
 def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
