@@ -233,13 +233,21 @@ def test_{module}_beats_its_prior(tmp_path, seed):
 '''
 
 STRATEGY = '''\
-"""{name}: a flowerbed strategy, a Flower (Message API) strategy built from the config."""
+"""{name}: a flowerbed strategy, a Flower (Message API) strategy built from the config.
+
+The global model: Flower hands it to ``configure_train`` (``arrays``), which keeps it, so
+``aggregate_train`` can work on each client's update (its reply minus the global model). Only
+Flower's public API is used (``FedAvg``, ``ArrayRecord``, ``Array``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.params import param
@@ -247,12 +255,48 @@ from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 
 
+def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """ArrayRecord -> named NumPy arrays."""
+    return {{key: array.numpy() for key, array in record.items()}}
+
+
+def from_numpy(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Named NumPy arrays -> ArrayRecord (what a strategy returns as the new global model)."""
+    return ArrayRecord({{key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()}})
+
+
 class {cls}Strategy(FedAvg):
-    """TODO: the method (override ``aggregate_train``). The skeleton is FedAvg, its ablation."""
+    """TODO: the method, on the clients' updates in ``aggregate_train``. The skeleton is FedAvg
+    with a server learning rate (``server_lr`` = 1: FedAvg, its ablation)."""
 
     def __init__(self, server_lr: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.server_lr = server_lr
+        self.global_model: ArrayRecord | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.global_model = arrays  # the model this round's clients start from
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        mean, metrics = super().aggregate_train(server_round, replies)  # failed replies dropped
+        if mean is None or self.global_model is None:
+            return mean, metrics
+        start = to_numpy(self.global_model)
+        ok = [r for r in replies if not r.has_error()]
+        updates = [{{k: v - start[k] for k, v in to_numpy(r.content["arrays"]).items()}} for r in ok]
+        weights = [float(r.content["metrics"]["num-examples"]) for r in ok]
+        # TODO: the method, on ``updates``; the skeleton's step is FedAvg's (their weighted mean)
+        pairs = list(zip(weights, updates, strict=True))
+        step = {{k: sum(w * u[k] for w, u in pairs) / sum(weights) for k in start}}
+        return from_numpy(
+            {{k: (start[k] + self.server_lr * step[k]).astype(start[k].dtype) for k in start}}
+        ), metrics
 
 
 @STRATEGIES.register("{name}", "TODO: one line for `flowerbed list strategies`")
@@ -404,7 +448,7 @@ def test_{module}_learns(tmp_path, seed):
 TEMPLATES = {
     "defense": (DEFENSE, DEFENSE_TEST, "write `transform` (and a server half if it has one)."),
     "attack": (ATTACK, ATTACK_TEST, "write `guess` (what the server can infer from a reply)."),
-    "strategy": (STRATEGY, STRATEGY_TEST, "override `aggregate_train` in the strategy class."),
+    "strategy": (STRATEGY, STRATEGY_TEST, "write the method on `updates` in `aggregate_train`."),
     "workload": (WORKLOAD, WORKLOAD_TEST, "write `local_step`, then your data and model."),
 }
 RUN_LINES = {

@@ -62,7 +62,8 @@ def image_grid(path: Path, title: str, shown: list[Shown]) -> None:
     import matplotlib.pyplot as plt
 
     cols = max(min(IMAGES_SHOWN, len(item.true)) for item in shown)
-    fig, axes = plt.subplots(2 * len(shown), cols, figsize=(1.1 * cols + 1.6, 2.3 * len(shown)),
+    # ~1.6 inch (160 px) per image: an 8 x 8 digit at 20 px per pixel, readable at 100 % zoom
+    fig, axes = plt.subplots(2 * len(shown), cols, figsize=(1.6 * cols + 2.4, 3.4 * len(shown)),
                              squeeze=False)  # fmt: skip
     for k, item in enumerate(shown):
         for row, (images, name) in enumerate(((item.true, "true"), (item.rec, "rec"))):
@@ -71,15 +72,15 @@ def image_grid(path: Path, title: str, shown: list[Shown]) -> None:
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if j < min(IMAGES_SHOWN, len(images)):
-                    ax.imshow(images[j], cmap="gray_r", vmin=0.0, vmax=1.0)
+                    ax.imshow(images[j], cmap="gray_r", vmin=0.0, vmax=1.0, interpolation="nearest")
                 else:
                     ax.axis("off")
             label = f"{item.label}\n{name}" + (f"\n{item.note}" if row == 1 and item.note else "")
-            axes[2 * k + row, 0].set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
-    fig.suptitle(title, fontsize=9)
+            axes[2 * k + row, 0].set_ylabel(label, fontsize=10, rotation=0, ha="right", va="center")
+    fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=90)
+    fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, path)
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flowerbed.clients.core.config import to_yaml
+from flowerbed.server.curves import plot_curves
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
 METRICS_MARKER = "FLOWERBED-METRICS "
@@ -157,7 +158,8 @@ class ResultsWriter:
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write curves.png, summary.json (timed after the plot) and report.md."""
         if self.cfg["output"]["plots"]:
-            plot_curves(self.history, self.run_dir / "curves.png", titled(self.cfg))
+            plot_curves(self.history, self.run_dir / "curves.png", titled(self.cfg),
+                        startup_s=self.timings()["startup_s"])  # fmt: skip
         rounds = self.cfg["rounds"]
         summary = {
             "experiment": self.cfg["experiment"],
@@ -237,75 +239,3 @@ def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str
             out.append(f"| {h['round']} | " + " | ".join(cells) + " |")
     out += ["", "![curves](curves.png)", ""]
     return "\n".join(out)
-
-
-#: unit families whose metrics share an axis (by name); anything else in [-1, 1] is a share
-UNITS = (("dB", ("psnr",)), ("seconds", ("seconds", "_s")), ("bytes", ("bytes",)))
-
-
-def _family(key: str, values: list[float]) -> str:
-    """The axis a metric is drawn on: its unit's (by name), ``share`` for values in [-1, 1]
-    (accuracies, success, prior, advantage), else its own."""
-    for unit, marks in UNITS:
-        if key.endswith("per_s"):  # a rate, not a duration
-            break
-        if any(key.endswith(m) if m.startswith("_") else m in key for m in marks):
-            return unit
-    if values and all(-1.0 <= v <= 1.0 for v in values):
-        return "share"
-    return key
-
-
-def curve_panels(history: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, list]]]:
-    """(scope, family, {metric: [(round, mean value)]}) per panel: one scale per axis. Several
-    lines of a scope in one round (attacked clients) are averaged; per-column and per-metric prior
-    breakdowns (``col.*``, ``prior_*`` but the prior's PSNR) are left to report.md."""
-    panels: dict[tuple[str, str], dict[str, list]] = {}
-    for scope in sorted({h["scope"] for h in history}):
-        rows = [h for h in history if h["scope"] == scope]
-        keys = sorted({k for h in rows for k in h} - {"round", "scope", "elapsed_s"})
-        for key in keys:
-            prior_of = key.startswith(("prior_", "agg_prior_", "unaware_prior_"))
-            if key.startswith(("col.", "agg_col.")) or (prior_of and "psnr" not in key):
-                continue
-            by_round: dict[int, list[float]] = {}
-            for h in rows:
-                if key in h and math.isfinite(h[key]):
-                    by_round.setdefault(h["round"], []).append(h[key])
-            pts = [(r, float(np.mean(v))) for r, v in sorted(by_round.items())]
-            if pts:
-                family = _family(key, [v for _, v in pts])
-                panels.setdefault((scope, family), {})[key] = pts
-    return [(scope, family, lines) for (scope, family), lines in panels.items()]
-
-
-def plot_curves(history: list[dict[str, Any]], path: Path, title: str) -> None:
-    """curves.png: a panel per (scope, metric family), so that each axis has one scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = curve_panels(history) or [("(none)", "", {})]
-    cols = min(4, len(panels))
-    nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels) :]:
-        ax.axis("off")
-    for ax, (scope, family, lines) in zip(axes.flat, panels, strict=False):
-        for key, pts in lines.items():
-            style = "--" if "prior" in key and "kept" not in key else "-"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=key)
-        ax.set_title(f"{scope}: {'share, 0 to 1' if family == 'share' else family}", fontsize=9)
-        ax.set_xlabel("round")
-        if family == "share":
-            low = min(min(v for _, v in pts) for pts in lines.values())
-            ax.set_ylim(min(low, 0.0) - 0.05, 1.05)
-        if lines:
-            ax.legend(fontsize=6)
-    fig.suptitle(title)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)

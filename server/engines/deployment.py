@@ -36,6 +36,7 @@ from flowerbed.server.results import (
     atomic_write,
     plot_curves,
     render_report,
+    titled,
 )
 
 
@@ -176,4 +177,4 @@ def _rebuild(run_dir: Path, history: list[dict], summary: dict, cfg: dict[str, A
     atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write(run_dir / "report.md", render_report(summary, history))
     if cfg["output"]["plots"]:
-        plot_curves(history, run_dir / "curves.png", cfg["experiment"])
+        plot_curves(history, run_dir / "curves.png", titled(cfg), summary.get("startup_s"))

@@ -187,3 +187,48 @@ def test_the_workload_scaffold_runs_on_its_params_and_context(tmp_path):
     module.write_text(text.replace(todo, GRADIENT_STEPS.lstrip("\n")))
     method = claim_test()
     assert method.returncode == 0, method.stdout[-2000:]
+
+
+def test_a_strategy_on_updates_written_from_the_docs_runs_inline_and_in_simulation(tmp_path):
+    """``flowerbed new strategy`` with its step line replaced by docs/contributing.md's block (the
+    coordinate-wise median of the updates), loaded as a file plug-in: no private Flower name in
+    the module; the same metrics on the inline and simulation engines, not FedAvg's."""
+    import json
+    import re
+
+    from flowerbed.apps.scaffold import new_package
+    from tests.plugin_fixture import FLOWERBED
+
+    module = new_package("strategy", "median-step", tmp_path / "pkg") / "src" / "flowerbed_median_step" / "median_step.py"  # fmt: skip
+    docs = (Path(__file__).parents[2] / "docs" / "contributing.md").read_text()
+    block = docs.split("<!-- strategy-example")[1].split("```python\n")[1].split("```")[0]
+    text = module.read_text()
+    step = next(line for line in text.splitlines(keepends=True) if line.strip().startswith("step = "))  # fmt: skip
+    module.write_text(text.replace(step, block))
+    assert not re.search(r"\._[a-z]", module.read_text())  # Flower's public API only
+
+    run = ["quickstart", f"plugins=[{module}]", "rounds=2", "clients.num=3",
+           "dataset.max_rows=600", "output.plots=false"]  # fmt: skip
+
+    def inline(strategy: str) -> dict:  # in this process: no second interpreter to start
+        from flowerbed.apps.inline import run_inline
+        from flowerbed.server.experiment import load_experiment
+
+        cfg = load_experiment(run[0], [*run[1:], f"strategy.name={strategy}", "engine=inline",
+                                       f"output.dir={tmp_path / strategy}"])  # fmt: skip
+        return _no_times(run_inline(cfg)["metrics"])
+
+    out = tmp_path / "simulation"
+    done = subprocess.run(
+        [FLOWERBED, "run", *run, "strategy.name=median-step", "--engine", "simulation",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    median = inline("median-step")
+    assert _no_times(json.loads((out / "summary.json").read_text())["metrics"]) == median
+    assert median["central.loss"] != inline("fedavg")["central.loss"]
+
+
+def _no_times(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith("time.")}

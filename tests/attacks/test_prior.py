@@ -213,18 +213,28 @@ def test_digits_prior_is_public_and_one_record_per_attacked_client(digits_run) -
 
 
 def test_curves_put_each_scale_on_its_own_axis() -> None:
-    from flowerbed.server.results import curve_panels
+    """Panels by meaning (utility, loss, privacy, cost / time, then the rest), one unit each."""
+    from flowerbed.server.curves import curve_panels
 
     history = [{"round": 1, "scope": "attack", "psnr": 30.0, "success": 0.5, "prior": 0.1},
                {"round": 1, "scope": "attack", "psnr": 20.0, "success": 1.0, "prior": 0.1},
+               {"round": 1, "scope": "attack", "mse": 3.5},
                {"round": 1, "scope": "central", "accuracy": 0.9, "loss": 2.3},
-               {"round": 1, "scope": "train", "round_s": 3.0, "rows_per_s": 700.0}]  # fmt: skip
-    panels = {(scope, family): lines for scope, family, lines in curve_panels(history)}
-    assert set(panels[("attack", "share")]) == {"success", "prior"}
-    assert set(panels[("attack", "dB")]) == {"psnr"}
-    assert panels[("attack", "dB")]["psnr"] == [(1, 25.0)]  # two clients of a round: their mean
-    assert set(panels[("central", "share")]) == {"accuracy"} and ("central", "loss") in panels
-    assert set(panels[("train", "seconds")]) == {"round_s"} and ("train", "rows_per_s") in panels
+               {"round": 1, "scope": "train", "loss": 2.0, "update_norm": 4.0},
+               {"round": 1, "scope": "dp", "epsilon": 3.0},
+               {"round": 1, "scope": "time", "round_s": 3.0},
+               {"round": 1, "scope": "train", "rows_per_s": 700.0}]  # fmt: skip
+    ordered = curve_panels(history)
+    panels = {(meaning, unit): lines for meaning, unit, lines in ordered}
+    assert [m for m, _, _ in ordered][:3] == ["utility", "loss", "privacy"]
+    assert set(panels[("utility", "share")]) == {"central.accuracy"}
+    assert set(panels[("loss", "loss")]) == {"central.loss", "train.loss"}
+    assert set(panels[("privacy", "share")]) == {"attack.success", "attack.prior"}
+    assert panels[("privacy", "dB")]["attack.psnr"] == [(1, 25.0)]  # two clients: their mean
+    assert set(panels[("privacy", "mse")]) == {"attack.mse"}  # not on the 0-to-1 axis
+    assert set(panels[("privacy", "epsilon")]) == {"dp.epsilon"}
+    assert set(panels[("cost / time", "seconds")]) == {"time.round_s"}
+    assert ("cost / time", "rows_per_s") in panels and ("training", "update_norm") in panels
 
 
 def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
