@@ -335,6 +335,9 @@ def loss(tmp_path, seed, strategy):
     return run_inline(cfg)["metrics"]["central.loss"]
 
 
+# An accuracy headline. A robustness method asserts the same way under clients that lie (its
+# accuracy above FedAvg's there, and within 0.01 of it without them); a privacy defense asserts
+# attack.advantage below the undefended run's: docs/contributing.md, "Claim-test templates".
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_{module}_beats_fedavg(tmp_path, seed):
     assert loss(tmp_path / "m", seed, "{name}") < loss(tmp_path / "f", seed, "fedavg") - 1e-4

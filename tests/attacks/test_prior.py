@@ -191,6 +191,11 @@ def digits_run(tmp_path_factory) -> dict:
 def test_digits_attack_writes_reconstruction_grids_from_the_scorer(digits_run) -> None:
     run_dir, seen = digits_run["run_dir"], digits_run["seen"]
     assert (run_dir / "attack_r1.png").stat().st_size > 1000
+    from matplotlib.image import imread
+
+    height, width = imread(run_dir / "attack_r1.png").shape[:2]
+    # 4 attacked clients x (true, reconstructed) rows of B = 2 digits, >= 150 px each
+    assert width >= 2 * 150 and height >= 4 * 2 * 150, (width, height)
     assert (run_dir / "attack_r2.png").stat().st_size > 1000
     assert seen["drawn"] == 2 and len(seen["during_attack"]) == 8
     for before, after in seen["during_attack"]:  # the attack itself writes no picture
