@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import click
 import typer
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
@@ -49,7 +50,7 @@ TRACEBACK_FRAMES = 8
 
 def error_line(message: str) -> None:
     """Print ``error: message`` on stderr, on one line."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> None:

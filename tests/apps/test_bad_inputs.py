@@ -62,7 +62,7 @@ CASES = {
                              "defenses=[{name: topk}]"],
                             "defense 'topk' is a built-in flowerbed name; plugin "),
     "plugins-not-a-list": (["run", "quickstart", "plugins=notalist"],
-                           "wrong type for 'plugins': a list is required"),
+                           "wrong type for 'plugins': a list is required, e.g. plugins: [a, b]"),
     "eval-plugin-missing": (["eval", "{tmp}/ran-with-plugin"],
                             "plug-in missing: {tmp}/ran-with-plugin ran with plugins"),
     "resume-another-sweep": (["sweep", "quickstart-lr", "--resume", "--out", "{tmp}/other-sweep"],
