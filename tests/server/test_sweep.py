@@ -190,3 +190,24 @@ def test_each_arm_gets_its_own_base_and_overrides():
             assert cfg["workload"]["params"]["batch_size"] >= 32
             assert cfg["workload"]["params"]["local_epochs"] >= 2
     assert len(cells_of(sweep)) == 6 * 13 * 3
+
+
+def test_an_arm_without_secagg_is_not_crossed_with_it_and_the_full_grid_resolves():
+    """privacy-benchmark-full: the six arms whose attack reads single updates leave out the
+    three secagg settings (6 x 3 x 5 runs fewer); every other arm keeps them, and its secagg
+    cells resolve (their attacks read aggregates: none would run without scoring)."""
+    from flowerbed.server.sweep import cell_config, cells_of
+
+    sweep = load_sweep("privacy-benchmark-full")
+    cells = cells_of(sweep)
+    assert len(cells) == 14 * 19 * 5 - 6 * 3 * 5
+    without = {a.name for a in sweep.arms if a.without == ["secagg"]}
+    assert len(without) == 6
+    for cell in cells:
+        names = [d["name"] for d in cell["params"]["defenses"]]
+        assert not (cell["params"]["arm"] in without and "secagg" in names)
+    secagg = [c for c in cells if c["params"]["seed"] == 0
+              and "secagg" in [d["name"] for d in c["params"]["defenses"]]]  # fmt: skip
+    assert len(secagg) == (14 - 6) * 3
+    for cell in secagg:
+        cell_config(sweep, cell)
