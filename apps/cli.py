@@ -437,14 +437,6 @@ def eval_(
     out.print(table)
 
 
-def preset_table() -> str:
-    """The experiment presets as a Markdown table (the README's table is this, checked by a test)."""
-    from flowerbed.clients.core.config import load_preset, preset_names
-
-    rows = [f"| `{name}` | {load_preset(name).get('description', '')} |" for name in preset_names()]
-    return "\n".join(["| preset | what it runs |", "|---|---|", *rows]) + "\n"
-
-
 @app.command("list")
 def list_(
     kind: Annotated[str | None, typer.Argument(help=f"one of: {', '.join(KINDS)}")] = None,
@@ -461,6 +453,8 @@ def list_(
 ) -> None:
     """List what can be run and what is registered (compact; a KIND or --long for descriptions)."""
     if markdown:
+        from flowerbed.apps.listing import preset_table
+
         out.print(preset_table(), end="", highlight=False, markup=False, soft_wrap=True)
         return
     if kind is not None and kind not in KINDS:

@@ -39,6 +39,14 @@ def sweep_presets() -> dict[str, str]:
     return presets
 
 
+def preset_table() -> str:
+    """The experiment presets as a Markdown table (the README's table is this, checked by a test)."""
+    from flowerbed.clients.core.config import load_preset, preset_names
+
+    rows = [f"| `{name}` | {load_preset(name).get('description', '')} |" for name in preset_names()]
+    return "\n".join(["| preset | what it runs |", "|---|---|", *rows]) + "\n"
+
+
 def entries(kind: str) -> list[tuple[str, str, list[str]]]:
     """``(name, description, [runs on])`` of every entry of ``kind``."""
     from flowerbed.apps.engines import ENGINES

@@ -465,7 +465,7 @@ RUN_LINES = {
 def names(kind: str, name: str) -> dict[str, str]:
     """The names a package for ``name`` uses (distribution, import package, module, class)."""
     if kind not in KINDS:
-        raise ConfigError(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)})")
+        raise ConfigError(f"unknown kind '{kind}' (allowed: {', '.join(KINDS)}, experiment)")
     if not _NAME.fullmatch(name):
         raise ConfigError(
             f"name '{name}' is not allowed: lower-case letters and digits, words joined by '-' "

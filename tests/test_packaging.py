@@ -46,7 +46,7 @@ def test_wheel_installs_one_top_level_package_with_presets_and_data(tmp_path):
 
 
 def test_readme_preset_table_is_generated_from_the_presets():
-    from flowerbed.apps.cli import preset_table
+    from flowerbed.apps.listing import preset_table
 
     readme = (ROOT / "README.md").read_text()
     start, end = "<!-- presets:start -->\n", "<!-- presets:end -->"
