@@ -119,6 +119,10 @@ def plot_curves(
             ax.set_ylim(min(low, 0.0) - 0.05, 1.05)
         if unit == "seconds" and startup_s is not None:
             ax.bar([0], [startup_s], width=0.5, color="0.75", label=f"start-up ({startup_s:.1f} s)")
+        first = _slow_first_round(lines.get("time.round_s", []))
+        if unit == "seconds" and first is not None:
+            ax.annotate("round 1: clients' first start", first, xytext=(8, 0),
+                        textcoords="offset points", fontsize=9, va="center")  # fmt: skip
         if len(lines) > LEGEND_INSIDE:
             ax.legend(fontsize=9, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         elif lines:
@@ -129,3 +133,13 @@ def plot_curves(
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def _slow_first_round(points: list[tuple[int, float]]) -> tuple[int, float] | None:
+    """Round 1's point when it took over 3x the median later round (it pays the ClientApps'
+    first start: processes, imports, data), else None."""
+    later = [v for r, v in points if r > 1]
+    first = [(r, v) for r, v in points if r == 1]
+    if not first or not later or first[0][1] <= 3 * float(np.median(later)):
+        return None
+    return first[0]

@@ -240,6 +240,10 @@ def test_curves_put_each_scale_on_its_own_axis() -> None:
     assert set(panels[("privacy", "epsilon")]) == {"dp.epsilon"}
     assert set(panels[("cost / time", "seconds")]) == {"time.round_s"}
     assert ("cost / time", "rows_per_s") in panels and ("training", "update_norm") in panels
+    from flowerbed.server.curves import _slow_first_round
+
+    assert _slow_first_round([(1, 11.7), (2, 2.3), (3, 2.4)]) == (1, 11.7)  # marked on the plot
+    assert _slow_first_round([(1, 2.5), (2, 2.3), (3, 2.4)]) is None
 
 
 def test_tabdiff_prior_rows_follow_the_public_marginals(monkeypatch) -> None:
