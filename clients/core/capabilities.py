@@ -46,6 +46,10 @@ class Capability(StrEnum):
     #: the server sees each sampled client's own reply (robust aggregators); every run offers it
     #: unless a defense withholds it (``Defense.withholds``: secure aggregation shows only sums)
     INDIVIDUAL_UPDATES = "individual-updates"
+    #: ``Workload.root_update(arrays, size, server_round)``: the global model trained one round,
+    #: with the clients' own local training, on a small clean sample of the task's training
+    #: distribution the server holds (FLTrust's root dataset)
+    ROOT_DATA = "root-data"
 
 
 #: offered by every workload; a defense may withhold one (``Defense.withholds``), and a component

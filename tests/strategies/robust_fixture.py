@@ -33,17 +33,20 @@ class Grid:
 
 
 @functools.cache
-def _resolved(name: str, n: int, params: tuple[str, ...]) -> dict[str, Any]:
-    return load_experiment(
-        "quickstart",
-        [f"strategy.name={name}", f"clients.num={n}", f"clients.min_clients={n}", *params],
-    )
+def _resolved(preset: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    return load_experiment(preset, list(overrides))
+
+
+def resolved(preset: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """``preset`` with ``overrides``, resolved once per argument set (resolution reads the
+    dataset); a copy the caller may change."""
+    return copy.deepcopy(_resolved(preset, overrides))
 
 
 def config(name: str, n: int, *params: str) -> dict[str, Any]:
-    """The resolved quickstart config with strategy ``name``, ``n`` clients all sampled (resolved
-    once per argument set: resolution reads the dataset)."""
-    return copy.deepcopy(_resolved(name, n, params))
+    """The resolved quickstart config with strategy ``name``, ``n`` clients all sampled."""
+    base = (f"strategy.name={name}", f"clients.num={n}", f"clients.min_clients={n}")
+    return resolved("quickstart", (*base, *params))
 
 
 def build(name: str, n: int, *params: str, workload: Any = None) -> Any:
