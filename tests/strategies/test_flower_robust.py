@@ -56,3 +56,23 @@ def test_a_robust_aggregator_behind_secure_aggregation_is_refused_by_the_cli(tmp
         result, out,
         f"strategy '{name}' needs individual-updates, which defense 'secagg' withholds from the server",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "least", "most"), [("krum", 1, 1), ("flame", 3, 5)])
+def test_a_run_with_a_selecting_rule_logs_whom_it_kept_each_round(tmp_path, name, least, most) -> None:  # fmt: skip
+    """The run's own path (inline engine, Flower's driver loop, the runner's metrics tap): the
+    summary's ``kept_partitions`` holds, per round, the clients the rule let in (Krum: one; FLAME:
+    its majority cluster of 5, at least 3), out of those sampled (``train_partitions``)."""
+    import json
+
+    result, out = run_cli(
+        tmp_path, "digits-classifier", f"strategy.name={name}",
+        "rounds=2", "clients.num=5", "clients.fraction_evaluate=0", "output.plots=false",
+        "workload.params.hidden=[16]", "workload.params.local_epochs=1",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["kept_partitions"]) == 2
+    for kept, sampled in zip(summary["kept_partitions"], summary["train_partitions"], strict=True):
+        assert least <= len(kept) <= most and set(kept) <= set(sampled)
+    assert summary["metrics"]["central.accuracy"] > 0.3  # trained: 10 classes, chance 0.1
