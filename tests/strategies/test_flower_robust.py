@@ -44,7 +44,7 @@ def test_too_few_clients_for_the_rule_are_refused_at_config_time() -> None:
     config("krum", 9, "strategy.params.num_malicious=3")  # enough
 
 
-@pytest.mark.parametrize("name", ["krum", "geomed", "flame"])
+@pytest.mark.parametrize("name", ["krum", "geomed", "flame", "fedmedian"])
 def test_a_robust_aggregator_behind_secure_aggregation_is_refused_by_the_cli(tmp_path, name) -> None:  # fmt: skip
     """Secure aggregation withholds the individual updates every robust aggregator needs: the
     pairing is refused when the config is resolved, one line naming both, exit 2, nothing written."""
