@@ -9,6 +9,8 @@ ones around a unit direction (spread 0.3 in norm). Through each strategy's own `
   the aggregate moves along it;
 - selection: of the selecting rules, the true-positive rate (malicious dropped / malicious) and
   false-positive rate (honest dropped / honest) from ``kept-partitions``;
+- pre-aggregation: Krum alone and behind NNM, centered clipping alone and behind bucketing, on
+  heterogeneous honest updates (``||aggregate - honest mean||``);
 - FLTrust on digits (tests/strategies/test_fltrust.py): central accuracy after 5 rounds with 6 of
   10 clients sign-flipping, beside FedAvg over the 4 honest clients alone and the two ablations.
 
@@ -63,6 +65,7 @@ def main() -> None:
         rate = " ".join(f"{t:.2f}/{f:.2f}" for t, f in rates) if rates else "–"
         print(f"| `{name}` | " + " | ".join(f"{e:.3f}" for e in errors) + " | "
               + " | ".join(f"{s:.3f}" for s in shares) + f" | {rate} |")  # fmt: skip
+    preaggregation_table(seeds)
     if args.quick:
         return
     import pytest
@@ -77,6 +80,28 @@ def main() -> None:
             with pytest.MonkeyPatch.context() as patch:
                 row.append(_federate(seed, variant, patch))
         print(f"| {seed} | " + " | ".join(f"{a:.3f}" for a in row) + " |")
+
+
+def preaggregation_table(seeds: list[int]) -> None:
+    """Krum alone and behind NNM on two-sided heterogeneity with 20 % sign flip; centered clipping
+    alone and behind buckets of 2 on one-sided heterogeneity (tests/strategies/test_preaggregation.py)."""
+    from tests.strategies.robust_fixture import DIM, build, run_round
+    from tests.strategies.test_preaggregation import F, N, heterogeneous, skewed
+
+    print(
+        "\n| seed | Krum | NNM + Krum | centered clipping | bucketing (s=2) + centered clipping |"
+    )
+    print("|---|---|---|---|---|")
+    sent = np.zeros(DIM)
+    nnm = ("strategy.params.pre_aggregation=nnm", f"strategy.params.nnm_malicious={F}")
+    buckets = ("strategy.params.pre_aggregation=bucketing", "strategy.params.bucket_size=2")
+    for seed in seeds:
+        updates, mean, _ = heterogeneous(seed)
+        krum = f"strategy.params.num_malicious={F}"
+        row = [run_round(build("krum", N, krum, *extra), sent, updates).aggregate - mean for extra in ((), nnm)]  # fmt: skip
+        updates, mean = skewed(seed)
+        row += [run_round(build("centered-clipping", N, f"seed={seed}", *extra), sent, updates).aggregate - mean for extra in ((), buckets)]  # fmt: skip
+        print(f"| {seed} | " + " | ".join(f"{np.linalg.norm(e):.3f}" for e in row) + " |")
 
 
 if __name__ == "__main__":
