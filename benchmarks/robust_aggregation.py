@@ -11,6 +11,8 @@ ones around a unit direction (spread 0.3 in norm). Through each strategy's own `
   false-positive rate (honest dropped / honest) from ``kept-partitions``;
 - pre-aggregation: Krum alone and behind NNM, centered clipping alone and behind bucketing, on
   heterogeneous honest updates (``||aggregate - honest mean||``);
+- utility without attack: central accuracy of every rule at its defaults, digits MLP, 10 clients,
+  5 rounds, IID and Dirichlet(0.5);
 - FLTrust on digits (tests/strategies/test_fltrust.py): central accuracy after 5 rounds with 6 of
   10 clients sign-flipping, beside FedAvg over the 4 honest clients alone and the two ablations.
 
@@ -41,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true", help="seed 0, synthetic rounds only")
+    parser.add_argument("--out", default="runs/bench-robust", help="run directories (utility)")
     args = parser.parse_args()
     seeds = [0] if args.quick else args.seeds
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -72,6 +75,7 @@ def main() -> None:
 
     from tests.strategies.test_fltrust import _federate
 
+    utility_table(seeds, args.out)
     print("\n| seed | FedAvg, 4 honest alone | FLTrust | trust off | noise as root data |")
     print("|---|---|---|---|---|")
     for seed in seeds:
@@ -80,6 +84,41 @@ def main() -> None:
             with pytest.MonkeyPatch.context() as patch:
                 row.append(_federate(seed, variant, patch))
         print(f"| {seed} | " + " | ".join(f"{a:.3f}" for a in row) + " |")
+
+
+UTILITY = {
+    "fedavg": (), "fedmedian": (), "fedtrimmedavg": (),
+    "krum": ("strategy.params.num_malicious=2",),
+    "multikrum": ("strategy.params.num_malicious=2", "strategy.params.num_selected=6"),
+    "bulyan": ("strategy.params.num_malicious=1",), "geomed": (), "centered-clipping": (),
+    "norm-bounding": (), "flame": (), "fltrust": (),
+}  # fmt: skip
+FEDERATION = (
+    "rounds=5", "clients.num=10", "clients.fraction_evaluate=0", "output.plots=false",
+    "workload.params.hidden=[32]", "workload.params.local_epochs=1",
+)  # fmt: skip
+
+
+def utility_table(seeds: list[int], out: str) -> None:
+    """No attack: central accuracy of each rule at its defaults (f where it needs one) on the
+    digits MLP, 10 clients, 5 rounds, IID and Dirichlet(0.5); mean and min over seeds."""
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
+
+    splits = {"IID": ("clients.partitioner=iid",),
+              "Dirichlet(0.5)": ("clients.partitioner=dirichlet", "clients.alpha=0.5")}  # fmt: skip
+    print("\n| rule | " + " | ".join(f"{s}: mean (min)" for s in splits) + " |")
+    print("|---" * (1 + len(splits)) + "|")
+    for name, params in UTILITY.items():
+        cells = []
+        for split in splits.values():
+            accs = []
+            for seed in seeds:
+                overrides = [*FEDERATION, *split, f"seed={seed}", f"strategy.name={name}", *params,
+                             f"output.dir={out}/{name}-{seed}"]  # fmt: skip
+                accs.append(run_inline(load_experiment("digits-classifier", overrides))["metrics"]["central.accuracy"])  # fmt: skip
+            cells.append(f"{np.mean(accs):.3f} ({min(accs):.3f})")
+        print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
 
 
 def preaggregation_table(seeds: list[int]) -> None:
