@@ -111,11 +111,11 @@ def utility_table(seeds: list[int], out: str) -> None:
     print("|---" * (1 + len(splits)) + "|")
     for name, params in UTILITY.items():
         cells = []
-        for split in splits.values():
+        for tag, split in enumerate(splits.values()):
             accs = []
             for seed in seeds:
                 overrides = [*FEDERATION, *split, f"seed={seed}", f"strategy.name={name}", *params,
-                             f"output.dir={out}/{name}-{seed}"]  # fmt: skip
+                             f"output.dir={out}/{name}-{tag}-{seed}"]  # fmt: skip
                 accs.append(run_inline(load_experiment("digits-classifier", overrides))["metrics"]["central.accuracy"])  # fmt: skip
             cells.append(f"{np.mean(accs):.3f} ({min(accs):.3f})")
         print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
