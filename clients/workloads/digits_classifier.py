@@ -96,8 +96,9 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 @WORKLOADS.register("digits-classifier", "Image classifier (MLP or CNN) on sklearn digits 8x8")
 class DigitsClassifier(ClassifierWorkload):
     offers = frozenset(
-        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER}
-    )
+        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
+         Capability.ROOT_DATA}
+    )  # fmt: skip
     reads = frozenset({"clients.partitioner", "clients.alpha"})
 
     @dataclass

@@ -195,8 +195,9 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
 class TabularMLP(ClassifierWorkload):
     offers = frozenset(
-        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER}
-    )
+        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
+         Capability.ROOT_DATA}
+    )  # fmt: skip
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
     @dataclass
