@@ -33,9 +33,15 @@ from flowerbed.clients.core.errors import ConfigError, RunFailed
 console = Console(stderr=True)
 out = Console()
 
-KINDS = ("experiments", "workloads", "strategies", "attacks", "defenses", "datasets", "engines")
+KINDS = ("experiments", "workloads", "strategies", "attacks", "malicious", "defenses", "datasets",
+         "engines")  # fmt: skip
 #: kinds listed with the workloads they run on
-ATTACHED = ("attacks", "defenses", "strategies")  # kinds listed with the workloads they run on
+ATTACHED = (
+    "attacks",
+    "malicious",
+    "defenses",
+    "strategies",
+)  # kinds listed with the workloads they run on
 #: frames of an internal error's traceback that are printed (the innermost ones)
 TRACEBACK_FRAMES = 8
 
@@ -444,7 +450,7 @@ def list_(
     registries = {
         "workloads": COMPONENTS.workloads, "strategies": COMPONENTS.strategies,
         "attacks": COMPONENTS.attacks, "defenses": COMPONENTS.defenses,
-        "datasets": COMPONENTS.datasets,
+        "datasets": COMPONENTS.datasets, "malicious": COMPONENTS.malicious,
     }  # fmt: skip
     for name in [kind] if kind else KINDS:
         table = RichTable(title=name, show_header=False, title_justify="left")

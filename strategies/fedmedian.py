@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.serverapp.strategy import FedMedian
 
 from flowerbed.clients.core.registry import NoParams
+from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 
@@ -14,3 +15,8 @@ class FedMedianEntry:
     @staticmethod
     def build(params: NoParams, context: StrategyContext) -> FedMedian:
         return FedMedian(**context.sampling.kwargs())
+
+    @staticmethod
+    def aggregation_rule(params: NoParams) -> AggregationRule:
+        """Published to clients: each coordinate's median (a trim of one half)."""
+        return AggregationRule("coordinate-wise", trim=0.5)

@@ -96,8 +96,9 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 @WORKLOADS.register("digits-classifier", "Image classifier (MLP or CNN) on sklearn digits 8x8")
 class DigitsClassifier(ClassifierWorkload):
     offers = frozenset(
-        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER}
-    )
+        {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
+         Capability.LABELLED_EXAMPLES}
+    )  # fmt: skip
     reads = frozenset({"clients.partitioner", "clients.alpha"})
 
     @dataclass
@@ -137,6 +138,9 @@ class DigitsClassifier(ClassifierWorkload):
 
     def train_pool(self) -> Examples:
         return digits_split()[0]
+
+    def test_pool(self) -> Examples:
+        return digits_split()[1]
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         scores = score_classifier(self.loaded_model(arrays), digits_split()[1])
