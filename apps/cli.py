@@ -480,10 +480,10 @@ def _described(registry: Any, entry: str, cls: type) -> str:
 
 def _runs_on(cls: type, workloads: Any) -> str:
     """``on: tabdiff, tabular-mlp`` (the workloads whose offers fit ``cls.needs``)."""
-    from flowerbed.clients.core.capabilities import alternatives, supported_workloads
+    from flowerbed.clients.core.capabilities import RUN_OFFERS, alternatives, supported_workloads
 
     needs = getattr(cls, "needs", ())
-    if not any(alternatives(needs)):
+    if not any(alt - RUN_OFFERS for alt in alternatives(needs)):  # individual-updates: any workload
         return "on: any workload"
     return "on: " + (", ".join(supported_workloads(needs, workloads.items())) or "none")
 

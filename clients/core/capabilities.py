@@ -47,6 +47,18 @@ class Capability(StrEnum):
     #: class labels) and the server holds a labelled test set (``test_pool()``): data-poisoning
     #: clients rewrite the rows they train on, and a backdoor's success is scored on the test set
     LABELLED_EXAMPLES = "labelled-examples"
+    #: the server sees each sampled client's own reply (robust aggregators); every run offers it
+    #: unless a defense withholds it (``Defense.withholds``: secure aggregation shows only sums)
+    INDIVIDUAL_UPDATES = "individual-updates"
+    #: ``Workload.root_update(arrays, size, server_round)``: the global model trained one round,
+    #: with the clients' own local training, on a small clean sample of the task's training
+    #: distribution the server holds (FLTrust's root dataset)
+    ROOT_DATA = "root-data"
+
+
+#: offered by every workload; a defense may withhold one (``Defense.withholds``), and a component
+#: needing it is then refused naming that defense
+RUN_OFFERS = frozenset({Capability.INDIVIDUAL_UPDATES})
 
 
 Needs = frozenset[Capability] | tuple[frozenset[Capability], ...]
@@ -73,7 +85,7 @@ def describe(needs: Needs | Iterable[str]) -> str:
 
 def offered(workload_cls: type, params: dict[str, Any] | None = None) -> tuple[set[str], dict[str, str]]:  # fmt: skip
     """What a workload offers under ``params`` and, for each offer it withholds there, why."""
-    offers = set(getattr(workload_cls, "offers", ()))
+    offers = set(getattr(workload_cls, "offers", ())) | RUN_OFFERS
     withheld_fn = getattr(workload_cls, "withheld", None)
     withheld = dict(withheld_fn(params or {})) if withheld_fn is not None and params else {}
     return offers - set(withheld), {str(k): v for k, v in withheld.items()}
@@ -81,4 +93,6 @@ def offered(workload_cls: type, params: dict[str, Any] | None = None) -> tuple[s
 
 def supported_workloads(needs: Needs | Iterable[str], workloads: Iterable[tuple[str, type]]) -> list[str]:  # fmt: skip
     """Names of the workloads (``registry.items()``) whose class-level offers fit ``needs``."""
-    return [name for name, cls in workloads if fits(needs, getattr(cls, "offers", ()))]
+    return [
+        name for name, cls in workloads if fits(needs, {*getattr(cls, "offers", ()), *RUN_OFFERS})
+    ]

@@ -328,6 +328,8 @@ def resolve(
     workload_cls = _fill_params(cfg, "workload", components.workloads)
     _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
     strategy_cls = _fill_params(cfg, "strategy", components.strategies)
+    _check_strategy_clients(cfg, strategy_cls)
+    _check_withheld(cfg, strategy_cls, components.defenses)
     offers = offered(workload_cls, cfg["workload"]["params"])
     _check_needs(
         "strategy", cfg["strategy"]["name"], strategy_cls, cfg, offers, components.workloads
@@ -465,6 +467,36 @@ def _check_reads(
                 f"workload '{cfg['workload']['name']}' does not use {key}; remove it "
                 f"(workloads that do: {', '.join(users) or 'none'})"
             )
+
+
+def _check_withheld(cfg: dict[str, Any], strategy_cls: type, defenses: Registry) -> None:
+    """The strategy needs what a configured defense withholds from the server (secure aggregation
+    hides the individual updates a robust aggregator needs): refused, naming both."""
+    needs = getattr(strategy_cls, "needs", ())
+    for defense in cfg["defenses"]:
+        withheld = set(getattr(defenses.get(defense["name"]), "withholds", ()))
+        if withheld and all(alt & withheld for alt in alternatives(needs)):
+            raise ConfigError(
+                f"strategy '{cfg['strategy']['name']}' needs {describe(needs)}, which defense "
+                f"'{defense['name']}' withholds from the server; use one or the other"
+            )
+
+
+def _check_strategy_clients(cfg: dict[str, Any], strategy_cls: type) -> None:
+    """A strategy whose rule needs a number of replies per round (Krum: n >= 2f+3) gets it from
+    the clients a round samples (Flower's rule: ``max(int(num * fraction), min_clients)``)."""
+    check = getattr(strategy_cls, "fits_clients", None)
+    if check is None:
+        return
+    clients = cfg["clients"]
+    num = int(clients["num"])
+    sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
+    why = check(strategy_cls.Params(**cfg["strategy"]["params"]), sampled)
+    if why:
+        raise ConfigError(
+            f"strategy '{cfg['strategy']['name']}': {why}, but a round samples {sampled} "
+            f"(clients.num={num}, clients.fraction={clients['fraction']})"
+        )
 
 
 def _check_needs(

@@ -14,7 +14,9 @@ with a do-nothing default:
   honest-but-curious server observes before it aggregates), ``outer`` wrappers change what the
   server, and so the observer, receives at all (secure aggregation).
 
-``needs`` lists the workload capabilities the defense depends on (checked at config time).
+``needs`` lists the workload capabilities the defense depends on, ``withholds`` the run
+capabilities it takes from the server (``secagg``: ``individual-updates``); both are checked at
+config time.
 
 Inputs, typed: a defense is built from its validated ``Params`` (``self.params``) and a
 ``DefenseContext`` (``self.ctx``: the run's seed, rounds, client counts and a key naming the
@@ -149,6 +151,9 @@ class Defense:
 
     Params: ClassVar[type] = NoParams
     needs: ClassVar[frozenset[Capability]] = frozenset()
+    #: run capabilities the defense takes from the server (secure aggregation: the individual
+    #: updates); a strategy needing one is refused beside it when the config is resolved
+    withholds: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
 
     def __init__(self, ctx: DefenseContext, params: Any = None) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses import DEFENSES, Aggregation, Defense, Mechanism
@@ -33,6 +34,7 @@ MEMBERS_RECORD = "secagg"  # ConfigRecord of an aggregate reply: {"members": [pa
 )
 class SecAgg(Defense):
     server_position = "outer"
+    withholds = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
     class Params:

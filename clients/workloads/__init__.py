@@ -362,6 +362,23 @@ class ClassifierWorkload(Workload):
             "test": Examples(pool.x[test], pool.y[test]),
         }
 
+    def root_update(self, arrays: ArrayRecord, size: int, server_round: int) -> ArrayRecord:
+        """FLTrust's server model (``Capability.ROOT_DATA``): ``arrays`` after one round of the
+        clients' own local training (``fit``) on ``size`` root examples.
+
+        Threat model (Cao et al. 2021): the server holds a small clean sample of the task's
+        training distribution. Here it is drawn once, seeded, from the federation's training pool
+        (the paper samples it from the union of the clients' clean data), never from the test
+        split the server evaluates on. It trains as partition ``num_clients``, an id no client has.
+        """
+        pool = self.train_pool()
+        rng = np.random.default_rng(client_seed(self.ctx.seed, self.ctx.num_clients, 0, salt=53))
+        idx = np.sort(rng.choice(len(pool.y), size=min(size, len(pool.y)), replace=False))
+        root = {"train": Examples(pool.x[idx], pool.y[idx])}
+        config = {"partition-id": self.ctx.num_clients, "server-round": server_round}
+        trained, _ = self.fit(arrays, root, config, RecordDict())
+        return trained
+
     def round_data(self, data: dict[str, Examples], partition_id: int, server_round: int) -> Examples:  # fmt: skip
         """What a client trains on in a round (all it holds unless FedSGD / round_examples)."""
         return round_subset(data["train"], self.training, self.params.round_examples,

@@ -97,7 +97,7 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 class DigitsClassifier(ClassifierWorkload):
     offers = frozenset(
         {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
-         Capability.LABELLED_EXAMPLES}
+         Capability.ROOT_DATA, Capability.LABELLED_EXAMPLES}
     )  # fmt: skip
     reads = frozenset({"clients.partitioner", "clients.alpha"})
 

@@ -196,7 +196,7 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 class TabularMLP(ClassifierWorkload):
     offers = frozenset(
         {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
-         Capability.LABELLED_EXAMPLES}
+         Capability.ROOT_DATA, Capability.LABELLED_EXAMPLES}
     )  # fmt: skip
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 

@@ -12,22 +12,12 @@ from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.tabular_mlp import train_alone
 from flowerbed.server.experiment import load_experiment
 from flowerbed.strategies.context import build_strategy
+from tests.strategies.robust_fixture import Grid
 
 ADAPTERS = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedmedian", "fedtrimmedavg")
 
 
 # -- one aggregation step on hand-made replies (float64, exact) --------------------------------
-class _Grid:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def get_node_ids(self) -> list[int]:
-        return list(range(1, self.n + 1))
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: ANN001, ANN201
-        return Message(content, dst_node_id, message_type, group_id=group_id)
-
-
 def _build(name: str, n: int, *params: str):  # noqa: ANN202
     cfg = load_experiment(
         "quickstart",
@@ -45,7 +35,7 @@ def _round(strategy, server_round: int, sent: np.ndarray, replies: list[tuple[np
     from flwr.supercore.task_identity import TaskIdentity  # a Message needs a task identity
 
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
-    grid = _Grid(len(replies))
+    grid = Grid(len(replies))
     msgs = list(strategy.configure_train(server_round, _record(sent), ConfigRecord(), grid))
     out = []
     for msg, (w, n) in zip(msgs, replies, strict=True):

@@ -1,0 +1,44 @@
+"""``bulyan``: a thin adapter over Flower's Message-API ``Bulyan`` (El Mhamdi et al., 2018)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp.strategy import Bulyan
+
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.robust_common import selection_metrics
+
+
+@STRATEGIES.register(
+    "bulyan", "Flower Bulyan: MultiKrum selection, then a trimmed mean around the median"
+)
+class BulyanEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})
+
+    @dataclass
+    class Params(PreAggregationParams):
+        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
+
+    @staticmethod
+    def fits_clients(params: BulyanEntry.Params, sampled: int) -> str | None:
+        # below 4f+3 replies Flower's Bulyan skips the round (a warning, the model unchanged)
+        need = 4 * params.num_malicious + 3
+        return (
+            None
+            if inputs_after(params, sampled) >= need
+            else f"Bulyan needs n >= 4f+3 = {need} inputs"
+        )
+
+    @staticmethod
+    def build(params: BulyanEntry.Params, context: StrategyContext) -> Any:
+        strategy = Bulyan(
+            num_malicious_nodes=params.num_malicious, train_metrics_aggr_fn=selection_metrics,
+            **context.sampling.kwargs(),
+        )  # fmt: skip
+        return pre_aggregated(strategy, params, context.seed)

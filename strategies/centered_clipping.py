@@ -1,0 +1,59 @@
+"""``centered-clipping``: centered clipping around the previous aggregate (Karimireddy, He & Jaggi
+2021, "Learning from history for Byzantine robust optimization").
+
+Starting from the previous round's aggregate update ``v`` (zero in the first round), ``L`` times:
+``v <- v + (1/n) sum_i (u_i - v) min(1, tau / ||u_i - v||)``. An update far from the centre moves
+it by at most ``tau / n``, so a few arbitrarily bad updates shift the aggregate by a bounded amount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.preaggregation import PreAggregationParams, pre_aggregated
+from flowerbed.strategies.robust_common import Combined, RobustFedAvg, clip_rows, norms
+
+
+class CenteredClipping(RobustFedAvg):
+    def __init__(self, tau: float, iterations: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.tau = tau
+        self.iterations = iterations
+        self.centre: np.ndarray | None = None  # the previous round's aggregate update
+
+    def combine(self, server_round: int, updates: np.ndarray, contents: list[RecordDict]) -> Combined:  # fmt: skip
+        same = self.centre is not None and self.centre.shape == updates.shape[1:]
+        v = self.centre.copy() if same and self.centre is not None else np.zeros(updates.shape[1])
+        for _ in range(self.iterations):
+            v = v + clip_rows(updates - v, self.tau).mean(axis=0)
+        self.centre = v
+        over = float(np.mean(norms(updates - v) > self.tau))
+        return Combined(v, report={"clipped-fraction": over})
+
+
+@STRATEGIES.register(
+    "centered-clipping",
+    "centered clipping of updates around the last aggregate (Karimireddy et al. 2021)",
+)
+class CenteredClippingEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})
+
+    @dataclass
+    class Params(PreAggregationParams):
+        tau: float = param(1.0, gt=0)  # clipping radius around the centre
+        iterations: int = param(3, ge=1)  # L, clipping iterations per round
+
+    @staticmethod
+    def build(params: CenteredClippingEntry.Params, context: StrategyContext) -> Any:
+        strategy = CenteredClipping(
+            params.tau, params.iterations, seed=context.seed, **context.sampling.kwargs()
+        )
+        return pre_aggregated(strategy, params, context.seed)

@@ -1,0 +1,41 @@
+"""``krum``: a thin adapter over Flower's Message-API ``Krum`` (Blanchard et al., 2017)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp.strategy import Krum
+
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.robust_common import selection_metrics
+
+
+@STRATEGIES.register("krum", "Flower Krum: the one reply closest to its n-f-2 neighbours")
+class KrumEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})
+
+    @dataclass
+    class Params(PreAggregationParams):
+        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
+
+    @staticmethod
+    def fits_clients(params: KrumEntry.Params, sampled: int) -> str | None:
+        need = 2 * params.num_malicious + 3
+        return (
+            None
+            if inputs_after(params, sampled) >= need
+            else f"Krum needs n >= 2f+3 = {need} inputs"
+        )
+
+    @staticmethod
+    def build(params: KrumEntry.Params, context: StrategyContext) -> Any:
+        strategy = Krum(
+            num_malicious_nodes=params.num_malicious, train_metrics_aggr_fn=selection_metrics,
+            **context.sampling.kwargs(),
+        )  # fmt: skip
+        return pre_aggregated(strategy, params, context.seed)

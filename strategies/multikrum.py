@@ -1,0 +1,38 @@
+"""``multikrum``: a thin adapter over Flower's Message-API ``MultiKrum`` (Blanchard et al., 2017)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp.strategy import MultiKrum
+
+from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.params import param
+from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.robust_common import selection_metrics
+
+
+@STRATEGIES.register("multikrum", "Flower MultiKrum: mean of the m replies with the best Krum score")  # fmt: skip
+class MultiKrumEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})
+
+    @dataclass
+    class Params(PreAggregationParams):
+        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
+        num_selected: int = param(1, ge=1)  # m, the replies averaged
+
+    @staticmethod
+    def fits_clients(params: MultiKrumEntry.Params, sampled: int) -> str | None:
+        need = max(2 * params.num_malicious + 3, params.num_selected)
+        return None if inputs_after(params, sampled) >= need else f"MultiKrum needs n >= max(2f+3, m) = {need} inputs"  # fmt: skip
+
+    @staticmethod
+    def build(params: MultiKrumEntry.Params, context: StrategyContext) -> Any:
+        strategy = MultiKrum(
+            num_malicious_nodes=params.num_malicious, num_nodes_to_select=params.num_selected,
+            train_metrics_aggr_fn=selection_metrics, **context.sampling.kwargs(),
+        )  # fmt: skip
+        return pre_aggregated(strategy, params, context.seed)
