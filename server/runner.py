@@ -42,6 +42,7 @@ from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.federation import grid_engine
 from flowerbed.server.results import ResultsWriter
+from flowerbed.server.robustness import detection_tap
 from flowerbed.strategies.context import build_strategy as base_strategy
 from flowerbed.strategies.context import published_rule
 
@@ -432,7 +433,7 @@ def build_attack(
 def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
-    strategy = base_strategy(cfg, workload)
+    strategy = detection_tap(cfg, base_strategy(cfg, workload), writer)
     defenses = build_defenses(cfg)
     for defense in defenses:
         if defense.server_position == "inner":

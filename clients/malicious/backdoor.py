@@ -7,7 +7,9 @@ so that it survives averaging: with ``boost = n / m`` (n sampled clients, m mali
 ``boost: 0``) the mean of the updates is about the backdoored model itself (model replacement).
 
 The trigger, in model space: on a table, fixed values in chosen features (``features``, the
-encoded columns, numerics first, standardised; ``values`` one per feature); on an image, a square
+encoded columns, numerics first, standardised; ``values`` one per feature; the default sets the
+second column to 5 standard deviations, on Adult ``fnlwgt``, which a clean model barely uses); on
+an image, a square
 patch of ``patch`` pixels set to ``patch_value`` in the bottom-right corner. Success
 (``central.backdoor_asr``): the share of the server's test rows of the other classes that the
 global model puts in ``target`` once triggered.
@@ -36,8 +38,8 @@ class Backdoor(DataPoisoning):
         #: the update is multiplied by this (0: n/m, model replacement; 1: no scaling)
         boost: float = param(0.0, ge=0)
         #: table trigger: encoded feature indices and their values (model space)
-        features: list[int] = param(factory=lambda: [0, 1], ge=0)
-        values: list[float] = param(factory=lambda: [4.0, 4.0])
+        features: list[int] = param(factory=lambda: [1], ge=0)
+        values: list[float] = param(factory=lambda: [5.0])
         #: image trigger: side of the square patch and its pixel value
         patch: int = param(2, ge=1)
         patch_value: float = 1.0
