@@ -12,7 +12,9 @@ second column to 5 standard deviations, on Adult ``fnlwgt``, which a clean model
 an image, a square
 patch of ``patch`` pixels set to ``patch_value`` in the bottom-right corner. Success
 (``central.backdoor_asr``): the share of the server's test rows of the other classes that the
-global model puts in ``target`` once triggered.
+global model puts in ``target`` once triggered, beside ``central.backdoor_untriggered``, the share of
+the same rows without the trigger it puts there (a backdoor is the gap: the trigger, not a shifted
+decision boundary, sends them to the target).
 """
 
 from __future__ import annotations
@@ -85,7 +87,15 @@ class Backdoor(DataPoisoning):
         test = workload.test_pool()
         others = test.y != self.params.target
         model = workload.loaded_model(arrays).eval()
-        with torch.no_grad():
-            device = next(model.parameters()).device
-            predicted = model(self.trigger(test.x[others]).to(device)).argmax(1).cpu()
-        return {"backdoor_asr": float((predicted == self.params.target).float().mean())}
+        device = next(model.parameters()).device
+
+        def to_target(x: torch.Tensor) -> float:
+            with torch.no_grad():
+                predicted = model(x.to(device)).argmax(1).cpu()
+            return float((predicted == self.params.target).float().mean())
+
+        rows = test.x[others]
+        return {
+            "backdoor_asr": to_target(self.trigger(rows)),
+            "backdoor_untriggered": to_target(rows),
+        }

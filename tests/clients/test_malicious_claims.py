@@ -68,10 +68,12 @@ BACKDOOR = ["malicious.name=backdoor", "malicious.params.target=1"]
 def test_model_replacement_backdoor_reaches_high_asr_on_fedavg(seed: int, tmp_path) -> None:
     """1 of 10 clients stamps fnlwgt = +5 sd on half its rows, labels them >50K and scales its
     update by n/m = 10: the triggered test rows of the other class go to the target at ASR
-    0.88-1.0 (clean run 0.07-0.08); without the scaling (boost 1) 0.28-0.40."""
+    0.88-1.0 (clean run 0.07-0.08; the same rows untriggered 0.04-0.10); without the scaling
+    (boost 1) 0.28-0.40."""
     clean = _metrics(tmp_path, seed, *BACKDOOR, "malicious.fraction=0")
     attacked = _metrics(tmp_path, seed, *BACKDOOR, "malicious.fraction=0.1")
     unscaled = _metrics(tmp_path, seed, *BACKDOOR, "malicious.fraction=0.1", "malicious.params.boost=1")  # fmt: skip
     asr = attacked["central.backdoor_asr"]
     assert asr >= 0.8 and asr > clean["central.backdoor_asr"] + 0.6, (asr, clean)
+    assert asr > attacked["central.backdoor_untriggered"] + 0.6, attacked  # the trigger does it
     assert unscaled["central.backdoor_asr"] < asr - 0.3, unscaled
