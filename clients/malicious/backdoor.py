@@ -41,10 +41,10 @@ class Backdoor(DataPoisoning):
         boost: float = param(0.0, ge=0)
         #: table trigger: encoded feature indices and their values (model space)
         features: list[int] = param(factory=lambda: [1], ge=0)
-        values: list[float] = param(factory=lambda: [5.0])
+        values: list[float] = param(factory=lambda: [5.0], gt=float("-inf"), lt=float("inf"))
         #: image trigger: side of the square patch and its pixel value
         patch: int = param(2, ge=1)
-        patch_value: float = 1.0
+        patch_value: float = param(1.0, ge=0, le=1)  # images are in [0, 1] in model space
 
     def __init__(self, params: Any, ctx: Any) -> None:
         super().__init__(params, ctx)

@@ -15,7 +15,7 @@ from flowerbed.clients.malicious import MALICIOUS, Malicious, View
 class Gaussian(Malicious):
     @dataclass
     class Params:
-        mean: float = 0.0
+        mean: float = param(0.0, gt=float("-inf"), lt=float("inf"))
         std: float = param(1.0, gt=0)
 
     def craft(self, view: View) -> np.ndarray:

@@ -162,3 +162,19 @@ def test_same_seed_same_result_on_inline_and_simulation(inline_cfg, tmp_path) ->
     keep = lambda m: {k: v for k, v in m.items() if k.startswith("central.")}  # noqa: E731
     assert keep(simulated["metrics"]) == pytest.approx(keep(inline["metrics"]), abs=1e-6)
     assert simulated["malicious_partitions"] == inline["malicious_partitions"] == [0, 2]
+
+
+def test_a_plugin_file_registers_a_malicious_client_with_its_origin(tmp_path) -> None:
+    plugin = tmp_path / "zero_update.py"
+    plugin.write_text(
+        "import numpy as np\n"
+        "from flowerbed.clients.malicious import MALICIOUS, Malicious\n"
+        "@MALICIOUS.register('zero-update', 'sends a zero update')\n"
+        "class ZeroUpdate(Malicious):\n"
+        "    def craft(self, view):\n"
+        "        return np.zeros_like(view.own)\n"
+    )
+    cfg = load_experiment("quickstart", [f"plugins=[{plugin}]", "malicious.name=zero-update",
+                                         "malicious.clients=[0]"])  # fmt: skip
+    assert cfg["malicious"]["name"] == "zero-update"
+    assert MALICIOUS.origin("zero-update") == f"plugin {plugin}"
