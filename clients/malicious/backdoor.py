@@ -2,7 +2,7 @@
 (BadNets, Gu et al. 2017; model replacement by scaling, Bagdasaryan et al. 2020).
 
 The client stamps the trigger on a share ``poison_fraction`` of its training rows and relabels them
-``target`` (the other rows keep the main task), trains, and sends its update scaled by ``boost``
+``target`` (default: the last class) (the other rows keep the main task), trains, and sends its update scaled by ``boost``
 so that it survives averaging: with ``boost = n / m`` (n sampled clients, m malicious, the default
 ``boost: 0``) the mean of the updates is about the backdoored model itself (model replacement).
 
@@ -34,7 +34,8 @@ from flowerbed.clients.malicious import MALICIOUS, DataPoisoning, View
 class Backdoor(DataPoisoning):
     @dataclass
     class Params:
-        target: int = param(0, ge=0)
+        #: the class triggered rows are sent to (-1: the last class)
+        target: int = param(-1, ge=-1)
         #: share of the client's training rows stamped and relabelled
         poison_fraction: float = param(0.5, gt=0, le=1)
         #: the update is multiplied by this (0: n/m, model replacement; 1: no scaling)
@@ -56,6 +57,7 @@ class Backdoor(DataPoisoning):
             )
         if schema is not None and p.target >= schema.num_classes:
             raise ValueError(f"malicious.params.target {p.target} outside 0..{schema.num_classes - 1}")  # fmt: skip
+        self.target = p.target if p.target >= 0 or schema is None else schema.num_classes - 1
 
     def trigger(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` with the trigger stamped on every row (a copy)."""
@@ -76,7 +78,7 @@ class Backdoor(DataPoisoning):
         rows = torch.from_numpy(rng.choice(len(train.y), size=count, replace=False))
         x, y = train.x.clone(), train.y.clone()
         x[rows] = self.trigger(x[rows])
-        y[rows] = self.params.target
+        y[rows] = self.target
         return type(train)(x, y)
 
     def craft(self, view: View) -> np.ndarray:
@@ -85,14 +87,14 @@ class Backdoor(DataPoisoning):
 
     def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
         test = workload.test_pool()
-        others = test.y != self.params.target
+        others = test.y != self.target
         model = workload.loaded_model(arrays).eval()
         device = next(model.parameters()).device
 
         def to_target(x: torch.Tensor) -> float:
             with torch.no_grad():
                 predicted = model(x.to(device)).argmax(1).cpu()
-            return float((predicted == self.params.target).float().mean())
+            return float((predicted == self.target).float().mean())
 
         rows = test.x[others]
         return {
