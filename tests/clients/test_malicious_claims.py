@@ -37,15 +37,13 @@ SIGN_FLIP = ["malicious.name=sign-flip", "malicious.fraction=0.2", "malicious.pa
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fedavg_collapses_under_sign_flip_and_the_median_holds(seed: int, tmp_path) -> None:
     """2 of 10 clients send -10 x their update: FedAvg ends below the majority-class rate
-    (measured 0.246 on every seed, majority 0.754); the coordinate-wise median stays within 0.02
-    of clean FedAvg (0.829-0.833 vs 0.830-0.833)."""
-    clean = _metrics(tmp_path, seed)
+    (measured 0.246 on every seed, majority 0.754); the coordinate-wise median learns as clean
+    FedAvg does (0.829-0.833; clean FedAvg 0.830-0.833, measured beside, not re-run here)."""
     mean = _metrics(tmp_path, seed, *SIGN_FLIP)
     median = _metrics(tmp_path, seed, *SIGN_FLIP, "strategy.name=fedmedian")
-    majority = clean["central.majority_accuracy"]
-    assert clean["central.accuracy"] > majority + 0.05
+    majority = mean["central.majority_accuracy"]
     assert mean["central.accuracy"] < majority - 0.2, mean["central.accuracy"]
-    assert median["central.accuracy"] > clean["central.accuracy"] - 0.02, median["central.accuracy"]
+    assert median["central.accuracy"] > majority + 0.06, median["central.accuracy"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
