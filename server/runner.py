@@ -45,6 +45,7 @@ from flowerbed.server.results import ResultsWriter
 from flowerbed.server.robustness import detection_tap
 from flowerbed.strategies.context import build_strategy as base_strategy
 from flowerbed.strategies.context import published_rule
+from flowerbed.strategies.robust_common import KEPT
 
 SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
 #: how often a deployed ServerApp asks the SuperLink for replies (Flower's Grid: every 3 s)
@@ -327,7 +328,8 @@ class MetricsTap(StrategyWrapper):
     It is the outermost wrapper, so it sees every client's reply as sent: ``comm`` holds the
     upload of the round (``wire-bytes`` of a compressing defense, else the dense array bytes),
     ``partitions`` the partition ids whose training replies came back, per round (the summary's
-    ``train_partitions``: who was sampled, the same on every engine).
+    ``train_partitions``: who was sampled, the same on every engine), ``kept`` those a selecting
+    strategy let into the aggregate (the summary's ``kept_partitions``; the rest were dropped).
     """
 
     def __init__(self, inner: Any) -> None:
@@ -337,6 +339,8 @@ class MetricsTap(StrategyWrapper):
         self.dp: dict[int, dict[str, Any]] = {}
         self.comm: dict[int, dict[str, float]] = {}
         self.partitions: dict[int, list[int]] = {}
+        #: partition ids a selecting strategy let into the aggregate (``kept-partitions``), per round
+        self.kept: dict[int, list[int]] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -358,6 +362,8 @@ class MetricsTap(StrategyWrapper):
                 "upload_bytes": sum(sizes), "upload_bytes_per_client": sum(sizes) / len(sizes),
             }  # fmt: skip
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        if metrics is not None and KEPT in metrics:
+            self.kept[server_round] = [int(p) for p in metrics[KEPT]]  # type: ignore[union-attr]
         hidden = ("epsilon", WIRE_BYTES)
         self.train[server_round] = {k: v for k, v in dict(metrics or {}).items() if k not in hidden}
         if epsilons:  # DP-SGD: the worst client's cumulative epsilon
@@ -521,6 +527,8 @@ def _run(
     writer.log(cfg["rounds"], "dp", audit_defenses(cfg, workload))
     rounds = range(1, cfg["rounds"] + 1)
     extra: dict[str, Any] = {"train_partitions": [strategy.partitions.get(r, []) for r in rounds]}
+    if strategy.kept:  # a selecting strategy (Krum, FLAME, ...): whom it let in, per round
+        extra["kept_partitions"] = [strategy.kept.get(r) for r in rounds]
     if cfg.get("malicious", {}).get("name"):
         extra["malicious_partitions"] = list(malicious.chosen(cfg))
     return writer.finish(extra)

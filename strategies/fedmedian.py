@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flwr.serverapp.strategy import FedMedian
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
@@ -12,6 +13,8 @@ from flowerbed.strategies.context import StrategyContext
 
 @STRATEGIES.register("fedmedian", "Flower FedMedian: coordinate-wise median (robust)")
 class FedMedianEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})  # a robust rule reads each reply
+
     @staticmethod
     def build(params: NoParams, context: StrategyContext) -> FedMedian:
         return FedMedian(**context.sampling.kwargs())

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from flwr.serverapp.strategy import FedTrimmedAvg
 
+from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
@@ -14,6 +15,8 @@ from flowerbed.strategies.context import StrategyContext
 
 @STRATEGIES.register("fedtrimmedavg", "Flower FedTrimmedAvg: trimmed mean, cut fraction beta")
 class FedTrimmedAvgEntry:
+    needs = frozenset({Capability.INDIVIDUAL_UPDATES})  # a robust rule reads each reply
+
     @dataclass
     class Params:
         beta: float = param(0.2, ge=0, lt=0.5)

@@ -104,7 +104,8 @@ def population(seed: int, n: int = 15, frac: float = 0.2, attack: str = "sign-fl
     """Honest updates around a direction of norm 1 (each off it by ``spread`` in norm); the
     malicious fraction (chosen from the seed) sends ``attack``: ``sign-flip`` = -10 × the honest
     mean, ``backdoor`` = 10 × a unit direction orthogonal to the honest one (a boosted
-    model-replacement update writing something the honest clients do not)."""
+    model-replacement update writing something the honest clients do not), ``boost`` = 10 × the
+    client's own honest update (the same direction, a boosted norm)."""
     rng = np.random.default_rng(seed)
     direction = rng.normal(size=DIM)
     direction /= np.linalg.norm(direction)
@@ -117,5 +118,10 @@ def population(seed: int, n: int = 15, frac: float = 0.2, attack: str = "sign-fl
     backdoor /= np.linalg.norm(backdoor)
     updates = honest.copy()
     for i in malicious:
-        updates[i] = -10.0 * mean if attack == "sign-flip" else 10.0 * backdoor
+        boosted = {
+            "sign-flip": -10.0 * mean,
+            "backdoor": 10.0 * backdoor,
+            "boost": 10.0 * honest[i],
+        }
+        updates[i] = boosted[attack]
     return Population(updates, malicious, mean, backdoor)

@@ -82,3 +82,35 @@ def test_fltrust_holds_against_a_malicious_majority_with_its_root_data(seed, mon
     assert held >= honest - 0.05
     assert trust_off < 0.15
     assert noise_root < held - 0.2
+
+
+class _KnownRoot:
+    """A workload whose root update is a known vector (the strategy's path with ``g0`` fixed)."""
+
+    def __init__(self, g0: np.ndarray) -> None:
+        self.g0 = g0
+
+    def root_update(self, arrays: Any, size: int, server_round: int) -> Any:
+        layout = Layout.of(arrays)
+        return layout.unflatten(layout.flatten(arrays) + self.g0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fltrust_rescales_a_huge_update_that_earns_some_trust(seed: int) -> None:
+    """Cao et al.'s second mechanism: 20 % send 50 × a vector at cosine ~0.3 to the root
+    direction (positive trust, huge norm). Rescaled to ||g0|| they pull little: the aggregate
+    stays within 0.5 of the honest mean (FedAvg: far off)."""
+    from tests.strategies.robust_fixture import population, run_round
+
+    pop = population(seed, n=15)
+    direction = pop.honest_mean / np.linalg.norm(pop.honest_mean)
+    other = pop.backdoor  # unit, orthogonal to the honest direction
+    for i in pop.malicious:
+        pop.updates[i] = 50.0 * (0.3 * direction + 0.95 * other)
+    cfg = resolved("quickstart", ("strategy.name=fltrust", "clients.num=15", "clients.min_clients=15"))  # fmt: skip
+    strategy = build_strategy(cfg, _KnownRoot(direction))
+    sent = np.zeros(len(direction))
+    out = run_round(strategy, sent, pop.updates)
+    fedavg = pop.updates.mean(axis=0)
+    assert np.linalg.norm(fedavg - pop.honest_mean) > 5.0
+    assert np.linalg.norm(out.aggregate - pop.honest_mean) < 0.5

@@ -73,3 +73,17 @@ def test_flame_drops_the_backdoor_clients_clipping_alone_does_not(seed: int, mon
     monkeypatch.setattr(flame, "majority_cluster", lambda updates: list(range(len(updates))))
     unfiltered = run_round(build("flame", N), sent, pop.updates)
     assert pop.backdoor_share(unfiltered.aggregate) > 0.2
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_flame_clips_boosted_updates_its_filter_admits(seed: int) -> None:
+    """A boosted update pointing where the honest ones do (10 × the client's own honest update)
+    passes the cosine filter (some of them; HDBSCAN calls others noise); FLAME's clipping to the median norm S bounds it, so the aggregate's
+    norm stays <= S (FedAvg: ~2.8 × the honest mean)."""
+    pop = population(seed, n=N, attack="boost")
+    sent = np.zeros(pop.updates.shape[1])
+    out = run_round(build("flame", N, "strategy.params.noise_factor=0"), sent, pop.updates)
+    plain = run_round(build("fedavg", N), sent, pop.updates).aggregate
+    assert set(pop.malicious) & set(out.kept)  # same direction: (some) admitted
+    assert np.linalg.norm(out.aggregate) <= out.metrics["clip-bound"] + 1e-9
+    assert np.linalg.norm(plain) > 2.0 * out.metrics["clip-bound"]
