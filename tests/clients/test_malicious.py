@@ -178,3 +178,24 @@ def test_a_plugin_file_registers_a_malicious_client_with_its_origin(tmp_path) ->
                                          "malicious.clients=[0]"])  # fmt: skip
     assert cfg["malicious"]["name"] == "zero-update"
     assert MALICIOUS.origin("zero-update") == f"plugin {plugin}"
+
+
+def test_data_poisoning_rewrites_only_the_rows_it_should() -> None:
+    """Label flip reverses labels; the image backdoor stamps the bottom-right patch on half the
+    rows and relabels them to the last class; the test split is never touched."""
+    import torch
+
+    from flowerbed.clients.model_loss import InputSchema
+    from flowerbed.clients.workloads import Examples
+
+    schema = InputSchema((1, 8, 8), 10, torch.zeros(64), torch.ones(64), "image")
+    ctx = MaliciousContext(0, 1, 10, 10, (0,), schema)
+    data = {"train": Examples(torch.zeros(20, 1, 8, 8), torch.arange(20) % 10),
+            "test": Examples(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))}  # fmt: skip
+    flipped = MALICIOUS.get("label-flip")(None, ctx).poison(data, 0, 1)
+    assert torch.equal(flipped["train"].y, 9 - data["train"].y)
+    poisoned = MALICIOUS.get("backdoor")(None, ctx).poison(data, 0, 1)["train"]
+    stamped = poisoned.x[..., -2:, -2:].flatten(1).eq(1.0).all(1)
+    assert int(stamped.sum()) == 10 and torch.all(poisoned.y[stamped] == 9)
+    assert float(poisoned.x[..., :-2, :].abs().sum()) == 0.0  # nothing else changed
+    assert torch.equal(data["train"].x, torch.zeros(20, 1, 8, 8))  # the partition is not mutated
