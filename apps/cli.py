@@ -40,6 +40,7 @@ KINDS = (
     "workloads",
     "strategies",
     "attacks",
+    "malicious",
     "defenses",
     "datasets",
     "engines",

@@ -16,11 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 KINDS = (
-    "experiments", "sweeps", "workloads", "strategies", "attacks", "defenses", "datasets",
-    "engines",
+    "experiments", "sweeps", "workloads", "strategies", "attacks", "malicious", "defenses",
+    "datasets", "engines",
 )  # fmt: skip
 #: kinds listed with the workloads they run on
-ATTACHED = ("attacks", "defenses", "strategies")
+ATTACHED = ("attacks", "malicious", "defenses", "strategies")
 ORIGIN_NOTE = "entries marked 'from: ...' come from outside flowerbed (their origin)"
 
 

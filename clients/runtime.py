@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from flowerbed.clients import malicious
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
 from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed
@@ -202,7 +203,8 @@ def _train(msg: Message, context: Context) -> Message:
             f"injected failure (client {config[PARTITION_KEY]}, round {server_round})"
         )
     try:
-        arrays, metrics = workload.fit(msg.content["arrays"], data, config, context.state)
+        arrays, metrics = malicious.train(cfg, workload, msg.content["arrays"], data, config,
+                                          context.state)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
         raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]

@@ -13,13 +13,14 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core import config as core
 from flowerbed.clients.datasets import DATASETS
 from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.malicious import MALICIOUS
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.server.combinations import check_combinations
 from flowerbed.strategies import STRATEGIES
 
 COMPONENTS = core.Components(
     workloads=WORKLOADS, datasets=DATASETS, strategies=STRATEGIES, attacks=ATTACKS,
-    defenses=DEFENSES,
+    defenses=DEFENSES, malicious=MALICIOUS,
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from flowerbed.attacks.common import (
     ModelLossReplay,
 )
 from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients import malicious
 from flowerbed.clients.core.capabilities import Capability, alternatives, offered
 from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.errors import ConfigError, RunFailed
@@ -41,7 +42,9 @@ from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.federation import grid_engine
 from flowerbed.server.results import ResultsWriter
+from flowerbed.server.robustness import detection_tap
 from flowerbed.strategies.context import build_strategy as base_strategy
+from flowerbed.strategies.context import published_rule
 from flowerbed.strategies.robust_common import KEPT
 
 SAMPLE_TRAIN, SAMPLE_EVALUATE = 11, 13  # salts of the per-round sampling seeds
@@ -436,7 +439,7 @@ def build_attack(
 def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
-    strategy = base_strategy(cfg, workload)
+    strategy = detection_tap(cfg, base_strategy(cfg, workload), writer)
     defenses = build_defenses(cfg)
     for defense in defenses:
         if defense.server_position == "inner":
@@ -488,11 +491,14 @@ def _run(
     final_arrays: list[ArrayRecord] = []
 
     save_rounds = set(cfg["output"]["save_rounds"])
+    attack_scores = malicious.scorer(cfg, workload)  # malicious clients' success (backdoor ASR)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round in save_rounds:
             torch.save(arrays.to_torch_state_dict(), writer.run_dir / f"model.r{server_round}.pt")
         central = workload.server_evaluate(server_round, arrays) or {}
+        if attack_scores is not None:
+            central = {**central, **attack_scores(workload, arrays)}
         if server_round > 0:
             writer.log(server_round, "train", strategy.train.get(server_round, {}))
             writer.log(server_round, "eval", strategy.evaluate.get(server_round, {}))
@@ -505,7 +511,7 @@ def _run(
             on_round(server_round, writer.final)
         return MetricRecord(central) if central else None
 
-    config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
+    config = ConfigRecord({CONFIG_KEY: to_json(cfg), **published_to_clients(cfg)})
     ordered = OrderedGrid(grid, writer.count_failures, by_partition=needs_partition_order(cfg))
     strategy.start(
         grid=ordered,
@@ -529,7 +535,18 @@ def _run(
     extra: dict[str, Any] = {"train_partitions": [strategy.partitions.get(r, []) for r in rounds]}
     if strategy.kept:  # a selecting strategy (Krum, FLAME, ...): whom it let in, per round
         extra["kept_partitions"] = [strategy.kept.get(r) for r in rounds]
+    if cfg.get("malicious", {}).get("name"):
+        extra["malicious_partitions"] = list(malicious.chosen(cfg))
     return writer.finish(extra)
+
+
+def published_to_clients(cfg: dict[str, Any]) -> dict[str, str]:
+    """What the server's protocol publishes to clients with each round: its aggregation rule
+    (aggregator-aware malicious clients read it), sent only when malicious clients are set."""
+    if not cfg.get("malicious", {}).get("name"):
+        return {}
+    rule = published_rule(cfg)
+    return {} if rule is None else {malicious.AGGREGATION_KEY: rule.to_json()}
 
 
 def audit_defenses(cfg: dict[str, Any], workload: Any) -> dict[str, float]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from flowerbed.server.robustness_report import heatmap, is_robustness, robustness_md
 from flowerbed.server.sweep_stats import (
     ARM_KEY,
     NONE,
@@ -312,7 +313,9 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
     per = "one per run x attacked round x client" if attacked else "one per run"
     lines = [f"# {sweep.name}", "", f"{runs} runs ({len(frame)} rows in cells.csv: {per}), base `{sweep.base}`, engine `{sweep.engine}`", ""]  # fmt: skip
     ok = _ok(frame)
-    if is_study(sweep, ok):
+    if is_robustness(sweep, ok):
+        lines += robustness_md(ok, markdown_table)
+    elif is_study(sweep, ok):
         lines += study_md(sweep, ok)
     elif rep.rows and rep.value and rep.rows in ok and rep.value in ok:
         columns = rep.columns if rep.columns in ok else None
@@ -367,6 +370,9 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
 
     rep = sweep.report
     ok = _ok(frame)
+    if is_robustness(sweep, ok):
+        heatmap(ok, out / "heatmap.png")
+        return
     if is_study(sweep, ok):
         frontier_plot(sweep, ok, out / "frontier.png")
     if not (rep.rows and rep.value and rep.rows in ok and rep.value in ok):

@@ -70,3 +70,11 @@ def build_strategy(cfg: dict[str, Any], workload: Any = None) -> Any:
     """The configured base strategy: ``build(typed params, narrow context)``."""
     cls = STRATEGIES.get(cfg["strategy"]["name"])
     return cls.build(strategy_params(cfg), strategy_context(cfg, workload))
+
+
+def published_rule(cfg: dict[str, Any]) -> Any:
+    """The configured strategy's published aggregation rule (``aggregation_rule(params)``, a
+    ``flowerbed.clients.malicious.AggregationRule``), or ``None`` when it publishes none."""
+    cls = STRATEGIES.get(cfg["strategy"]["name"])
+    publish = getattr(cls, "aggregation_rule", None)
+    return None if publish is None else publish(strategy_params(cfg))

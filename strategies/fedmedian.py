@@ -6,6 +6,7 @@ from flwr.serverapp.strategy import FedMedian
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams
+from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 
@@ -17,3 +18,8 @@ class FedMedianEntry:
     @staticmethod
     def build(params: NoParams, context: StrategyContext) -> FedMedian:
         return FedMedian(**context.sampling.kwargs())
+
+    @staticmethod
+    def aggregation_rule(params: NoParams) -> AggregationRule:
+        """Published to clients: each coordinate's median (a trim of one half)."""
+        return AggregationRule("coordinate-wise", trim=0.5)

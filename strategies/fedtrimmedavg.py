@@ -8,6 +8,7 @@ from flwr.serverapp.strategy import FedTrimmedAvg
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
+from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 
@@ -23,3 +24,8 @@ class FedTrimmedAvgEntry:
     @staticmethod
     def build(params: FedTrimmedAvgEntry.Params, context: StrategyContext) -> FedTrimmedAvg:
         return FedTrimmedAvg(beta=params.beta, **context.sampling.kwargs())
+
+    @staticmethod
+    def aggregation_rule(params: FedTrimmedAvgEntry.Params) -> AggregationRule:
+        """Published to clients: each coordinate's mean after cutting ``beta`` from each end."""
+        return AggregationRule("coordinate-wise", trim=params.beta)

@@ -9,6 +9,7 @@ from flwr.serverapp.strategy import Krum
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
+from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyContext
 from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
@@ -39,3 +40,9 @@ class KrumEntry:
             **context.sampling.kwargs(),
         )  # fmt: skip
         return pre_aggregated(strategy, params, context.seed)
+
+    @staticmethod
+    def aggregation_rule(params: KrumEntry.Params) -> AggregationRule:
+        """Published to clients: distance selection set for ``num_malicious``."""
+        return AggregationRule("distance-selection", assumed_malicious=params.num_malicious,
+                               selected=1)  # fmt: skip

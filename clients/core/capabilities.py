@@ -43,6 +43,10 @@ class Capability(StrEnum):
     #: replies carry k-means init centroids, then Lloyd and per-(cluster, model) sums, and the
     #: workload's params extend ``KMeansConfig`` (``Workload.contract``; the ``fed-kmeans`` strategy)
     KMEANS_STATISTICS = "kmeans-statistics"
+    #: a client's partition is ``{"train": Examples, "test": Examples}`` (model-space inputs,
+    #: class labels) and the server holds a labelled test set (``test_pool()``): data-poisoning
+    #: clients rewrite the rows they train on, and a backdoor's success is scored on the test set
+    LABELLED_EXAMPLES = "labelled-examples"
     #: the server sees each sampled client's own reply (robust aggregators); every run offers it
     #: unless a defense withholds it (``Defense.withholds``: secure aggregation shows only sums)
     INDIVIDUAL_UPDATES = "individual-updates"

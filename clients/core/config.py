@@ -38,6 +38,7 @@ from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import check_rules, param, plain
 from flowerbed.clients.core.plugins import FILE_MODULE_PREFIX, load_plugins, normalise
 from flowerbed.clients.core.registry import BUILTIN, Registry
+from flowerbed.clients.core.seeding import malicious_count
 
 
 class Engine(enum.StrEnum):
@@ -93,6 +94,18 @@ class DatasetConfig:
 @dataclass
 class ComponentConfig:
     name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MaliciousConfig:
+    """Clients that lie (``flowerbed.clients.malicious``): which attack (``name``, its
+    ``params``) and which clients run it, ``fraction`` of them drawn from the seed or the
+    partition ids in ``clients`` (one of the two)."""
+
+    name: str | None = None
+    fraction: float | None = param(None, ge=0, lt=1)
+    clients: list[int] = param(factory=list, ge=0)
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,6 +176,7 @@ class ExperimentConfig:
     strategy: ComponentConfig = field(default_factory=lambda: ComponentConfig("fedavg"))
     attack: ComponentConfig = field(default_factory=ComponentConfig)
     defenses: list[ComponentConfig] = field(default_factory=list)
+    malicious: MaliciousConfig = field(default_factory=MaliciousConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
@@ -289,6 +303,8 @@ class Components:
     strategies: Registry
     attacks: Registry
     defenses: Registry
+    #: malicious clients (``flowerbed.clients.malicious.MALICIOUS``); None: none can be configured
+    malicious: Registry | None = None
 
 
 #: Shared config keys a workload may or may not honour; set for a workload that ignores them is an
@@ -339,8 +355,47 @@ def resolve(
         params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
         defense["params"] = plain(dataclasses.asdict(params))
         _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
+    _check_malicious(cfg, offers, components)
     _record_outside_modules(cfg, components)
     return cfg
+
+
+def _check_malicious(
+    cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]], components: Components
+) -> None:
+    """A malicious-client attack: its params, what it needs of the workload, and who runs it
+    (a fraction or a list, never both; ids that exist; at least one client unless fraction=0)."""
+    section = cfg["malicious"]
+    name, fraction, listed = section["name"], section["fraction"], section["clients"]
+    registry = components.malicious
+    if not name:
+        if fraction is not None or listed or section["params"]:
+            raise ConfigError(
+                "malicious.fraction/clients/params set without malicious.name "
+                f"(allowed: {', '.join(registry.names()) if registry else 'none'})"
+            )
+        return
+    if registry is None:
+        raise ConfigError("malicious clients are not available here (no malicious registry)")
+    cls = _fill_params(cfg, "malicious", registry)
+    _check_needs("malicious", name, cls, cfg, offers, components.workloads)
+    num = cfg["clients"]["num"]
+    if (fraction is None) == (not listed):
+        raise ConfigError(
+            "malicious: give exactly one of fraction (a share of the clients, drawn from the "
+            "seed, e.g. 0.2) and clients (partition ids, e.g. [0, 3])"
+        )
+    outside = [c for c in listed if not 0 <= c < num]
+    if outside:
+        raise ConfigError(
+            f"malicious.clients {outside} outside 0..{num - 1} (clients.num={num}): never "
+            f"malicious (allowed: partition ids 0..{num - 1})"
+        )
+    if fraction is not None and fraction > 0 and malicious_count(num, fraction) == 0:
+        raise ConfigError(
+            f"malicious.fraction={fraction:g} of clients.num={num} rounds to 0 malicious clients "
+            f"(allowed: 0, or >= {0.5 / num:.3g}; or list them in malicious.clients)"
+        )
 
 
 def _record_outside_modules(cfg: dict[str, Any], components: Components) -> None:
@@ -353,6 +408,11 @@ def _record_outside_modules(cfg: dict[str, Any], components: Components) -> None
         (components.strategies, cfg["strategy"]["name"]),
         *([(components.attacks, cfg["attack"]["name"])] if cfg["attack"]["name"] else []),
         *((components.defenses, d["name"]) for d in cfg["defenses"]),
+        *(
+            [(components.malicious, cfg["malicious"]["name"])]
+            if components.malicious is not None and cfg["malicious"]["name"]
+            else []
+        ),
     ]
     for registry, name in used:
         if registry.origin(name) == BUILTIN:

@@ -343,6 +343,10 @@ class ClassifierWorkload(Workload):
         """Every training example of the federation (partitioned by label)."""
         raise NotImplementedError
 
+    def test_pool(self) -> Examples:
+        """The server's held-out test examples (central evaluation; ``labelled-examples``)."""
+        raise NotImplementedError
+
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Examples]:
         from flowerbed.clients.datasets.partition import partition_indices
 

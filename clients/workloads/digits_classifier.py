@@ -97,7 +97,7 @@ Optimizer = choices("Optimizer", OPTIMIZERS)
 class DigitsClassifier(ClassifierWorkload):
     offers = frozenset(
         {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
-         Capability.ROOT_DATA}
+         Capability.ROOT_DATA, Capability.LABELLED_EXAMPLES}
     )  # fmt: skip
     reads = frozenset({"clients.partitioner", "clients.alpha"})
 
@@ -138,6 +138,9 @@ class DigitsClassifier(ClassifierWorkload):
 
     def train_pool(self) -> Examples:
         return digits_split()[0]
+
+    def test_pool(self) -> Examples:
+        return digits_split()[1]
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         scores = score_classifier(self.loaded_model(arrays), digits_split()[1])

@@ -196,7 +196,7 @@ def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
 class TabularMLP(ClassifierWorkload):
     offers = frozenset(
         {Capability.PRIVATE_TRAINING, Capability.MODEL_LOSS, Capability.LINEAR_FIRST_LAYER,
-         Capability.ROOT_DATA}
+         Capability.ROOT_DATA, Capability.LABELLED_EXAMPLES}
     )  # fmt: skip
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
 
@@ -235,6 +235,10 @@ class TabularMLP(ClassifierWorkload):
     def train_pool(self) -> Examples:
         data = _encoded(self._key)
         return Examples(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train.copy()))
+
+    def test_pool(self) -> Examples:
+        data = _encoded(self._key)
+        return Examples(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         data = _encoded(self._key)

@@ -111,7 +111,7 @@ def test_every_params_field_of_every_component_has_a_rule():
     from flowerbed.server.experiment import COMPONENTS
 
     unruled, count = set(), 0
-    for kind in ("workloads", "datasets", "strategies", "attacks", "defenses"):
+    for kind in ("workloads", "datasets", "strategies", "attacks", "defenses", "malicious"):
         registry = getattr(COMPONENTS, kind)
         for name, cls in registry.items():
             if not registry.is_builtin(name):

@@ -117,6 +117,30 @@ def test_quickstart_on_tls_federation_matches_inline(federation, tmp_path):
     }
 
 
+@pytest.mark.slow
+def test_a_malicious_supernode_gives_the_inline_metrics(federation, tmp_path):
+    """The SuperNode holding partition 1 is the malicious one (sign flip x3): the deployment's
+    metrics equal the inline run's, which differ from the clean run's. Slow (a deployment run of
+    its own): tests/clients/test_malicious.py's inline == simulation covers the ClientApp's path."""
+    from flowerbed.apps.inline import run_inline
+
+    overrides = ["clients.num=2", "rounds=2", f"deployment.dir={federation['dir']}", TINY,
+                 "output.plots=false", "malicious.name=sign-flip", "malicious.clients=[1]",
+                 "malicious.params.scale=3"]  # fmt: skip
+    cfg = load_experiment("quickstart", [*overrides, "engine=deployment", f"output.dir={tmp_path}"])
+    deployed = run_deployment(cfg, tmp_path / "deployed")
+    inline = run_inline(
+        load_experiment("quickstart", [*overrides, "engine=inline", f"output.dir={tmp_path}/i"])
+    )
+    assert deployed["malicious_partitions"] == inline["malicious_partitions"] == [1]
+    central = lambda s: {k: v for k, v in s["metrics"].items() if k.startswith("central.")}  # noqa: E731
+    assert central(deployed) == central(inline)
+    clean = run_inline(load_experiment(
+        "quickstart", [*overrides[:5], "engine=inline", f"output.dir={tmp_path}/c"]
+    ))  # fmt: skip
+    assert central(clean)["central.loss"] != central(inline)["central.loss"]
+
+
 def test_clientapps_run_in_warm_forked_children(federation, tmp_path):
     """Every message of a flowerbed run went to a child of its node's zygote, none to a fresh
     ``flwr-clientapp`` interpreter (runs after the quickstart test on this federation); the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flowerbed.server.experiment import COMPONENTS
 
-KINDS = ("workloads", "datasets", "strategies", "attacks", "defenses")
+KINDS = ("workloads", "datasets", "strategies", "attacks", "defenses", "malicious")
 
 #: registrations in a module not named after them (none left: each method has its module)
 PENDING: dict[tuple[str, str], str] = {}

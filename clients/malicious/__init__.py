@@ -1,0 +1,305 @@
+"""Malicious clients, registered by name (``malicious: {name: sign-flip, fraction: 0.2}``).
+
+A malicious client is a client of the federation that lies: it poisons the rows it trains on
+(label flipping, a backdoor trigger) or replaces the update it sends (sign flip, Gaussian, ALIE,
+IPM, MinMax, MinSum, Fang, Mimic). It runs inside flowerbed's ClientApp
+(``flowerbed.clients.runtime``: :func:`train` stands in for ``Workload.fit``), so it acts on every
+engine: inline, simulation, deployment (a SuperNode whose partition id is malicious is the
+malicious one) and Ray sweeps. Who is malicious is a function of the config alone
+(``malicious.clients``, or ``malicious.fraction`` of the partitions drawn from the seed:
+``clients.core.seeding.malicious_partitions``).
+
+One contract, as every component kind: ``cls(params, ctx)`` with the attack's typed ``Params``
+(a rule on each field) and a :class:`MaliciousContext`; ``needs`` lists the workload capabilities
+it depends on (data poisoning needs ``labelled-examples`` and ``model-loss``: the rows and the
+input schema). Two hooks, each the identity by default:
+
+- :meth:`Malicious.poison` rewrites the examples the client trains on (data poisoning);
+- :meth:`Malicious.craft` returns the update to send, from a :class:`View`: the client's own
+  update after (possibly poisoned) training, and, for ``colluding`` attacks, the benign updates
+  of every colluder on the same global model.
+
+**What colluders know.** Colluding malicious clients share what they hold: the global model they
+were sent and the benign updates they compute from *their own* data. An honest client's data and
+update stay its own: the attacks that the literature states with every honest update (ALIE,
+IPM, MinMax, MinSum, Fang's full-knowledge variant, Mimic) estimate the honest updates' statistics
+from the colluders' benign updates, as the partial-knowledge variants of Fang et al. (2020) and
+Shejwalkar & Houmansadr (2021) do. Each malicious client recomputes the colluders' benign updates
+(a colluder's training is a function of (seed, its partition, round)), which is what they would
+send one another out of band; a process caches them per round.
+
+**Aggregator-aware attacks** read the server's published aggregation rule
+(:class:`AggregationRule`, sent with the round's config as ``fb-aggregation`` when a strategy
+publishes one), never the strategy's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from flowerbed.clients.core.capabilities import Capability, alternatives
+from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.seeding import client_seed, malicious_partitions
+
+MALICIOUS = Registry("malicious", (__name__,), group="flowerbed.malicious")
+
+__all__ = [
+    "AGGREGATION_KEY", "MALICIOUS", "AggregationRule", "DataPoisoning", "Malicious",
+    "MaliciousContext", "View", "build_malicious", "chosen", "flat", "scorer", "train", "unflat",
+]  # fmt: skip
+
+#: the round config's key holding the published aggregation rule (JSON)
+AGGREGATION_KEY = "fb-aggregation"
+PARTITION_KEY = "partition-id"
+#: seed salts of the malicious clients' own draws and of the draws colluders share
+_OWN_SALT, _SHARED_SALT = 54, 55
+
+
+@dataclass(frozen=True)
+class AggregationRule:
+    """How the server combines the updates, as its protocol publishes it (never which strategy).
+
+    ``kind``: ``mean`` (example-weighted average), ``coordinate-wise`` (each coordinate robustly:
+    ``trim`` is the share cut from each end; 0.5 is the median) or ``distance-selection`` (Krum
+    and its family: the updates closest to their ``neighbours`` nearest others are kept,
+    ``selected`` of them averaged; ``assumed_malicious`` the f the rule is set for).
+    """
+
+    kind: str
+    trim: float = 0.0
+    assumed_malicious: int = 0
+    selected: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> AggregationRule:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class MaliciousContext:
+    """What a malicious client knows of the run, besides its own ``Params``.
+
+    ``colluders``: the partition ids of every malicious client (itself included), who share what
+    they hold; ``sampled_clients``: how many clients a round samples (n of the attacks' formulas);
+    ``schema``: the workload's input schema (shape, classes, kind ``table``/``image``) where the
+    attack needs ``model-loss``, else ``None``.
+    """
+
+    seed: int
+    rounds: int
+    num_clients: int
+    sampled_clients: int
+    colluders: tuple[int, ...]
+    schema: Any = None
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any], workload: Any = None) -> MaliciousContext:
+        attack = MALICIOUS.get(cfg["malicious"]["name"])
+        clients = cfg["clients"]
+        num = int(clients["num"])
+        sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
+        offers = getattr(workload, "offers", frozenset())
+        wants_schema = any(Capability.MODEL_LOSS in alt for alt in alternatives(attack.needs))
+        schema = workload.model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
+        return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, chosen(cfg), schema)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a malicious client holds when it crafts its update (float64 flat vectors).
+
+    ``own``: its update after its own (possibly poisoned) training, ``trained - sent``;
+    ``benign``: rows of the colluders' benign updates on the same global model (itself included;
+    empty unless the attack is ``colluding``); ``rng`` its own draws, ``shared_rng`` draws every
+    colluder makes alike (a function of seed and round); ``aggregation`` the published rule.
+    """
+
+    partition_id: int
+    server_round: int
+    sent: np.ndarray
+    own: np.ndarray
+    benign: np.ndarray
+    num_examples: int
+    rng: np.random.Generator
+    shared_rng: np.random.Generator
+    aggregation: AggregationRule | None
+
+
+class Malicious:
+    """Base class: a client that behaves honestly (both hooks are the identity)."""
+
+    Params: ClassVar[type] = NoParams
+    registry_name: ClassVar[str]
+    description: ClassVar[str]
+    needs: ClassVar[Any] = frozenset()
+    #: ``craft`` reads the colluders' benign updates (``View.benign``)
+    colluding: ClassVar[bool] = False
+
+    def __init__(self, params: Any, ctx: MaliciousContext) -> None:
+        if not isinstance(ctx, MaliciousContext):
+            raise TypeError(
+                f"{type(self).__name__} takes its Params and a MaliciousContext, not "
+                f"{type(ctx).__name__} (build_malicious(cfg, workload) builds one from a config)"
+            )
+        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        self.ctx = ctx
+
+    def poison(self, data: Any, partition_id: int, server_round: int) -> Any:
+        """The partition the client trains on this round (default: its own, untouched)."""
+        return data
+
+    def craft(self, view: View) -> np.ndarray:
+        """The update to send, a flat vector like ``view.own`` (default: the trained one)."""
+        return view.own
+
+    def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
+        """Server-side metrics of the attack's success on the global model (``central.*``);
+        called by the runner with ground truth the attack never sees during the run."""
+        return {}
+
+
+class DataPoisoning(Malicious):
+    """A data-poisoning client: rewrites the ``train`` examples of its partition."""
+
+    needs = frozenset({Capability.LABELLED_EXAMPLES, Capability.MODEL_LOSS})
+
+    def poison(self, data: Any, partition_id: int, server_round: int) -> Any:
+        rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=_OWN_SALT))
+        return {**data, "train": self.poison_examples(data["train"], rng)}
+
+    def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
+        raise NotImplementedError
+
+
+def chosen(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    """The malicious partition ids of a resolved config (none without ``malicious.name``)."""
+    section = cfg.get("malicious") or {}
+    if not section.get("name"):
+        return ()
+    return malicious_partitions(
+        int(cfg["seed"]), int(cfg["clients"]["num"]), section.get("fraction"),
+        section.get("clients") or [],
+    )  # fmt: skip
+
+
+def build_malicious(cfg: Mapping[str, Any], workload: Any = None) -> Malicious:
+    """The configured malicious client: its registered class, typed ``Params`` and context."""
+    cls = MALICIOUS.get(cfg["malicious"]["name"])
+    return cls(cls.Params(**cfg["malicious"]["params"]), MaliciousContext.of(cfg, workload))
+
+
+# -- flat updates ---------------------------------------------------------------------------------
+def _floating(arrays: ArrayRecord) -> list[str]:
+    return [k for k in arrays if np.issubdtype(arrays[k].numpy().dtype, np.floating)]
+
+
+def flat(arrays: ArrayRecord) -> np.ndarray:
+    """The floating-point arrays of a record as one float64 vector, in the record's order."""
+    keys = _floating(arrays)
+    if not keys:
+        return np.zeros(0)
+    return np.concatenate([arrays[k].numpy().astype(np.float64).ravel() for k in keys])
+
+
+def unflat(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
+    """``vector`` as a record shaped like ``like`` (each array's dtype kept; integer arrays such
+    as batch-norm counters are taken from ``like``)."""
+    out: OrderedDict[str, Array] = OrderedDict()
+    floating, start = set(_floating(like)), 0
+    for key in like:
+        value = like[key].numpy()
+        if key in floating:
+            part = vector[start : start + value.size].reshape(value.shape).astype(value.dtype)
+            start += value.size
+            out[key] = Array(np.ascontiguousarray(part))
+        else:
+            out[key] = Array(value.copy())
+    return ArrayRecord(out)
+
+
+# -- inside the ClientApp ---------------------------------------------------------------------------
+_ATTACKERS: OrderedDict[str, Malicious] = OrderedDict()
+_BENIGN: OrderedDict[tuple[str, int, str], np.ndarray] = OrderedDict()
+_KEPT = 4
+
+
+def _attacker(cfg: Mapping[str, Any], key: str, workload: Any) -> Malicious:
+    if key not in _ATTACKERS:
+        _ATTACKERS[key] = build_malicious(cfg, workload)
+        while len(_ATTACKERS) > _KEPT:
+            _ATTACKERS.popitem(last=False)
+    return _ATTACKERS[key]
+
+
+def train(
+    cfg: Mapping[str, Any], workload: Any, arrays: ArrayRecord, data: Any, config: dict[str, Any],
+    state: RecordDict,
+) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
+    """One round of a client's training: ``workload.fit`` for an honest client; for a malicious
+    one, training on its poisoned data and the update its attack crafts from what it knows."""
+    partition_id = int(config[PARTITION_KEY])
+    if partition_id not in chosen(cfg):
+        return workload.fit(arrays, data, config, state)
+    key = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
+    attacker = _attacker(cfg, key, workload)
+    server_round = int(config.get("server-round", 0))
+    trained, metrics = workload.fit(arrays, attacker.poison(data, partition_id, server_round), config, state)  # fmt: skip
+    sent = flat(arrays)
+    benign = (
+        _benign_updates(cfg, key, workload, arrays, sent, config, attacker.ctx.colluders)
+        if attacker.colluding else np.zeros((0, sent.size))
+    )  # fmt: skip
+    rule = config.get(AGGREGATION_KEY)
+    view = View(
+        partition_id, server_round, sent, flat(trained) - sent, benign,
+        int(metrics.get("num-examples", 0)),
+        np.random.default_rng(client_seed(attacker.ctx.seed, partition_id, server_round, _OWN_SALT)),
+        np.random.default_rng(client_seed(attacker.ctx.seed, 0, server_round, _SHARED_SALT)),
+        AggregationRule.from_json(str(rule)) if rule else None,
+    )  # fmt: skip
+    update = np.asarray(attacker.craft(view), dtype=np.float64)
+    if update.shape != sent.shape:
+        raise ValueError(f"malicious '{attacker.registry_name}' crafted {update.shape}, not {sent.shape}")  # fmt: skip
+    return unflat(sent + update, trained), metrics
+
+
+def _benign_updates(
+    cfg: Mapping[str, Any], key: str, workload: Any, arrays: ArrayRecord, sent: np.ndarray,
+    config: dict[str, Any], colluders: tuple[int, ...],
+) -> np.ndarray:  # fmt: skip
+    """Every colluder's benign update on the sent model, rows in partition order (cached per
+    round and global model in this process: each colluder trains once)."""
+    digest = hashlib.sha256(sent.tobytes()).hexdigest()
+    cache_key = (key, int(config.get("server-round", 0)), digest)
+    if cache_key not in _BENIGN:
+        num = int(cfg["clients"]["num"])
+        rows = []
+        for colluder in colluders:
+            local = workload.load_partition(colluder, num)
+            own_config = {**config, PARTITION_KEY: colluder}
+            trained, _ = workload.fit(arrays, local, own_config, RecordDict())
+            rows.append(flat(trained) - sent)
+        _BENIGN[cache_key] = np.stack(rows)
+        while len(_BENIGN) > _KEPT:
+            _BENIGN.popitem(last=False)
+    return _BENIGN[cache_key]
+
+
+def scorer(cfg: Mapping[str, Any], workload: Any) -> Any:
+    """The configured attack's server-side success metrics (``arrays -> dict``), or ``None``
+    without one; scored also at ``fraction: 0`` (the clean baseline's backdoor rate)."""
+    if not (cfg.get("malicious") or {}).get("name"):
+        return None
+    return build_malicious(cfg, workload).score

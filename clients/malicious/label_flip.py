@@ -1,0 +1,42 @@
+"""``label-flip``: a data-poisoning client trains on flipped labels (Tolpegin et al. 2020).
+
+Every training label ``y`` of the client becomes ``C - 1 - y`` (C classes; the reversal FLPoison
+uses), or, with ``target`` set, the labels of the ``source`` classes become ``target``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from flowerbed.clients.core.params import param
+from flowerbed.clients.malicious import MALICIOUS, DataPoisoning
+
+
+@MALICIOUS.register(
+    "label-flip", "Data poisoning: train on flipped labels (y -> C-1-y or a target)"
+)
+class LabelFlip(DataPoisoning):
+    @dataclass
+    class Params:
+        #: -1: reverse every label (y -> C-1-y); a class id: relabel the source classes to it
+        target: int = param(-1, ge=-1)
+        #: classes relabelled to ``target`` (empty: every other class)
+        source: list[int] = param(factory=list, ge=0)
+
+    def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
+        classes = self.ctx.schema.num_classes
+        y = train.y.clone()
+        if self.params.target < 0:
+            y = classes - 1 - y
+        else:
+            flip = (
+                torch.ones_like(y, dtype=torch.bool)
+                if not self.params.source
+                else torch.isin(y, torch.tensor(self.params.source, dtype=y.dtype))
+            )
+            y[flip] = self.params.target
+        return type(train)(train.x, y)
