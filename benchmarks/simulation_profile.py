@@ -180,8 +180,8 @@ def events(sampler: Sampler, t0: float, t_end: float, log_events: list) -> list[
         firsts[kind] = min(firsts.get(kind, float("inf")), proc["started"])
         lasts[kind] = max(lasts.get(kind, 0.0), proc["seen"])
     workers = [
-        p["started"] for p in sampler.procs.values() if p["kind"].startswith("ray::") and
-        p["kind"] not in ("ray::IDLE",)
+        p["started"] for p in sampler.procs.values()
+        if p["kind"] in ("ray::ClientAppActor", "ray::ClientAppA", "ray::worker (starting)")
     ]  # fmt: skip
     named = {
         "flower-superlink": "superlink process starts",
