@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flowerbed.server.processes import bin_path
+from flowerbed.server.processes import bin_path, free_port
 
 #: Ray's settings for a head that only hosts one simulation (``ray start`` flags)
 HEAD_FLAGS = (
@@ -53,5 +53,7 @@ def head_command(port: int, home: Path) -> list[str]:
     """``ray start`` of a blocking head on ``127.0.0.1:port`` with its files under ``home``."""
     return [
         bin_path("ray"), "start", "--head", "--block", f"--port={port}",
+        # its agent's HTTP port is fixed (52365) by default: two runs at once would share it
+        f"--dashboard-agent-listen-port={free_port()}",
         "--node-ip-address=127.0.0.1", f"--temp-dir={home / 'ray'}", *HEAD_FLAGS,
     ]  # fmt: skip
