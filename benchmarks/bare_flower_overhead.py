@@ -2,7 +2,7 @@
 memory for the same work, on the inline and the simulation engine.
 
     python benchmarks/bare_flower_overhead.py --engine inline --pairs 3
-    python benchmarks/bare_flower_overhead.py --engine simulation --pairs 2
+    python benchmarks/bare_flower_overhead.py --engine simulation --pairs 3   # + inline arm
     python benchmarks/bare_flower_overhead.py --first-progress
     python -m benchmarks.bare_flower_overhead --quick   # CI: one tiny pair on each engine
 
@@ -16,7 +16,10 @@ alternating which goes first; the ratios are flowerbed / bare, median over pairs
 - inline: ``flowerbed run quickstart --engine inline`` vs the bare ServerApp and ClientApp in one
   Python process on the same in-process Grid (``flowerbed.apps.inline.InlineGrid``);
 - simulation: ``flowerbed run quickstart`` vs ``flower-superlink --simulation`` + ``flwr run
-  benchmarks/bare_flower`` (this script starts and stops that SuperLink; it is counted).
+  benchmarks/bare_flower`` (this script starts and stops that SuperLink; it is counted). Each
+  pair also runs ``flowerbed run quickstart --engine inline`` (the order of the three rotates),
+  for the second ratio: flowerbed's simulation over its inline engine, same experiment (goals:
+  <= 0.5x bare Flower, <= 2x inline; issue 56).
 
 ``--first-progress`` times, through a pseudo-terminal, how long ``flowerbed run`` takes from the
 command to its first progress line, and reads ``startup_s`` from the run's summary.
@@ -129,12 +132,12 @@ def _kind(proc: psutil.Process) -> str:
     return proc.name()
 
 
-def run_flowerbed(args: argparse.Namespace, work: Path) -> dict:
+def run_flowerbed(args: argparse.Namespace, work: Path, engine: str | None = None) -> dict:
     tag = uuid.uuid4().hex
     out = work / f"fb-{tag[:8]}"
     command = [
         sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", f"rounds={args.rounds}",
-        f"clients.num={args.clients}", "--engine", args.engine, "--out", str(out),
+        f"clients.num={args.clients}", "--engine", engine or args.engine, "--out", str(out),
     ]  # fmt: skip
     with PeakMemory(tag) as memory:
         start = time.perf_counter()
@@ -172,12 +175,22 @@ def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
             raise RuntimeError("the bare app's flwr run failed")
 
 
+def run_inline_arm(args: argparse.Namespace, work: Path) -> dict:
+    """flowerbed's inline engine on the same experiment (the simulation's second baseline)."""
+    return run_flowerbed(args, work, engine="inline")
+
+
 def compare(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:
         for pair in range(args.pairs):
             arms = [("bare", run_bare), ("flowerbed", run_flowerbed)]
-            result = {name: fn(args, Path(tmp)) for name, fn in arms[:: 1 if pair % 2 else -1]}
+            if args.engine == "simulation":
+                arms.append(("inline", run_inline_arm))
+                arms = arms[pair % 3 :] + arms[: pair % 3]  # each arm leads once in 3 pairs
+            else:
+                arms = arms[:: 1 if pair % 2 else -1]
+            result = {name: fn(args, Path(tmp)) for name, fn in arms}
             rows.append(result)
             fb, bare = result["flowerbed"], result["bare"]
             print(
@@ -188,11 +201,28 @@ def compare(args: argparse.Namespace) -> None:
                 f"flowerbed startup_s {fb['startup_s']:.1f}, accuracy {fb['accuracy']:.4f}",
                 flush=True,
             )
+            if "inline" in result:
+                inline = result["inline"]
+                print(
+                    f"pair {pair + 1}: simulation / inline wall {fb['wall_s']:.1f} s vs "
+                    f"{inline['wall_s']:.1f} s (x{fb['wall_s'] / inline['wall_s']:.2f}), CPU "
+                    f"{fb['cpu_s']:.1f} vs {inline['cpu_s']:.1f} s, accuracy "
+                    f"{fb['accuracy']:.6f} vs {inline['accuracy']:.6f}",
+                    flush=True,
+                )
     wall = statistics.median(r["flowerbed"]["wall_s"] / r["bare"]["wall_s"] for r in rows)
     peak = statistics.median(r["flowerbed"]["peak_mb"] / r["bare"]["peak_mb"] for r in rows)
     cpu = statistics.median(r["flowerbed"]["cpu_s"] / r["bare"]["cpu_s"] for r in rows)
+    goal = "<= 0.5" if args.engine == "simulation" else "<= 1.2"
     print(f"{args.engine}, {args.clients} clients x {args.rounds} rounds: flowerbed / bare "
-          f"median wall x{wall:.2f}, CPU x{cpu:.2f}, peak memory x{peak:.2f} (goal <= 1.2)")  # fmt: skip
+          f"median wall x{wall:.2f}, CPU x{cpu:.2f}, peak memory x{peak:.2f} (goal {goal})")  # fmt: skip
+    if args.engine == "simulation":
+        by_inline = statistics.median(
+            r["flowerbed"]["wall_s"] / r["inline"]["wall_s"] for r in rows
+        )
+        cpu_inline = statistics.median(r["flowerbed"]["cpu_s"] / r["inline"]["cpu_s"] for r in rows)
+        print(f"simulation / inline (flowerbed, same experiment): median wall x{by_inline:.2f}, "
+              f"CPU x{cpu_inline:.2f} (goal <= 2)")  # fmt: skip
 
 
 def first_progress(engine: str, work: Path) -> tuple[float, float]:
@@ -237,12 +267,12 @@ def main() -> None:
         help="tiny sizes, seconds: checks the script runs (CI); the numbers mean nothing",
     )
     args = parser.parse_args()
-    if args.quick:  # one round on 2 clients: an inline pair, and the bare app on a SuperLink
+    if args.quick:  # one round on 2 clients: an inline pair, a simulation pair (+ inline)
         args.pairs, args.rounds, args.clients = 1, 1, 2
+        args.engine = "inline"
         compare(args)
         args.engine = "simulation"
-        with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:
-            print(f"bare simulation arm: {run_bare(args, Path(tmp))['wall_s']:.1f} s")
+        compare(args)
         return
     if args.first_progress:
         with tempfile.TemporaryDirectory(prefix="fb-bench-") as tmp:

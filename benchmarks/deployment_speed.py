@@ -13,20 +13,25 @@ SuperNodes (TLS + SuperNode auth), submitted the same way (``flwr run --stream``
   ``flwr-clientapp`` interpreter per message), Flower's Grid polls every 3 s.
 
 Both federations are up at once and runs alternate (flowerbed, bare, bare, flowerbed, ...), so
-machine load hits both arms alike. Per-round time is what each ServerApp measures between two
+machine load hits both arms alike. Pairs repeat until the ratio's interval resolves the goal
+(``--goal``, 0.3x): at least ``--pairs``, at most ``--max-pairs``. Each pair gives a ratio (its
+flowerbed median round over its bare median round); the interval is the 95 % t-interval of the
+mean log ratio over pairs (exponentiated), and the ratio reported is the median over pairs. Per-round time is what each ServerApp measures between two
 central evaluations. Memory is the peak over the run of the summed PSS (proportional set size:
 pages a forked child shares with its zygote count once, split between them) of every process of
 that arm's federation and of the submitting ``flwr`` CLI, sampled every 0.5 s; the summed RSS is
 printed beside it.
 
-    python benchmarks/deployment_speed.py --nodes 2 8 --pairs 2 --rounds 3
-    python benchmarks/deployment_speed.py --quick      # 2 SuperNodes, 1 pair, 2 rounds
+    python benchmarks/deployment_speed.py --nodes 2 --pairs 3 --rounds 3   # up to --max-pairs 8
+    python benchmarks/deployment_speed.py --nodes 2 8 --pairs 2 --max-pairs 2 --rounds 3
+    python benchmarks/deployment_speed.py --quick      # 2 SuperNodes, 1 pair, 1 round
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -113,17 +118,38 @@ def bare_arm(state: dict, rounds: int, out: Path) -> list[float]:
     return times
 
 
-def measure(nodes: int, pairs: int, rounds: int) -> dict:
+def ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` t-interval of the geometric mean of ``ratios`` (nan with fewer than 2)."""
+    if len(ratios) < 2:
+        return float("nan"), float("nan")
+    from scipy import stats
+
+    logs = [math.log(r) for r in ratios]
+    mean, sem = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * sem
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def resolved(ratios: list[float], goal: float) -> bool:
+    """Whether the interval of ``ratios`` lies wholly on one side of ``goal``."""
+    low, high = ratio_interval(ratios)
+    return high < goal or low > goal
+
+
+def measure(nodes: int, pairs: int, rounds: int, max_pairs: int = 0, goal: float = 0.3) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"fb-speed-{nodes}-"))
     feds = {"flowerbed": work / "fed-warm", "bare": work / "fed-flower"}
     states: dict[str, dict] = {}
     arms: dict[str, dict[str, list[float]]] = {
         a: {"round_s": [], "peak_mb": [], "peak_rss_mb": []} for a in feds
     }
+    ratios: list[float] = []
     try:
         states["flowerbed"] = deploy.up(nodes, feds["flowerbed"], superexec="warm")
         states["bare"] = deploy.up(nodes, feds["bare"], superexec="flower", supernode="flower")
-        for pair in range(pairs):
+        pair = 0
+        while pair < pairs or (pair < max_pairs and not resolved(ratios, goal)):
+            pair_times: dict[str, list[float]] = {}
             for arm in ("flowerbed", "bare") if pair % 2 == 0 else ("bare", "flowerbed"):
                 state = states[arm]
                 roots = [p["pid"] for p in state["processes"].values()]
@@ -133,11 +159,20 @@ def measure(nodes: int, pairs: int, rounds: int) -> dict:
                     else:
                         times = bare_arm(state, rounds, work)
                 arms[arm]["round_s"] += times
+                pair_times[arm] = times
                 arms[arm]["peak_mb"].append(mem.peak / 2**20)
                 arms[arm]["peak_rss_mb"].append(mem.peak_rss / 2**20)
                 print(f"nodes={nodes} pair={pair} {arm}: rounds {[round(t, 2) for t in times]} s, "
                       f"peak PSS {mem.peak / 2**20:.0f} MB (RSS {mem.peak_rss / 2**20:.0f} MB), "
                       f"load {psutil.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            ratios.append(
+                statistics.median(pair_times["flowerbed"]) / statistics.median(pair_times["bare"])
+            )
+            low, high = ratio_interval(ratios)
+            print(f"nodes={nodes} pair={pair}: ratio {ratios[-1]:.3f}; over {len(ratios)} pairs "
+                  f"median {statistics.median(ratios):.3f}, 95% interval [{low:.3f}, {high:.3f}] "
+                  f"(goal {goal})", flush=True)  # fmt: skip
+            pair += 1
     finally:
         for directory in feds.values():
             deploy.down(directory)
@@ -146,7 +181,10 @@ def measure(nodes: int, pairs: int, rounds: int) -> dict:
         "nodes": nodes,
         "flowerbed_round_s": statistics.median(fb["round_s"]),
         "bare_round_s": statistics.median(bare["round_s"]),
-        "ratio": statistics.median(fb["round_s"]) / statistics.median(bare["round_s"]),
+        "ratio": statistics.median(ratios),
+        "interval": ratio_interval(ratios),
+        "pairs": len(ratios),
+        "resolved": resolved(ratios, goal),
         "flowerbed_peak_mb": max(fb["peak_mb"]),
         "bare_peak_mb": max(bare["peak_mb"]),
         "flowerbed_peak_rss_mb": max(fb["peak_rss_mb"]),
@@ -158,7 +196,13 @@ def measure(nodes: int, pairs: int, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
-    parser.add_argument("--pairs", type=int, default=2, help="interleaved (flowerbed, bare) pairs")
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="interleaved (flowerbed, bare) pairs, at least"
+    )
+    parser.add_argument(
+        "--max-pairs", type=int, default=8, help="at most, while the interval straddles --goal"
+    )
+    parser.add_argument("--goal", type=float, default=0.3, help="the ratio to resolve")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--quick",
@@ -167,14 +211,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.pairs, args.rounds = [2], 1, 1
-    rows = [measure(n, args.pairs, args.rounds) for n in args.nodes]
-    print("| SuperNodes | flowerbed s/round | bare Flower s/round | ratio | peak PSS flowerbed | "
-          "peak PSS bare | peak RSS flowerbed / bare | load avg |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+        args.nodes, args.pairs, args.max_pairs, args.rounds = [2], 1, 1, 1
+    max_pairs = max(args.pairs, args.max_pairs)
+    rows = [measure(n, args.pairs, args.rounds, max_pairs, args.goal) for n in args.nodes]
+    print("| SuperNodes | flowerbed s/round | bare Flower s/round | ratio (median of pairs) | "
+          "95% interval, pairs | peak PSS flowerbed | peak PSS bare | peak RSS flowerbed / bare | "
+          "load avg |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        low, high = r["interval"]
+        verdict = "resolved" if r["resolved"] else "not resolved"
         print(f"| {r['nodes']} | {r['flowerbed_round_s']:.2f} | {r['bare_round_s']:.2f} | "
-              f"**{r['ratio']:.2f}** | {r['flowerbed_peak_mb']:.0f} MB | {r['bare_peak_mb']:.0f} MB | "
+              f"**{r['ratio']:.2f}** | [{low:.2f}, {high:.2f}], {r['pairs']} ({verdict}) | "
+              f"{r['flowerbed_peak_mb']:.0f} MB | {r['bare_peak_mb']:.0f} MB | "
               f"{r['flowerbed_peak_rss_mb']:.0f} / {r['bare_peak_rss_mb']:.0f} MB | "
               f"{r['load_avg']:.1f} |")  # fmt: skip
 

@@ -109,17 +109,17 @@ def flower_env(home: Path) -> dict[str, str]:
     return env
 
 
-def wait_for_port(port: int, pid: int, timeout: float = 60.0) -> None:
+def wait_for_port(port: int, pid: int, timeout: float = 60.0, what: str = "SuperLink") -> None:
     """Until ``port`` accepts connections; fails fast if process ``pid`` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            raise RuntimeError(f"the SuperLink (pid {pid}) exited during start-up")
+            raise RuntimeError(f"the {what} (pid {pid}) exited during start-up")
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
-        time.sleep(0.3)
-    raise RuntimeError(f"the SuperLink did not open port {port} within {timeout:.0f} s")
+        time.sleep(0.1)
+    raise RuntimeError(f"the {what} did not open port {port} within {timeout:.0f} s")
 
 
 def stop_process_tree(pid: int, timeout: float = 10.0) -> None:

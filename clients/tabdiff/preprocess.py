@@ -7,12 +7,16 @@ federation); the attacker may know it too. ``decode`` is the exact inverse back 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from sklearn.preprocessing import QuantileTransformer
 
 from flowerbed.clients.datasets import TableSchema
+
+if TYPE_CHECKING:  # scikit-learn (and scipy under it) is imported by fit() only: the attacks'
+    # shared module imports this one, and every ServerApp imports that (~1 s of CPU otherwise)
+    from sklearn.preprocessing import QuantileTransformer
 
 
 @dataclass
@@ -37,6 +41,8 @@ class TablePreprocessor:
             categories[schema.label] = tuple(schema.classes)
         quantile = None
         if schema.numeric:
+            from sklearn.preprocessing import QuantileTransformer
+
             n = len(frame)
             quantile = QuantileTransformer(
                 output_distribution="normal",

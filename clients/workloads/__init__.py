@@ -157,6 +157,32 @@ def train_cross_entropy(
     return float(loss.detach())
 
 
+class ShuffledBatches:
+    """The batches of ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True,
+    generator=generator)``, bit for bit, drawn from ``generator`` as that loader draws (per
+    pass: its base seed, the permutation, and its sampler's trailing empty slice of a second
+    permutation), but each batch sliced from the tensors at once: the loader fetches every row
+    by itself and stacks them (~40 % of a quickstart client's training time).
+    """
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator
+    ) -> None:
+        self.x, self.y, self.batch_size, self.generator = x, y, batch_size, generator
+
+    def __len__(self) -> int:
+        return -(-len(self.y) // self.batch_size)
+
+    def __iter__(self):  # noqa: ANN204
+        n = len(self.y)
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # its base seed
+        order = torch.randperm(n, generator=self.generator)
+        for start in range(0, n, self.batch_size):
+            batch = order[start : start + self.batch_size]
+            yield self.x[batch], self.y[batch]
+        torch.randperm(n, generator=self.generator)  # RandomSampler: randperm(n)[: n % n]
+
+
 def fit_classifier(
     workload: Workload, model: nn.Module, data: Examples, training: LocalTraining, seed: int,
     state: RecordDict, proximal_mu: float = 0.0,
@@ -176,7 +202,10 @@ def fit_classifier(
     )  # fmt: skip
     global_params = [p.detach().clone() for p in model.parameters()]
     optimizer = training.optimizer_for(model.parameters())
-    trained, optimizer, loader = workload.private_training(model, optimizer, loader, state)
+    trained, optimizer, plain = workload.private_training(model, optimizer, loader, state)
+    if plain is loader:  # no defense replaced it: the same batches, sliced at once
+        plain = ShuffledBatches(data.x, data.y, loader.batch_size or len(data.y), loader.generator)
+    loader = plain
     loss_fn = nn.CrossEntropyLoss()
     total_loss, steps = 0.0, 0
     trained.train()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -36,7 +37,18 @@ from flowerbed.server.processes import (
     wait_for_port,
 )
 from flowerbed.server.ray_cluster import RayCluster
+from flowerbed.server.ray_local import HEAD_ENV, head_command
 from flowerbed.server.results import atomic_write, read_history
+
+#: environment of ``flwr-simulation`` with the engine's own Ray head: Ray passes the ClientApp
+#: actors' runtime environment through ``apps/ray_warm.py`` (Ray's ``RAY_RUNTIME_ENV_HOOK``)
+#: how often the CLI checks on ``flwr run`` and the run directory (progress, the end)
+POLL_S = 0.1
+#: Flower 1.42's SuperExec task poll interval (seconds; default 1.0, from 0.01 to 60)
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+#: ``0`` turns the engine's own Ray head off (:func:`own_ray_head`)
+RAY_HEAD_ENV = "FLOWERBED_SIM_RAY_HEAD"
+RAY_WARM_ENV = {"RAY_RUNTIME_ENV_HOOK": "flowerbed.apps.ray_warm.runtime_env"}
 
 #: (text in Flower's log, what the run is doing from then on); {n} = number of virtual clients
 PHASES = [
@@ -55,8 +67,15 @@ def boot(ray_address: str | None = None) -> Iterator[Callable[..., dict[str, Any
         with RayCluster(ray_address) as cluster:
             yield functools.partial(run_simulation, cluster=cluster)
         return
-    with LocalSuperLink() as link:
+    with LocalSuperLink(engine=True) as link:
         yield functools.partial(run_simulation, superlink=link)
+
+
+def own_ray_head() -> bool:
+    """Whether the engine starts its own Ray head (``server/ray_local.py``); on unless
+    ``FLOWERBED_SIM_RAY_HEAD=0`` (then ``flwr-simulation`` starts Ray as Flower does: for
+    measuring what the head saves)."""
+    return os.environ.get(RAY_HEAD_ENV, "1") != "0"
 
 
 def run_simulation(
@@ -83,7 +102,7 @@ def run_simulation(
                 on_status(f"connecting to the Ray cluster at {address}…")
             run_config += f" {FILE_STORE_KEY}='{_on_cluster(cluster, cfg)}'"
             gcs = cluster.ready()["gcs"]
-            superlink = stack.enter_context(LocalSuperLink({"RAY_ADDRESS": gcs}))
+            superlink = stack.enter_context(LocalSuperLink({"RAY_ADDRESS": gcs}, engine=True))
         return _run(cfg, run_dir, run_config, on_round, on_status, superlink)
 
 
@@ -110,7 +129,12 @@ def _run(
             seen_round[0] = _report_progress(run_dir, seen_round[0], on_round)
         return seen
 
-    code = flwr_run_local(cfg["clients"], run_config, log_path, watch, on_status, superlink)
+    def finished() -> bool:  # report.md is the run directory's last file (ResultsWriter.finish)
+        return (run_dir / "report.md").is_file()
+
+    code = flwr_run_local(
+        cfg["clients"], run_config, log_path, watch, on_status, superlink, finished
+    )
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
@@ -187,14 +211,34 @@ class LocalSuperLink:
     hand it to :func:`flwr_run_local`, close it at the end. Every process it spawns leads its own
     group and is watched by a :class:`~processes.Reaper`, which ends them all (and everything
     tagged with the home) if this process dies without closing it, SIGKILL included.
+
+    ``engine``: with the simulation engine's settings (without them, Flower's defaults: the bare
+    Flower benchmark arm): the SuperExec's task poll (:data:`TASK_POLL_ENV`) and, unless
+    ``extra_env`` names a ``RAY_ADDRESS`` (``--ray ADDRESS``) or :func:`own_ray_head` is off,
+    the run's own Ray head started now (``server/ray_local.py``: it boots beside the SuperLink
+    instead of inside ``flwr-simulation``, without the processes a simulation does not use),
+    which Flower's backend connects to, its ClientApp actors importing their work as they start
+    (``apps/ray_warm.py``).
     """
 
-    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, extra_env: dict[str, str] | None = None, engine: bool = False) -> None:
         self.home = private_home()
         self.reaper = Reaper(self.home)
         self.env = {**flower_env(self.home), **(extra_env or {})}
         self.port = free_port()
         self.processes: list[subprocess.Popen] = []
+        #: seconds between SIGTERM and SIGKILL when stopping (0 once the run's results are in)
+        self.grace_s = 3.0
+        self.ray_port: int | None = None
+        if engine:
+            #: the SuperExec asks for the run every 0.5 s (Flower's knob; default 1 s): it keeps
+            #: asking all run long, each time a request to the SuperLink, so not much more often
+            self.env.setdefault(TASK_POLL_ENV, "0.5")
+        if engine and own_ray_head() and "RAY_ADDRESS" not in self.env:  # a cluster is named
+            self.ray_port = free_port()
+            self.env |= {"RAY_ADDRESS": f"127.0.0.1:{self.ray_port}", **RAY_WARM_ENV}
+            with (self.home / "ray-head.log").open("w") as log:
+                self.spawn(head_command(self.ray_port, self.home), log, HEAD_ENV)
         flwr_home = self.home / "flwr"
         flwr_home.mkdir(parents=True, exist_ok=True)
         (flwr_home / "config.toml").write_text(
@@ -209,18 +253,23 @@ class LocalSuperLink:
         with (self.home / "superlink.log").open("w") as log:
             self.link = self.spawn(command, log)
 
-    def spawn(self, command: list[str], log: IO) -> subprocess.Popen:
+    def spawn(
+        self, command: list[str], log: IO, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start ``command`` in its own process group, watched by the reaper."""
+        env = {**self.env, **(extra_env or {})}
         proc = subprocess.Popen(
-            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.processes.append(proc)
         self.reaper.watch(proc.pid)
         return proc
 
     def ready(self, timeout: float = 180.0) -> None:
-        """Wait until the SuperLink accepts connections."""
+        """Wait until the SuperLink (and the Ray head, if started) accept connections."""
         wait_for_port(self.port, self.link.pid, timeout=timeout)
+        if self.ray_port is not None:
+            wait_for_port(self.ray_port, self.processes[0].pid, timeout=timeout, what="Ray head")
 
     def flwr_run(self, app: Path, run_config: str, clients: dict) -> list[str]:
         """The ``flwr run`` command that submits ``app`` to this SuperLink."""
@@ -231,15 +280,20 @@ class LocalSuperLink:
         ]  # fmt: skip
 
     def stop(self, proc: subprocess.Popen) -> None:
-        """End ``proc``'s group: SIGTERM, SIGKILL after 3 s (its state is thrown away anyway)."""
-        stop_group(proc.pid, timeout=3.0)
+        """End ``proc``'s group: SIGTERM, SIGKILL after ``grace_s`` (its state is thrown away)."""
+        stop_group(proc.pid, timeout=self.grace_s)
         proc.wait()
 
     def close(self) -> None:
-        """Stop every process started here, and what Ray left outside their groups."""
+        """Stop every process started here, and what Ray left outside their groups. The Ray
+        head is killed outright: its state is thrown away and a graceful stop takes seconds."""
         for proc in reversed(self.processes):
-            self.stop(proc)
-        end_processes(tagged_processes(str(self.home)), timeout=3.0)
+            if self.ray_port is not None and proc is self.processes[0]:
+                stop_group(proc.pid, timeout=0.0)
+                proc.wait()
+            else:
+                self.stop(proc)
+        end_processes(tagged_processes(str(self.home)), timeout=self.grace_s)
         shutil.rmtree(self.home, ignore_errors=True)
         self.reaper.done()
 
@@ -253,6 +307,7 @@ class LocalSuperLink:
 def flwr_run_local(
     clients: dict, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
     on_status: Callable[[str], None] | None = None, link: LocalSuperLink | None = None,
+    finished: Callable[[], bool] | None = None,
 ) -> int:  # fmt: skip
     """``flwr run`` of flowerbed on a private SuperLink; returns the exit code.
 
@@ -260,9 +315,13 @@ def flwr_run_local(
     Starting the SuperLink ourselves (rather than letting ``flwr run`` start its detached local
     one) gives a start-up wait we control and processes we own, stopped on any exit (exception,
     Ctrl-C, SIGTERM turned into one by the CLI) and by the reaper if this process is killed.
+
+    ``finished``: true once the run's results are all written; from then on nothing of Flower's
+    shutdown is waited for (Ray's, the run's status, ``flwr run``'s last log poll): the exit code
+    is 0 and the link's processes are killed when it closes (their state is thrown away).
     """
     own = link is None
-    link = link or LocalSuperLink()
+    link = link or LocalSuperLink(engine=True)
     proc = None
     try:
         if on_status is not None:
@@ -275,9 +334,12 @@ def flwr_run_local(
         with log_path.open("w") as log:
             proc = link.spawn(command, log)
             while proc.poll() is None:
-                time.sleep(0.5)
+                time.sleep(POLL_S)
                 if watch is not None:
                     seen = watch(seen)
+                if finished is not None and finished():
+                    link.grace_s = 0.0
+                    break
             if watch is not None:
                 watch(seen)
     finally:
@@ -285,7 +347,7 @@ def flwr_run_local(
             link.close()
         elif proc is not None:
             link.stop(proc)
-    return proc.returncode
+    return 0 if link.grace_s == 0.0 else proc.returncode
 
 
 def _report_progress(run_dir: Path, seen: int, on_round) -> int:  # noqa: ANN001

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from flwr.app import RecordDict
+from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads import (
     WORKLOADS,
+    ShuffledBatches,
     WorkloadContext,
     assigned_device,
     build_workload,
@@ -160,3 +162,23 @@ def test_workload_context_of_a_config():
     assert (fcm.partitioner, fcm.alpha, fcm.partition_by, fcm.dataset) == (None,) * 4
     with pytest.raises(ConfigError, match="does not declare 'dataset'"):
         fcm.dataset_json  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "epochs"), [(100, 64, 1), (128, 64, 3), (7, 64, 2), (5, 1, 2)]
+)
+def test_shuffled_batches_are_the_data_loaders_bit_for_bit(n, batch, epochs):
+    """fit_classifier's batches without a training defense: DataLoader's, and its generator is
+    left where DataLoader leaves it (later passes and epochs draw the same)."""
+    x, y = torch.randn(n, 3, dtype=torch.float64), torch.randint(0, 2, (n,))
+    ours = ShuffledBatches(x, y, batch, torch.Generator().manual_seed(5))
+    theirs = DataLoader(
+        TensorDataset(x, y), batch_size=batch, shuffle=True,
+        generator=torch.Generator().manual_seed(5),
+    )  # fmt: skip
+    for _ in range(epochs):
+        a, b = list(ours), list(theirs)
+        assert len(a) == len(b) == len(ours)
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb) and xa.dtype == xb.dtype
+    assert torch.equal(ours.generator.get_state(), theirs.generator.get_state())
