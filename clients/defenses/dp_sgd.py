@@ -48,6 +48,11 @@ def gaussian_noise(shape: torch.Size, std: float, generator: torch.Generator, dt
     return torch.randn(shape, generator=generator, dtype=dtype) * std
 
 
+def clip_scale(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """The factor ``privatize`` multiplies each example's gradient by (norm at most ``clip``)."""
+    return (clip / (norms + 1e-6)).clamp(max=1.0)
+
+
 def step_epsilon(noise_multiplier: float, delta: float, sample_rate: float = 1.0) -> float:
     """The RDP accountant's epsilon of one subsampled Gaussian step (what an audit of it targets)."""
     if noise_multiplier == 0:
@@ -164,7 +169,7 @@ class DpSgd(Defense):
             per_sample = self._with_canaries(per_sample, sample_rate)
         rows = next(iter(per_sample.values())).shape[0]
         norms = torch.sqrt(sum(g.reshape(rows, -1).pow(2).sum(1) for g in per_sample.values()))
-        scale = (self.params.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        scale = clip_scale(norms, self.params.max_grad_norm)
         std = self.params.noise_multiplier * self.params.max_grad_norm
         out = {}
         for key, grads in per_sample.items():
