@@ -9,14 +9,16 @@ cancels in the round-centred statistic). Per DP path (docs/methods/dp-audit.md):
 
 - ``dp-sgd`` (``DpSgdCanaries``): every client's local dataset gets ``canaries`` extra slots,
   sampled by the run's own data loader (Opacus' Poisson sampling) like any example; when a slot
-  is drawn its per-example gradient is set, before Opacus clips and noises it, to ``10 C u``
-  (canary in) or to zero (out: the same as absent). The canaries are in the trained model.
-- ``local-dp`` (``LocalDpCanaries``): canary clients whose update ``10 C (+-h u + ...)`` goes out
+  is drawn its per-example gradient is set, before Opacus clips and noises it, to ``100 C u``
+  (canary in) or to zero (out: the same as absent). The canaries are in the trained model. On
+  the per-sample path (tabdiff) ``DpSgd.privatize`` adds an in-canary's gradient to a step with
+  the rate the accountant records.
+- ``local-dp`` (``LocalDpCanaries``): canary clients whose update ``100 C (+-h u + ...)`` goes out
   through the defense's own mods (``LocalDp.mods()``, as the ClientApp builds them) every round;
   scored on each canary's own reply (what the server receives).
 - ``central-dp`` (``CentralDpCanaries``): every round, a second release through the defense's own
   ``wrap_strategy`` (Flower's DP wrapper, server or client clipping, over FedAvg) of the round's
-  real replies plus one slot per canary client (update ``10 C u`` in, zero out, sampled like a
+  real replies plus one slot per canary client (update ``100 C u`` in, zero out, sampled like a
   client), through the defense's client mods; scored on that release. The run's own model carries
   no canary.
 
@@ -212,7 +214,8 @@ class DpSgdCanaries(CanaryAudit):
         before = _numpy(sent)
         self.layout = self.layout or layout_of(before)
         base = flat(before, self.layout)
-        ok = [r for r in replies if not r.has_error() and "arrays" in r.content]
+        ok = [r for r in replies if not r.has_error() and "arrays" in r.content
+              and "metrics" in r.content and PARTITION_KEY in r.content["metrics"]]  # fmt: skip
         updates = {int(r.content["metrics"][PARTITION_KEY]): flat(_numpy(r.content["arrays"]), self.layout) - base
                    for r in ok}  # fmt: skip
         total = sum(updates.values())
@@ -233,8 +236,9 @@ class CanarySlots(Dataset):
 
     def __init__(self, data: Any, count: int) -> None:
         self.data, self.count = data, count
-        x0, y0 = data[0]
-        self.filler = (torch.zeros_like(x0), y0)
+        # a zero input (floating tensors zeroed, labels and the rest as the first example's)
+        self.filler = tuple(torch.zeros_like(t) if torch.is_tensor(t) and t.is_floating_point() else t
+                            for t in data[0])  # fmt: skip
         self.last: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
@@ -307,7 +311,7 @@ def train_message(arrays: ArrayRecord, config: ConfigRecord, node: int) -> Messa
 
 class LocalDpCanaries(CanaryAudit):
     """``count`` canary clients that take part in every round (local DP promises epsilon per
-    update, composed over the rounds); canary i's update has norm ``10 C`` and, once clipped to
+    update, composed over the rounds); canary i's update has norm ``100 C`` and, once clipped to
     C, moves by ``+shift / 2`` (in) or ``-shift / 2`` (out) along that round's ``u`` (shift =
     min(C, sensitivity), what LocalDpMod's epsilon is calibrated for; the rest is along a second
     random direction). Each goes out through ``defense.mods()``; its reply is scored."""
@@ -345,7 +349,7 @@ class LocalDpCanaries(CanaryAudit):
 class CentralDpCanaries(CanaryAudit):
     """``count`` canary clients, each sampled into a round with the run's rate n / N; every
     round a second release of the round's real replies plus one slot per canary client (update
-    ``10 C u`` if in and sampled, else zero, with the mean real weight) goes through the
+    ``100 C u`` if in and sampled, else zero, with the mean real weight) goes through the
     defense's own ``wrap_strategy`` (built for n + count sampled clients, so the noise on the
     sum is the configured sigma C) and client mods. The release (minus the sent model) is
     scored; ``final``: the sum of the releases (what a final model carrying them would)."""
