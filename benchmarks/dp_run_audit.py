@@ -106,7 +106,7 @@ def cost(quick: bool) -> None:
     print("\n| defense | CPU s, canaries: 0 | CPU s, default canaries | overhead | accuracy / loss, 0 -> default |")  # fmt: skip
     print("|---|---|---|---|---|")
     for label, defenses in COST.items():
-        count = 32 if label.startswith("dp-sgd") else 64
+        count = 32  # the defaults (dp-sgd: per client; local and central DP: canary clients)
         best: dict[int, float] = {}
         acc: dict[int, tuple[float, float]] = {}
         for _ in range(1 if quick else 2):  # interleaved

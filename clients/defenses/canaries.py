@@ -59,7 +59,7 @@ COINS, DIRECTIONS, SAMPLING, NOISE = 51, 52, 53, 54
 #: the canary clients of local and central DP form one unit (dp-sgd: one unit per partition)
 CANARY_CLIENTS = 1_000_000
 #: default number of canary clients (local and central DP)
-CANARY_CLIENT_COUNT = 64
+CANARY_CLIENT_COUNT = 32
 
 Layout = list[tuple[str, tuple[int, ...]]]
 
@@ -284,15 +284,14 @@ def plant(optimizer: Any, names: Mapping[int, str], slots: CanarySlots,
 
 
 # -- local and central DP: canary clients -------------------------------------------------------
-def through_mods(mods: Sequence[Any], msg: Message, update: Mapping[str, np.ndarray],
+def through_mods(mods: Sequence[Any], msg: Message, trained: Mapping[str, np.ndarray],
                  weight: float, node: int) -> Message:  # fmt: skip
-    """A canary client's train reply (the sent arrays plus ``update``) passed out through the
-    defense's client ``mods`` (first listed innermost, as ``clients.runtime.handle_train``)."""
+    """A canary client's train reply (its ``trained`` arrays, in the sent record's key order)
+    passed out through the defense's client ``mods`` (first listed innermost, as
+    ``clients.runtime.handle_train``)."""
 
     def train(m: Message, _: Context) -> Message:
-        sent = m.content["arrays"]
-        arrays = ArrayRecord({k: Array(sent[k].numpy() + update[k]) if k in update
-                              else Array(sent[k].numpy()) for k in sent})  # fmt: skip
+        arrays = ArrayRecord({k: Array(np.asarray(trained[k])) for k in m.content["arrays"].keys()})  # fmt: skip
         metrics = MetricRecord({"num-examples": weight})
         return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=m)
 
@@ -302,6 +301,10 @@ def through_mods(mods: Sequence[Any], msg: Message, update: Mapping[str, np.ndar
     context = Context(run_id=0, node_id=node, node_config={PARTITION_KEY: -1},
                       state=RecordDict(), run_config={})  # fmt: skip
     return call(msg, context)
+
+
+def _plus(arrays: Mapping[str, np.ndarray], update: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # fmt: skip
+    return {k: (v + update[k]).astype(v.dtype) if k in update else v for k, v in arrays.items()}
 
 
 def train_message(arrays: ArrayRecord, config: ConfigRecord, node: int) -> Message:
@@ -338,7 +341,7 @@ class LocalDpCanaries(CanaryAudit):
                 sign = 1.0 if unit.included[i] else -1.0
                 vec = (sign * half * dirs[i] + np.sqrt(1 - half**2) * other) * CANARY * p.clipping_norm  # fmt: skip
                 msg = train_message(sent, ConfigRecord(), i + 1)
-                reply = through_mods(mods, msg, unflat(vec, self.layout), 1.0, i + 1)
+                reply = through_mods(mods, msg, _plus(before, unflat(vec, self.layout)), 1.0, i + 1)
                 got[i] = flat(_numpy(reply.content["arrays"]), self.layout) - base
         unit.observe(got, dirs)
 
@@ -385,7 +388,8 @@ class CentralDpCanaries(CanaryAudit):
             for i, msg in enumerate(messages[len(ok) :]):
                 live = bool(unit.included[i] and sampled[i])
                 vec = dirs[i] * CANARY * p.clipping_norm if live else np.zeros(dirs.shape[1])
-                canaries.append(through_mods(mods, msg, unflat(vec, self.layout), weight, len(ok) + i + 1))  # fmt: skip
+                trained = _plus(before, unflat(vec, self.layout)) if live else before
+                canaries.append(through_mods(mods, msg, trained, weight, len(ok) + i + 1))
             arrays, _ = strategy.aggregate_train(server_round, copies + canaries)
         if arrays is None:
             return
