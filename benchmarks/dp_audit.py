@@ -1,4 +1,4 @@
-"""The DP audit (``dp.epsilon_audit``) per DP code path: the audited lower bound with the noise in
+"""The DP audit (``dp.epsilon_audit_step``) per DP code path: the audited lower bound with the noise in
 place and with it removed inside the real code path (the accountant still reporting its epsilon),
 beside the accountant's epsilon of the audited step and the most the audit's trials can show.
 
@@ -80,7 +80,7 @@ def main() -> None:
     for path in PATHS:
         for strength in STRENGTHS.get(path, SIGMAS):
             runs = [audit(path, strength, trials, seed, True) for seed in range(seeds)]
-            bounds = np.array([r[0]["epsilon_audit"] for r in runs])
+            bounds = np.array([r[0]["epsilon_audit_step"] for r in runs])
             mutant, _ = audit(path, strength, trials, 0, False)
             label = f"eps {strength:g}" if path.startswith("local") else f"sigma {strength:g}"
             seconds = float(np.mean([r[1] for r in runs]))

@@ -38,6 +38,7 @@ from flowerbed.clients.defenses import (
     dense_bytes,
     mechanisms_of,
 )
+from flowerbed.clients.defenses.canaries import RunAudit, find_run_audit
 from flowerbed.clients.runtime import CONFIG_KEY, INJECTED, PARTITION_KEY
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.federation import grid_engine
@@ -444,6 +445,9 @@ def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) ->
     for defense in defenses:
         if defense.server_position == "inner":
             strategy = defense.wrap_strategy(strategy, writer)
+    audits = [a for a in (d.canary_audit() for d in defenses) if a is not None]
+    if audits:  # the run-level DP audit sees replies as received, like the observer
+        strategy = RunAudit(strategy, audits)
     if cfg["attack"]["name"]:
         attack, scorer = build_attack(cfg, workload, defenses)
         strategy = attack.wrap(strategy, writer, scorer)
@@ -512,10 +516,11 @@ def _run(
         return MetricRecord(central) if central else None
 
     config = ConfigRecord({CONFIG_KEY: to_json(cfg), **published_to_clients(cfg)})
+    initial_arrays = workload.init_arrays()
     ordered = OrderedGrid(grid, writer.count_failures, by_partition=needs_partition_order(cfg))
     strategy.start(
         grid=ordered,
-        initial_arrays=workload.init_arrays(),
+        initial_arrays=initial_arrays,
         num_rounds=cfg["rounds"],
         timeout=cfg["clients"]["timeout_s"],  # a lost reply is a failure, not a hang
         train_config=config,
@@ -530,7 +535,10 @@ def _run(
             f"every round was dropped, the model never changed (round {first}: "
             f"{writer.dropped[first]})"
         )
-    writer.log(cfg["rounds"], "dp", audit_defenses(cfg, workload))
+    run_audit = find_run_audit(strategy)
+    final = final_arrays[0] if final_arrays else None
+    audited = run_audit.metrics(initial_arrays, final) if run_audit is not None else {}
+    writer.log(cfg["rounds"], "dp", {**audit_defenses(cfg, workload), **audited})
     rounds = range(1, cfg["rounds"] + 1)
     extra: dict[str, Any] = {"train_partitions": [strategy.partitions.get(r, []) for r in rounds]}
     if strategy.kept:  # a selecting strategy (Krum, FLAME, ...): whom it let in, per round
@@ -550,7 +558,7 @@ def published_to_clients(cfg: dict[str, Any]) -> dict[str, str]:
 
 
 def audit_defenses(cfg: dict[str, Any], workload: Any) -> dict[str, float]:
-    """Each DP defense's audit of its own code path (``dp.epsilon_audit``, docs/methods/dp-sgd.md
+    """Each DP defense's audit of its own code path (the step audit ``dp.epsilon_audit_step``, docs/methods/dp-sgd.md
     and flower-dp.md, "Auditing"), on the workload's private-training path, seeded by the run."""
     out: dict[str, float] = {}
     for defense in build_defenses(cfg):

@@ -181,9 +181,14 @@ class Defense:
 
     def audit(self, path: str, seed: int) -> dict[str, float]:
         """An empirical privacy audit of the defense's own code path, as ``dp.*`` metrics of the
-        run summary (``epsilon_audit`` beside the accountant's epsilon); ``path`` is the
+        run summary (``epsilon_audit_step`` beside the accountant's epsilon); ``path`` is the
         workload's ``private_training_path``. Nothing for defenses that claim no DP guarantee."""
         return {}
+
+    def canary_audit(self) -> Any:
+        """The run-level audit's canaries for this defense (a ``canaries.CanaryAudit``: inserted
+        into the run, scored from what the server receives; ``dp.epsilon_audit``), or None."""
+        return None
 
     def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
         """The server half: wrap the strategy (identity unless ``server_position`` is set)."""

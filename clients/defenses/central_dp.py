@@ -17,6 +17,7 @@ from flwr.serverapp.strategy import (
 from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
+from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, CentralDpCanaries
 from flowerbed.clients.defenses.dp_sgd import step_epsilon
 from flowerbed.clients.defenses.flower_dp import (
     AUDIT_DIM,
@@ -47,8 +48,10 @@ class CentralDp(Defense):
         clipping: Clipping = Clipping.server
         adaptive: bool = False
         delta: float = param(1e-5, gt=0, lt=1)
-        # audit rounds with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        # step audit: rounds with and without the canary; 0 = off, -1 = enough to expose epsilon_step
         audit_trials: int = param(AUTO, ge=AUTO)
+        # run audit: canary clients in a second release of every round; 0 = off (adaptive: off)
+        canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
     def mods(self) -> list[Any]:
         if self.params.clipping != Clipping.client:
@@ -59,13 +62,25 @@ class CentralDp(Defense):
         p = self.params
         return [GaussianNoise(p.noise_multiplier, p.clipping_norm, "aggregate", on_update=False)]
 
+    def canary_audit(self) -> Any:
+        if not self.params.canaries or self.params.adaptive:  # adaptive: the norm moves
+            return None
+        return CentralDpCanaries(self.ctx.seed, self.params.delta, self.params.canaries, self,
+                                 self.with_sampled)  # fmt: skip
+
+    def with_sampled(self, sampled: int) -> CentralDp:
+        """This defense with ``sampled`` clients per round, the extra ones added to the
+        federation (the run audit's second release: the real clients plus the canary clients)."""
+        total = self.ctx.num_clients + sampled - self.ctx.sampled_clients
+        return type(self)(dataclasses.replace(self.ctx, sampled_clients=sampled, num_clients=total), self.params)  # fmt: skip
+
     def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
         n, params = self.ctx.sampled_clients, dataclasses.asdict(self.params)
         return CentralDpAccounting(flower_wrapper(strategy, params, n), params, writer, n,
                                    self.ctx.num_clients)  # fmt: skip
 
     def audit(self, path: str, seed: int) -> dict[str, float]:
-        """``dp.epsilon_audit`` of one round of central DP on this defense's real path: a round of
+        """``dp.epsilon_audit_step`` of one round of central DP on this defense's real path: a round of
         ``n`` sampled clients through the Flower wrapper the run uses (``flower_wrapper``, over
         FedAvg) and this defense's client mods; the canary client's clipped update moves by C
         between in and out (``canary_update``), the other clients' updates are fixed; the score

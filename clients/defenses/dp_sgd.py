@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 from torch import nn
@@ -26,17 +26,31 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.dp_audit import AUTO, AuditResult, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, DefenseContext, GaussianNoise, Mechanism
+from flowerbed.clients.defenses.canaries import (
+    CanarySlots,
+    DpSgdCanaries,
+    canary_gradients,
+    layout_of,
+    plant,
+)
 
 STATE_KEY = "dp-sgd"
 #: the private-training code paths a workload can take (``Workload.private_training_path``)
 OPACUS, PER_SAMPLE = "opacus", "per-sample"
 AUDIT_DIM = 4  # canary model: a linear map of 4 inputs, one coordinate per audit example
 CANARY = 10.0  # audit examples' gradient norms, in units of max_grad_norm (all are clipped)
+CANARIES = 32  # run audit: canary examples per client (docs/methods/dp-audit.md)
+CANARY_STEPS = 55  # salt of the per-sample path's canary draws
 
 
 def gaussian_noise(shape: torch.Size, std: float, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     """The Gaussian noise ``privatize`` adds to a summed clipped gradient."""
     return torch.randn(shape, generator=generator, dtype=dtype) * std
+
+
+def clip_scale(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """The factor ``privatize`` multiplies each example's gradient by (norm at most ``clip``)."""
+    return (clip / (norms + 1e-6)).clamp(max=1.0)
 
 
 def step_epsilon(noise_multiplier: float, delta: float, sample_rate: float = 1.0) -> float:
@@ -80,31 +94,82 @@ class DpSgd(Defense):
         noise_multiplier: float = param(1.0, ge=0)
         max_grad_norm: float = param(1.0, gt=0)
         delta: float = param(1e-5, gt=0, lt=1)
-        # audit steps with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        # step audit: steps with and without the canary; 0 = off, -1 = enough to expose epsilon_step
         audit_trials: int = param(AUTO, ge=AUTO)
+        # run audit: canary examples per client, in its training loop; 0 = off
+        canaries: int = param(CANARIES, ge=0)
 
     def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
         super().__init__(ctx, params)
         # one accountant per experiment (a sweep's cells share a client's Context)
         self.namespace = ctx.run_key
         self._engine: PrivacyEngine | None = None
+        self._training: tuple[int, int] | None = None  # (partition, round) being trained
+        self._canaries: tuple[tuple[int, int], list, np.random.Generator] | None = None
+
+    def mods(self) -> list[Any]:
+        """With the run audit on: a pass-through mod telling the training loop which client and
+        round it trains (the canaries' directions depend on both)."""
+        return [self._training_mod] if self.params.canaries else []
+
+    def _training_mod(self, msg: Message, context: Context, call_next: Any) -> Message:
+        config = msg.content["config"] if "config" in msg.content else {}
+        self._training = (int(context.node_config["partition-id"]), int(config.get("server-round", 0)))  # fmt: skip
+        try:
+            return call_next(msg, context)
+        finally:
+            self._training = None
+
+    def canary_audit(self) -> Any:
+        if not self.params.canaries:
+            return None
+        return DpSgdCanaries(self.ctx.seed, self.params.delta, self.params.canaries)
 
     def make_private(self, model, optimizer, loader, state: RecordDict) -> tuple:  # noqa: ANN001
         self._engine = PrivacyEngine(accountant="rdp")
         self._engine.accountant = load_accountant(state, self.namespace)
-        return self._engine.make_private(
+        slots = None
+        if self.params.canaries and self._training is not None:  # the run audit's canary slots
+            slots = CanarySlots(loader.dataset, self.params.canaries)
+            loader = DataLoader(slots, batch_size=loader.batch_size, shuffle=True,
+                                generator=loader.generator)  # fmt: skip
+            names = {id(p): name for name, p in model.named_parameters()}
+            layout = layout_of(dict(model.named_parameters()))
+        private = self._engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader,
             noise_multiplier=self.params.noise_multiplier, max_grad_norm=self.params.max_grad_norm,
             poisson_sampling=True,
         )  # fmt: skip
+        if slots is not None and self._training is not None:
+            unit, server_round = self._training
+            grads = canary_gradients(self.ctx.seed, unit, server_round, self.params.canaries,
+                                     layout, self.params.max_grad_norm)  # fmt: skip
+            dp_optimizer = private[1]
+            pre_step = dp_optimizer.pre_step
+
+            def planted(closure: Any = None) -> Any:  # the canaries' gradients, then Opacus
+                plant(dp_optimizer, names, slots, grads)
+                return pre_step(closure)
+
+            dp_optimizer.pre_step = planted
+        return private
 
     def privatize(
-        self, per_sample: dict[str, torch.Tensor], generator: torch.Generator
-    ) -> dict[str, torch.Tensor]:
-        """Clip each sample's gradient to ``max_grad_norm``, sum, add Gaussian noise, average."""
+        self, per_sample: dict[str, torch.Tensor], generator: torch.Generator,
+        sample_rate: float | None = None,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Clip each sample's gradient to ``max_grad_norm``, sum, add Gaussian noise, average.
+
+        With the run audit on (``canaries``) and the step's ``sample_rate`` given, each canary
+        of this client is drawn into the step with that rate (the rate the accountant records)
+        and, if it is in, its gradient joins the batch before clipping; the average stays over
+        the real batch (canaries are extra examples, as in Opacus' expected batch size)."""
         batch = next(iter(per_sample.values())).shape[0]
-        norms = torch.sqrt(sum(g.reshape(batch, -1).pow(2).sum(1) for g in per_sample.values()))
-        scale = (self.params.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        if self.params.canaries and self._training is not None and sample_rate is not None:
+            per_sample = self._with_canaries(per_sample, sample_rate)
+        rows = next(iter(per_sample.values())).shape[0]
+        norms = torch.sqrt(sum(g.reshape(rows, -1).pow(2).sum(1) for g in per_sample.values()))
+        scale = clip_scale(norms, self.params.max_grad_norm)
         std = self.params.noise_multiplier * self.params.max_grad_norm
         out = {}
         for key, grads in per_sample.items():
@@ -112,6 +177,21 @@ class DpSgd(Defense):
             noise = gaussian_noise(clipped.shape, std, generator, clipped.dtype)
             out[key] = (clipped + noise) / batch
         return out
+
+    def _with_canaries(self, per_sample: dict[str, torch.Tensor], rate: float) -> dict[str, torch.Tensor]:  # fmt: skip
+        assert self._training is not None
+        unit, server_round = self._training
+        if self._canaries is None or self._canaries[0] != self._training:
+            layout = layout_of({k: v[0] for k, v in per_sample.items()})
+            grads = canary_gradients(self.ctx.seed, unit, server_round, self.params.canaries,
+                                     layout, self.params.max_grad_norm)  # fmt: skip
+            draws = np.random.default_rng([self.ctx.seed, CANARY_STEPS, unit, server_round])
+            self._canaries = (self._training, grads, draws)
+        _, grads, draws = self._canaries
+        drawn = [g for g, hit in zip(grads, draws.random(len(grads)) < rate, strict=True) if hit and g is not None]  # fmt: skip
+        if not drawn:
+            return per_sample
+        return {k: torch.cat([v, torch.stack([g[k].to(v.dtype) for g in drawn])]) for k, v in per_sample.items()}  # fmt: skip
 
     def account(self, state: RecordDict, sample_rate: float, steps: int) -> float:
         """Record ``steps`` DP-SGD steps at ``sample_rate``; returns the cumulative epsilon."""
@@ -141,7 +221,7 @@ class DpSgd(Defense):
 
     # -- audit ------------------------------------------------------------------------------------
     def audit(self, path: str, seed: int) -> dict[str, float]:
-        """``dp.epsilon_audit`` (and its reference ``dp.epsilon_step``) of one DP-SGD step on
+        """``dp.epsilon_audit_step`` (and its reference ``dp.epsilon_step``) of one DP-SGD step on
         ``path`` (``opacus`` or ``per-sample``); nothing when ``audit_trials`` is 0."""
         step = step_epsilon(self.params.noise_multiplier, self.params.delta)
         trials = trials_for(self.params.audit_trials, step, self.params.delta)

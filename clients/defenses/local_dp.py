@@ -13,6 +13,7 @@ from flwr.clientapp.mod import LocalDpMod
 from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
+from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, LocalDpCanaries
 from flowerbed.clients.defenses.flower_dp import (
     AUDIT_DIM,
     AUDIT_KEY,
@@ -35,12 +36,19 @@ class LocalDp(Defense):
         sensitivity: float = param(1.0, gt=0)
         epsilon: float = param(1.0, gt=0)
         delta: float = param(1e-5, ge=0, lt=1)
-        # audit rounds with and without the canary; 0 = off, -1 = enough to expose epsilon_step
+        # step audit: releases with and without the canary; 0 = off, -1 = enough to expose epsilon_step
         audit_trials: int = param(AUTO, ge=AUTO)
+        # run audit: canary clients sending through these mods every round; 0 = off
+        canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
     def mods(self) -> list[Any]:
         p = self.params
         return [LocalDpMod(p.clipping_norm, p.sensitivity, p.epsilon, p.delta)]
+
+    def canary_audit(self) -> Any:
+        if not self.params.canaries:
+            return None
+        return LocalDpCanaries(self.ctx.seed, self.params.delta, self.params.canaries, self)
 
     def mechanism(self) -> list[Mechanism]:
         p = self.params
@@ -48,7 +56,7 @@ class LocalDp(Defense):
         return [GaussianNoise(sigma, p.clipping_norm, "update", on_update=True)]
 
     def audit(self, path: str, seed: int) -> dict[str, float]:
-        """``dp.epsilon_audit`` of one update release through this defense's ``LocalDpMod``: the
+        """``dp.epsilon_audit_step`` of one update release through this defense's ``LocalDpMod``: the
         canary client's clipped updates differ by ``min(C, sensitivity)`` in and out
         (``canary_update``), scored on coordinate 0. ``dp.epsilon_step`` is the mod's per-update epsilon (``dp.epsilon``:
         ``rounds`` releases, basic composition)."""

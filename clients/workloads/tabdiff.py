@@ -221,12 +221,13 @@ class TabDiff(Workload):
         start = time.perf_counter()
         dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
         gradient = None
+        rate = min(1.0, self.protocol.batch_size / max(len(data["ids"]), 1))
         if dp is not None:  # DP-SGD: clipped per-row gradients + Gaussian noise, seeded per round
             noise = torch.Generator().manual_seed(client_seed(self.ctx.seed, pid, rnd, salt=3))
 
             def gradient(model, state, rows, lat):  # noqa: ANN001, ANN202
                 per_row = per_sample_gradients(model, state, rows, lat)
-                noised = dp.privatize({k: g.cpu() for k, g in per_row.items()}, noise)
+                noised = dp.privatize({k: g.cpu() for k, g in per_row.items()}, noise, rate)
                 return {k: g.to(dev) for k, g in noised.items()}
 
         new = local_update(
@@ -241,7 +242,6 @@ class TabDiff(Workload):
         rows_seen = sum(len(i) for i in plan)
         privacy = {}
         if dp is not None:
-            rate = min(1.0, self.protocol.batch_size / max(len(data["ids"]), 1))
             privacy = {"epsilon": dp.account(state, rate, len(batches))}
         metrics = {
             "num-examples": len(used),

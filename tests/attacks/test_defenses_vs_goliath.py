@@ -15,7 +15,7 @@ def _accuracy(inline_cfg, defenses: str) -> float:
     summary = run_inline(inline_cfg("goliath-adult-mixed", *BASE, f"defenses={defenses}"))
     metrics = summary["metrics"]
     if "dp.epsilon" in metrics:  # DP runs audit their code path (tests/clients/test_dp_audit.py)
-        assert metrics["dp.epsilon_audit"] <= metrics["dp.epsilon_step"]
+        assert metrics["dp.epsilon_audit_step"] <= metrics["dp.epsilon_step"]
     return metrics["attack.cell_accuracy"]
 
 

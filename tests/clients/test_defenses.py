@@ -147,7 +147,7 @@ def test_central_dp_clips_updates_and_noises_the_aggregate(inline_cfg):
     accountant.step(noise_multiplier=sigma, sample_rate=1.0)
     assert summary["metrics"]["dp.epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))
     # one round at rate 1: the run's epsilon is the audited round's (tests/clients/test_dp_audit.py)
-    assert summary["metrics"]["dp.epsilon_audit"] <= summary["metrics"]["dp.epsilon"]
+    assert summary["metrics"]["dp.epsilon_audit_step"] <= summary["metrics"]["dp.epsilon"]
 
 
 def test_secagg_groups_reveal_only_group_sums(inline_cfg):

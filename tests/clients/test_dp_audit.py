@@ -1,4 +1,4 @@
-"""Claim tests of the DP audit (``dp.epsilon_audit``), per DP code path: DP-SGD through Opacus
+"""Claim tests of the DP audit (``dp.epsilon_audit_step``), per DP code path: DP-SGD through Opacus
 (classifier workloads) and through ``privatize`` (tabular diffusion), Flower's local DP mod, and
 central DP with client- and server-side clipping.
 
@@ -79,8 +79,10 @@ def test_audit_stays_below_the_accountant_with_noise(path):
     make, route, _ = PATHS[path]
     for seed in SEEDS:
         out = make(100).audit(route, seed)
-        assert out["epsilon_audit"] <= out["epsilon_step"], (path, seed, out)
-        assert out["epsilon_audit_max"] > out["epsilon_step"]  # the audit could have exposed it
+        assert out["epsilon_audit_step"] <= out["epsilon_step"], (path, seed, out)
+        assert (
+            out["epsilon_audit_step_max"] > out["epsilon_step"]
+        )  # the audit could have exposed it
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -90,7 +92,7 @@ def test_audit_exposes_the_noise_removed_from_its_code_path(path, monkeypatch):
         module = importlib.import_module(target) if isinstance(target, str) else target
         monkeypatch.setattr(module, name, replacement)
     out = make(100).audit(route, 0)
-    assert out["epsilon_audit"] > out["epsilon_step"], (path, out)
+    assert out["epsilon_audit_step"] > out["epsilon_step"], (path, out)
 
 
 def test_automatic_trials_are_enough_to_expose_the_accountant_epsilon():
@@ -101,8 +103,8 @@ def test_automatic_trials_are_enough_to_expose_the_accountant_epsilon():
 
 
 def test_audit_trials_zero_turns_it_off():
-    assert "epsilon_audit" not in _dp_sgd(0).audit(PER_SAMPLE, 0)
-    assert "epsilon_audit" not in _central("server", 0).audit("", 0)
+    assert "epsilon_audit_step" not in _dp_sgd(0).audit(PER_SAMPLE, 0)
+    assert "epsilon_audit_step" not in _central("server", 0).audit("", 0)
 
 
 def _summary(inline_cfg, defenses: str) -> dict[str, float]:
@@ -120,7 +122,7 @@ def test_run_summary_has_the_audit_beside_the_accountant(inline_cfg):
     """tabular-mlp trains through Opacus; its run summary audits that path."""
     metrics = _summary(inline_cfg, OPACUS_RUN)
     assert 0 < metrics["dp.epsilon"] < metrics["dp.epsilon_step"]  # subsampled, amplified
-    assert metrics["dp.epsilon_audit"] <= metrics["dp.epsilon_step"]
+    assert metrics["dp.epsilon_audit_step"] <= metrics["dp.epsilon_step"]
     assert metrics["dp.audit_trials"] == 100
 
 
@@ -130,4 +132,4 @@ def test_run_summary_exposes_a_run_whose_optimizer_adds_no_noise(inline_cfg, mon
     monkeypatch.setattr(importlib.import_module("opacus.optimizers.optimizer"), "_generate_noise",
                         _no_opacus_noise)  # fmt: skip
     metrics = _summary(inline_cfg, OPACUS_RUN)
-    assert metrics["dp.epsilon_audit"] > metrics["dp.epsilon"] > 0
+    assert metrics["dp.epsilon_audit_step"] > metrics["dp.epsilon"] > 0
