@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -108,6 +109,23 @@ class _RunLog(logging.FileHandler):
         super().emit(record)
 
 
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` that hands the warning to the ``py.warnings`` logger."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    logging.getLogger("py.warnings").warning("%s", text.rstrip())
+
+
+#: Python's own warning printer (``-v`` keeps it)
+_PRINT_WARNING = warnings.showwarning
+
+
 def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handler | None:
     """Flower's log at INFO: on the console only with ``-v`` (its own handler, no propagation),
     always in ``log_path`` when given, so its warnings (``fraction_evaluate is set to 0.0``)
@@ -124,7 +142,10 @@ def _quiet_flower(verbose: bool, log_path: Path | None = None) -> logging.Handle
         if not isinstance(handler, _RunLog):
             handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
     warned = logging.getLogger("py.warnings")  # third-party warnings (Opacus, torch): the log
-    logging.captureWarnings(not verbose)
+    # set on every call, not through logging.captureWarnings: that one does nothing once it has
+    # run in this process, so a warnings.catch_warnings() around an earlier call (which restores
+    # the printer on exit) would leave later runs printing warnings to the terminal
+    warnings.showwarning = _PRINT_WARNING if verbose else _log_warning
     warned.propagate = False
     if not any(isinstance(h, logging.NullHandler) for h in warned.handlers):
         warned.addHandler(logging.NullHandler())  # never logging's last-resort stderr printer
@@ -464,7 +485,8 @@ def list_(
 
     load_listed_plugins(plugin or [])
     kinds = (kind,) if kind else KINDS
-    out.print(
+    # a console made now: its width follows the terminal (COLUMNS) of this call
+    Console().print(
         tables(kinds) if kind or long else compact(kinds), soft_wrap=kind is None and not long
     )
 
@@ -475,7 +497,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> No
     path = run_dir / "summary.json"
     if not path.is_file():
         fail(f"no summary.json in {run_dir} (not a finished run directory)")
-    out.print(summary_view(json.loads(path.read_text())))
+    Console().print(summary_view(json.loads(path.read_text())))  # this terminal's width
 
 
 @app.command()

@@ -213,7 +213,7 @@ def ray_session(options: RayOptions) -> Iterator[None]:
     try:
         if options.address == LOCAL:
             root = os.environ.get("RAY_TMPDIR") or None  # Ray's socket paths are length-limited
-            temp = Path(tempfile.mkdtemp(prefix="fb-ray-", dir=root))
+            temp = Path(tempfile.mkdtemp(prefix="fr", dir=root))  # short: see above
             reaper = Reaper.start([temp])
             # workers at the driver's priority (Ray's default adds 15: on a busy machine a cell
             # would get a third of the CPU share a sequential sweep gets)
