@@ -49,7 +49,7 @@ class TabularInversion:
         epochs = protocol.local_epochs if fedavg else 1
         per = min(protocol.batch_size, num_examples)
         steps = local_steps(protocol, num_examples)
-        visits = steps * per if fedavg else num_examples
+        visits = min(epochs * num_examples, steps * per) if fedavg else num_examples
         adam = fedavg and protocol.optimizer == "adam"
         reach = cfg.diffusion.analytic_init and cfg.method != "prior" and not adam
         if fedavg and num_examples % per:
