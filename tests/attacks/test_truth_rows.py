@@ -48,10 +48,10 @@ def test_tabdiff_fedavg_truth_is_every_row_of_every_minibatch_and_epoch() -> Non
 
 
 def test_classifier_fedavg_truth_is_every_example_of_the_round() -> None:
-    """quickstart under FedAvg (batch 8, 2 epochs, 24 examples a round): the scorer's examples are
+    """Digits under FedAvg (batch 8, 2 epochs, 24 examples a round): the scorer's examples are
     the 24 the client trains on, its num-examples."""
-    cfg = load_experiment("quickstart", [
-        "engine=inline", "clients.num=3", "dataset.max_rows=600", "workload.params.protocol=fedavg",
+    cfg = load_experiment("digits-classifier", [
+        "engine=inline", "clients.num=3", "workload.params.protocol=fedavg",
         "workload.params.batch_size=8", "workload.params.local_epochs=2",
         "workload.params.round_examples=24"])  # fmt: skip
     work = build_workload(cfg)
@@ -60,5 +60,5 @@ def test_classifier_fedavg_truth_is_every_example_of_the_round() -> None:
     _, metrics = work.fit(work.init_arrays(), data, {"partition-id": 0, "server-round": 1},
                           RecordDict())  # fmt: skip
     truth = scorer.truth(0, 1)
-    assert len(truth.y) == metrics["num-examples"] == 24
+    assert len(truth.y) == metrics["num-examples"] == 24 < len(data["train"].y)
     assert torch.equal(truth.x, work.round_data(data, 0, 1).x)
