@@ -11,6 +11,10 @@ ground truth reaches only the scorer, called after the attack has returned. Both
   prior-only reconstruction's ``prior`` and the ``advantage`` above it (``attacks.prior``);
   ``scorer.illustrate(round, [(partition_id, sent, reconstruction)], run_dir)`` draws them.
 
+Before the first attack on an update of a given size, the attack's ``estimate`` (where it has
+one: ``attacks.estimate``) is printed as one line -- row visits against what the method separates,
+expected time -- and its numbers (``visits``, ``separable``, ``expected_s``) join the scores.
+
 An attack that can guess from public knowledge (``attacks.prior.PriorGuessing``) runs inside
 ``PriorKeeping``: it keeps its prior guess where that matches the update better by its own
 objective. The observer attacks every target client's reply in the rounds listed in ``rounds``
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +51,10 @@ class Inverter(Protocol):
     """What the observer runs on a reply (``pool``: only with ``aggregate``)."""
 
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Any: ...  # fmt: skip
+
+
+# An attack may also offer ``estimate(sent, reply, num_examples) -> attacks.estimate.Estimate``:
+# the observer prints its line before the first attack on an update of that size.
 
 
 class Scorer(Protocol):
@@ -74,6 +83,7 @@ class AttackObserver(StrategyWrapper):
         self._sent: ArrayRecord | None = None
         self.history: dict[int, list[Any]] = {}
         self.scores: list[dict[str, Any]] = []
+        self.estimates: dict[int, Any] = {}  # the attack's estimate per update size
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -96,11 +106,12 @@ class AttackObserver(StrategyWrapper):
             pid = int(metrics["partition-id"])
             if pid not in self.targets:
                 continue
-            rec = self.attack.invert(
-                sent, as_tensors(reply.content["arrays"]), int(metrics["num-examples"])
-            )
+            received = as_tensors(reply.content["arrays"])
+            num_examples = int(metrics["num-examples"])
+            outlook = self._outlook(sent, received, num_examples)
+            rec = self.attack.invert(sent, received, num_examples)
             self.history.setdefault(pid, []).append(rec)
-            record = self._score(server_round, pid, sent, rec, "")
+            record = self._score(server_round, pid, sent, rec, "", outlook)
             shown.append((pid, sent, rec))
             if self.aggregate and len(self.history[pid]) > 1:
                 pooled = self.attack.pool(sent, self.history[pid])
@@ -110,9 +121,23 @@ class AttackObserver(StrategyWrapper):
         self._illustrate(server_round, shown)
         return self.inner.aggregate_train(server_round, replies)
 
-    def _score(self, rnd: int, pid: Any, sent: dict, rec: Any, prefix: str) -> dict[str, float]:
-        """Score one reconstruction, log it, update the summary's means; the prefixed scores."""
-        scores = self.scorer.score(pid, rnd, sent, rec)
+    def _outlook(self, sent: dict, received: dict, num_examples: int) -> dict[str, float]:
+        """The attack's ``estimate`` of an update of ``num_examples`` (``attacks.estimate``; one
+        per size, its line printed once before the first such attack runs); {} without one."""
+        if num_examples not in self.estimates:
+            estimate = getattr(self.attack, "estimate", None)
+            if estimate is None:
+                return {}
+            self.estimates[num_examples] = estimate(sent, received, num_examples)
+            print(f"attack estimate: {self.estimates[num_examples].line()}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        return self.estimates[num_examples].metrics()
+
+    def _score(self, rnd: int, pid: Any, sent: dict, rec: Any, prefix: str,
+               outlook: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
+        """Score one reconstruction, log it (with the attack's ``outlook``), update the summary's
+        means; the prefixed scores."""
+        scores = self.scorer.score(pid, rnd, sent, rec) | (outlook or {})
         scores["seconds"] = rec.seconds
         if getattr(rec, "kept_prior", None) is not None:
             scores["kept_prior"] = float(rec.kept_prior)

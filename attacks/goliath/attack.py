@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from flowerbed.attacks.common import (
     DiffusionReplay,
     InversionSettings,
@@ -15,9 +17,11 @@ from flowerbed.attacks.common import (
     Reconstruction,
     Tensors,
 )
+from flowerbed.attacks.estimate import Estimate, timed
 from flowerbed.attacks.goliath.aggregation import aggregate_rounds
-from flowerbed.attacks.goliath.knowledge import prior_rows
-from flowerbed.attacks.goliath.optimisation import invert, rows_score
+from flowerbed.attacks.goliath.knowledge import local_steps, prior_rows, sign_surrogate
+from flowerbed.attacks.goliath.objective import Variables
+from flowerbed.attacks.goliath.optimisation import evaluate, invert, rows_score
 
 
 class TabularInversion:
@@ -34,6 +38,31 @@ class TabularInversion:
         if self.settings.method == "prior":
             return prior_rows(self.replay, num_examples, self.settings.seed)
         return invert(self.knowledge(sent, reply, num_examples), self.settings)
+
+    def estimate(self, sent: Tensors, reply: Tensors, num_examples: int) -> Estimate:
+        """Row visits in the update against the closed form's reach (h/2 visits at width h;
+        none under FedAvg with Adam) and the expected time of the optimisation (module
+        ``attacks.estimate``), before ``invert`` runs."""
+        cfg, know = self.settings, self.knowledge(sent, reply, num_examples)
+        protocol, spec = self.replay.protocol, self.replay.spec
+        fedavg = protocol.kind == "fedavg"
+        epochs = protocol.local_epochs if fedavg else 1
+        per = min(protocol.batch_size, num_examples)
+        steps = local_steps(protocol, num_examples)
+        visits = min(epochs * num_examples, steps * per) if fedavg else num_examples
+        adam = fedavg and protocol.optimizer == "adam"
+        reach = cfg.diffusion.analytic_init and cfg.method != "prior" and not adam
+        if fedavg and num_examples % per:
+            reach = False  # the local-SGD route needs whole minibatches
+        if adam and cfg.diffusion.adam_as_signs and spec.regime == "mixed":
+            know, steps = sign_surrogate(know), 1
+        v = Variables(spec, steps, num_examples, cfg, torch.Generator().manual_seed(0))
+        seconds = timed(lambda: evaluate(know, v, cfg).backward())
+        budget = cfg.iterations + max(cfg.iterations // 10, 1)
+        evaluations = cfg.restarts * budget + 2 * (max(cfg.iterations // 4, 1) + 1)
+        name = "goliath" if cfg.objective == "goliath" else f"{cfg.objective} inversion"
+        return Estimate(name, num_examples, epochs, visits, steps, spec.hidden // 2 if reach else 0,
+                        evaluations if cfg.method != "prior" else 0, seconds)  # fmt: skip
 
     def prior_guess(self, sent: Tensors, reply: Tensors, num_examples: int, seed: int) -> Reconstruction:  # fmt: skip
         """Rows from the public prior alone (``knowledge.prior_rows``); the update is not read."""

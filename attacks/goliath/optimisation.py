@@ -31,7 +31,8 @@ from flowerbed.attacks.goliath.objective import (
 from flowerbed.clients.tabdiff.model import T_MIN, Latents, Rows, k_from_raw, move_chance
 
 
-def _objective(know: Knowledge, v: Variables, cfg: InversionSettings, create_graph: bool = True) -> torch.Tensor:  # fmt: skip
+def evaluate(know: Knowledge, v: Variables, cfg: InversionSettings, create_graph: bool = True) -> torch.Tensor:  # fmt: skip
+    """The engine's objective for the variables ``v`` (one evaluation of its loop)."""
     rows, lats = v.rows(), v.latents()
     sim = simulate(know, rows, lats, create_graph)
     spec, knobs = know.replay.spec, cfg.diffusion
@@ -83,7 +84,7 @@ def _t_grid_search(know: Knowledge, v: Variables, cfg: InversionSettings) -> Non
                 for cand in torch.cat([grid, v.t()[s, i : i + 1]]):
                     v.a[s, i] = torch.logit((cand - T_MIN) / (1 - T_MIN))
                     with torch.enable_grad():
-                        val = float(_objective(know, v, cfg, create_graph=False).detach())
+                        val = float(evaluate(know, v, cfg, create_graph=False).detach())
                     if best is None or val < best:
                         best, best_a = val, float(v.a[s, i])
                 v.a[s, i] = best_a
@@ -143,15 +144,15 @@ def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: A
         opt_l = torch.optim.Adam(lat_vars, lr=lr_lat)
         for c in range(knobs.cycles):
             for _ in range(kx):
-                _step(opt_x, _objective(know, v, cfg), row_vars, cfg.sign)
+                _step(opt_x, evaluate(know, v, cfg), row_vars, cfg.sign)
             if not (knobs.analytic_init and batch == 1) and c < knobs.cycles - 1 and batch <= 8:
                 _t_grid_search(know, v, cfg)
             for _ in range(kl):
-                _step(opt_l, _objective(know, v, cfg), lat_vars, cfg.sign)
+                _step(opt_l, evaluate(know, v, cfg), lat_vars, cfg.sign)
             if mixed:
                 _project_masks(know, v)
         for _ in range(max(cfg.iterations // 10, 1)):  # polish rows on the projected latents
-            _step(opt_x, _objective(know, v, cfg), row_vars, cfg.sign)
+            _step(opt_x, evaluate(know, v, cfg), row_vars, cfg.sign)
     else:
         tensors = row_vars if frozen_latents else row_vars + lat_vars
         opt = torch.optim.Adam(tensors, lr=knobs.lr)
@@ -159,7 +160,7 @@ def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: A
             opt, [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)], 0.1
         ) if cfg.decay else None  # fmt: skip
         for _ in range(cfg.iterations):
-            _step(opt, _objective(know, v, cfg), tensors, cfg.sign)
+            _step(opt, evaluate(know, v, cfg), tensors, cfg.sign)
             if knobs.cat_param == "raw":
                 with torch.no_grad():
                     v.z.clamp_(0, 1)
@@ -300,7 +301,7 @@ def rows_score(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: Inver
         _t_grid_search(know, v, cfg)  # as the engine's own loop
     opt = torch.optim.Adam(lat_vars, lr=knobs.lr * 0.5)
     for _ in range(max(cfg.iterations // 4, 1)):
-        _step(opt, _objective(know, v, cfg), lat_vars, cfg.sign)
+        _step(opt, evaluate(know, v, cfg), lat_vars, cfg.sign)
     if mixed:
         _project_masks(know, v)
     return min(began, _hard_score(know, v, cfg))

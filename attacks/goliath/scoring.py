@@ -48,6 +48,23 @@ def union(truths: list[Truth]) -> Truth:
     )
 
 
+def first_visits(plan: list[np.ndarray]) -> tuple[np.ndarray, list[int], list[int]]:
+    """The distinct local rows a batch plan visits, in the order of their first visit, with the
+    step and the position in that step's batch where each is first seen."""
+    rows: list[int] = []
+    step: list[int] = []
+    slot: list[int] = []
+    seen: set[int] = set()
+    for s, idx in enumerate(plan):
+        for j, r in enumerate(np.asarray(idx).tolist()):
+            if r not in seen:
+                seen.add(r)
+                rows.append(r)
+                step.append(s)
+                slot.append(j)
+    return np.asarray(rows, dtype=np.int64), step, slot
+
+
 class TruthScorer:
     """Rebuilds the rows behind an attacked reply and scores a reconstruction against them."""
 
@@ -59,17 +76,21 @@ class TruthScorer:
         self.stds = {c: float(train[c].std()) for c in self.numeric}
 
     def truth(self, partition_id: int, server_round: int, params: dict[str, torch.Tensor]) -> Truth:
-        """A client's batch of a round: its rows, their latents (the client's own draws)."""
+        """Every row a client's update covers in a round (FedSGD: its one batch; FedAvg: the rows
+        of all local minibatches and epochs, each once, in the order of its first visit -- the
+        reply's num-examples), with the latents of that first visit (the client's own draws)."""
         part, replay = self.source.partition(partition_id), self.replay
         plan, latents = round_plan(self.source.seed, replay.spec, replay.protocol, params,
                                    partition_id, server_round, len(part["ids"]))  # fmt: skip
-        idx = plan[0]
-        num, codes = part["num"][idx], part["codes"][idx]
-        rows = replay.prep.decode(num.double().numpy(), codes.numpy())
-        lat = latents[0]
-        mask = None if lat.mask is None else lat.mask.numpy()
+        rows, step, slot = first_visits(plan)
+        num, codes = part["num"][rows], part["codes"][rows]
+        decoded = replay.prep.decode(num.double().numpy(), codes.numpy())
+        t = np.array([float(latents[s].t[j]) for s, j in zip(step, slot, strict=True)])
+        mask = None  # the mixed regime's [MASK] pattern (every step has one, or none has)
+        if latents[0].mask is not None:
+            mask = np.stack([latents[s].mask[j].numpy() for s, j in zip(step, slot, strict=True)])
         oh = onehot_rows(num, codes, replay.spec.cat_sizes)
-        return Truth(rows, lat.t.numpy(), mask, oh.num, oh.cat, latents)
+        return Truth(decoded, t, mask, oh.num, oh.cat, latents)
 
     def truth_of(
         self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor]

@@ -18,6 +18,7 @@ from flowerbed.attacks.common import (
     Reconstruction,
     Tensors,
 )
+from flowerbed.attacks.estimate import Estimate, timed
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.simulate import distance, observed
@@ -53,6 +54,23 @@ class ModelLossAttack:
         y = torch.randint(self.contract.schema.num_classes, (num_examples,), generator=gen)
         return Reconstruction(x, float("nan"), y=y, decoded=self.contract.decode(x),
                               seconds=time.perf_counter() - start, method=self.name)  # fmt: skip
+
+    def estimate(self, sent: Tensors, reply: Tensors, num_examples: int) -> Estimate:
+        """Row visits and replayed local steps of the update, and the expected time of the
+        optimisation (``attacks.estimate``); the loop has no closed-form reach to report."""
+        know, cfg = self.knowledge(sent, reply, num_examples), self.settings
+        training = self.contract.training
+        plan = training.plan(num_examples)
+        visits = sum(len(range(num_examples)[s]) for s in plan)
+        epochs = training.local_epochs if training.protocol != "fedsgd" else 1
+        gen = torch.Generator().manual_seed(0)
+        x = self.contract.draw(num_examples, gen).to(know.dtype).requires_grad_(True)
+        y = torch.randint(self.contract.schema.num_classes, (num_examples,), generator=gen)
+        seconds = timed(
+            lambda: distance(observed(know, x, y), know.update, cfg.objective).backward()
+        )
+        evaluations = cfg.restarts * cfg.iterations + 2 if cfg.method == "optimised" else 2
+        return Estimate(self.name, num_examples, epochs, visits, len(plan), 0, evaluations, seconds)
 
     def knowledge(self, sent: Tensors, reply: Tensors, num_examples: int) -> Knowledge:
         """What the attacker reads from a reply (the defense-aware attacker reads it through the

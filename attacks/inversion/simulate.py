@@ -26,6 +26,16 @@ def simulate(
     Minibatches follow ``LocalTraining.plan`` (a fixed order); SGD with momentum and Adam match
     ``torch.optim`` step for step (tested against the client's own training).
     """
+    steps = [(x[idx], y[idx]) for idx in contract.training.plan(len(x))]
+    return simulate_steps(contract, params, steps, create_graph)
+
+
+def simulate_steps(
+    contract: ModelLoss, params: dict[str, torch.Tensor],
+    steps: list[tuple[torch.Tensor, torch.Tensor]], create_graph: bool = True,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``simulate`` for given minibatches, one ``(inputs, labels)`` per local step, in order (the
+    FedAvg attack's per-epoch batch assignment)."""
     training = contract.training
     names = list(params)
     state = {k: params[k].detach().requires_grad_(True) for k in names}
@@ -36,8 +46,8 @@ def simulate(
     m = {k: torch.zeros_like(params[k]) for k in names} if adam else {}
     v = {k: torch.zeros_like(params[k]) for k in names} if adam else {}
     b1, b2 = ADAM_BETAS
-    for step, idx in enumerate(training.plan(len(x)), start=1):
-        loss = contract.loss(state, x[idx], y[idx])
+    for step, (xb, yb) in enumerate(steps, start=1):
+        loss = contract.loss(state, xb, yb)
         grads = torch.autograd.grad(loss, [state[k] for k in names], create_graph=create_graph,
                                     allow_unused=True)  # fmt: skip
         new = {}

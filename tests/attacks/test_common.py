@@ -155,7 +155,7 @@ def test_one_settings_constant_covers_both_replays() -> None:
     from flowerbed.attacks.common import with_budget
 
     inversions = [n for n in ATTACKS.names() if hasattr(ATTACKS.get(n), "settings")]
-    assert len(inversions) == 13, inversions
+    assert len(inversions) == 14, inversions
     for name in inversions:
         settings = ATTACKS.get(name).settings
         assert isinstance(settings, InversionSettings), name

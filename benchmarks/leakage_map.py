@@ -1,0 +1,223 @@
+"""Benchmark: a map of where leakage stops on the classifier workloads (issue 50).
+
+Per workload, the strongest attack's advantage over the prior, as a mean and a 95 % bootstrap
+interval over seeds x attacked clients. The grid: rows per client a round x local epochs x local
+optimizer (SGD with momentum 0.9, Adam) x attacked round (1 = untrained; ``--trained R`` = after
+R rounds of in-process FedAvg of every client's own ``fit``, example-weighted). The strongest
+attack is the larger of the attacks' advantages on each repeat (a worst case over the attacks
+tried, each prior-keeping):
+
+- ``tabular-mlp`` (quickstart, Adult): TabLeak (``support`` on: the category support read from
+  the zero first-layer columns, exact under SGD and Adam);
+- ``digits`` (digits MLP): Inverting Gradients unrolled and ``dimitrov-fedavg``.
+
+Batch size is min(rows, 32); FedAvg throughout (the server sees the model delta). It writes
+``leakage_map.csv`` (one row per repeat), ``leakage_map.md`` (the table) and ``leakage_map.png``
+(a heatmap per workload x optimizer x round: rows per client x local epochs, coloured by the
+mean advantage, the interval written in each cell).
+
+    python -m benchmarks.leakage_map --out DIR            # the shipped grid (below)
+    python -m benchmarks.leakage_map --quick --out DIR    # 1 seed, 1 client, tiny (seconds)
+
+Shipped grid: rows {8, 32} x epochs {1, 2} x {sgd, adam} x rounds {1, trained 5}, 3 seeds x 8
+clients (4 attacked), 50 attack steps (toy budgets for a 2-core machine). ``--rows``,
+``--epochs``, ``--seeds``, ``--clients``, ``--attacked``, ``--iterations`` and ``--trained``
+widen it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from flwr.app import RecordDict
+
+WORKLOADS = {
+    "tabular-mlp": ("quickstart", ["dataset.max_rows=2000"], "lr_sgd=0.5", "lr_adam=0.01"),
+    "digits": ("digits-classifier", [], "lr_sgd=0.1", "lr_adam=0.01"),
+}
+
+
+def _lr(workload: str, optimizer: str) -> float:
+    spec = dict(s.split("=") for s in WORKLOADS[workload][2:])
+    return float(spec[f"lr_{optimizer}"])
+
+
+def _config(workload: str, seed: int, rows: int, epochs: int, optimizer: str, clients: int):  # noqa: ANN202
+    from flowerbed.server.experiment import load_experiment
+
+    preset, extra = WORKLOADS[workload][:2]
+    return load_experiment(preset, ["engine=inline", f"seed={seed}", f"clients.num={clients}",
+                                    *extra, "workload.params.protocol=fedavg",
+                                    f"workload.params.batch_size={min(rows, 32)}",
+                                    f"workload.params.local_epochs={epochs}",
+                                    f"workload.params.round_examples={rows}",
+                                    f"workload.params.optimizer={optimizer}",
+                                    f"workload.params.lr={_lr(workload, optimizer)}"])  # fmt: skip
+
+
+def _attacks(workload: str, replay, seed: int, iterations: int) -> dict:  # noqa: ANN001
+    from flowerbed.attacks.baseline_common import IG, TABLEAK
+    from flowerbed.attacks.dimitrov_fedavg import SETTINGS, DimitrovEngine
+    from flowerbed.attacks.inversion.attack import ModelLossAttack
+    from flowerbed.attacks.prior import keep_prior
+
+    if workload == "tabular-mlp":
+        tableak = replace(TABLEAK, iterations=iterations, restarts=1, seed=seed)
+        return {"tableak": keep_prior(ModelLossAttack(replay, tableak, "tableak"), seed)}
+    return {
+        "inverting-gradients": keep_prior(
+            ModelLossAttack(replay, replace(IG, iterations=iterations, seed=seed)), seed),
+        "dimitrov-fedavg": keep_prior(
+            DimitrovEngine(replay, replace(SETTINGS, iterations=iterations, seed=seed)), seed),
+    }  # fmt: skip
+
+
+def _global(work, rounds: int, clients: int):  # noqa: ANN001, ANN202
+    """The global arrays after ``rounds`` rounds of FedAvg of every client's own ``fit``."""
+    from flwr.app import ArrayRecord
+
+    arrays = work.init_arrays()
+    for rnd in range(1, rounds + 1):
+        total, acc = 0, None
+        for pid in range(clients):
+            data = work.load_partition(pid, clients)
+            reply, m = work.fit(arrays, data, {"partition-id": pid, "server-round": rnd},
+                                RecordDict())  # fmt: skip
+            n = int(m["num-examples"])
+            state = {k: v.double() * n for k, v in reply.to_torch_state_dict().items()}
+            acc = state if acc is None else {k: acc[k] + state[k] for k in acc}
+            total += n
+        arrays = ArrayRecord({k: (v / total).float() for k, v in acc.items()})
+    return arrays
+
+
+def cell(workload: str, seed: int, rows: int, epochs: int, optimizer: str, rnd: int,
+         clients: int, attacked: int, iterations: int) -> list[dict]:  # fmt: skip
+    """One grid cell at one seed: a record per attacked client (every attack's advantage)."""
+    from flowerbed.attacks.common import ModelLossReplay
+    from flowerbed.attacks.inversion.scoring import ClassifierScorer
+    from flowerbed.clients.workloads import build_workload
+    from flowerbed.server.runner import truth_source
+
+    cfg = _config(workload, seed, rows, epochs, optimizer, clients)
+    work = build_workload(cfg)
+    scorer = ClassifierScorer(truth_source(cfg, work))
+    arrays = _global(work, rnd - 1, clients)
+    attacks = _attacks(workload, ModelLossReplay(work.model_loss()), seed, iterations)
+    sent = {k: v.float() for k, v in arrays.to_torch_state_dict().items()}
+    out = []
+    for pid in range(attacked):
+        data = work.load_partition(pid, clients)
+        reply, m = work.fit(arrays, data, {"partition-id": pid, "server-round": rnd}, RecordDict())
+        got = {k: v.float() for k, v in reply.to_torch_state_dict().items()}
+        n = int(m["num-examples"])
+        record = {"workload": workload, "rows": rows, "epochs": epochs, "optimizer": optimizer,
+                  "round": rnd, "seed": seed, "client": pid}  # fmt: skip
+        for name, attack in attacks.items():
+            scores = scorer.score(pid, rnd, sent, attack.invert(sent, got, n))
+            record[f"{name}.advantage"] = scores["advantage"]
+            record[f"{name}.prior"] = scores["prior"]
+        record["strongest"] = max(record[f"{a}.advantage"] for a in attacks)
+        out.append(record)
+    return out
+
+
+def table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per grid cell: the strongest attack's mean advantage and 95 % bootstrap interval."""
+    from flowerbed.server.sweep_stats import bootstrap
+
+    keys = ["workload", "optimizer", "round", "rows", "epochs"]
+    rows = []
+    for key, group in frame.groupby(keys, sort=True):
+        est = bootstrap(group["strongest"].to_numpy())
+        rows.append(dict(zip(keys, key, strict=True)) | {"advantage": est.mean, "lo": est.lo,
+                                                          "hi": est.hi, "repeats": est.n})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def heatmap(summary: pd.DataFrame, path: Path) -> None:
+    """One panel per workload x optimizer x round: rows per client (y) x local epochs (x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(summary.groupby(["workload", "optimizer", "round"], sort=True))
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    for ax, ((workload, optimizer, rnd), part) in zip(axes.flat, panels, strict=False):
+        rows, epochs = sorted(part["rows"].unique()), sorted(part["epochs"].unique())
+        grid = np.full((len(rows), len(epochs)), np.nan)
+        for _, r in part.iterrows():
+            i, j = rows.index(r["rows"]), epochs.index(r["epochs"])
+            grid[i, j] = r["advantage"]
+            band = "" if np.isnan(r["lo"]) else f"\n[{r['lo']:.2f}, {r['hi']:.2f}]"
+            ax.text(j, i, f"{r['advantage']:.2f}{band}", ha="center", va="center", fontsize=9,
+                    color="white" if r["advantage"] < 0.5 else "black")  # fmt: skip
+        image = ax.imshow(grid, vmin=-0.2, vmax=1.0, cmap="viridis", origin="lower")
+        ax.set_xticks(range(len(epochs)), [str(e) for e in epochs])
+        ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+        ax.set_xlabel("local epochs")
+        ax.set_ylabel("rows per client a round")
+        ax.set_title(f"{workload}, {optimizer}, round {rnd}", fontsize=10)
+    fig.colorbar(
+        image, ax=axes.ravel().tolist(), label="strongest attack's advantage over the prior"
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, 1 client, 8 rows, 1 epoch")
+    ap.add_argument("--out", type=Path, default=Path("leakage-map"))
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--rows", nargs="+", type=int, default=[8, 32])
+    ap.add_argument("--epochs", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--optimizers", nargs="+", default=["sgd", "adam"], choices=["sgd", "adam"])
+    ap.add_argument(
+        "--trained", type=int, default=5, help="rounds of FedAvg before the late attack"
+    )
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--attacked", type=int, default=4, help="clients attacked per cell")
+    ap.add_argument("--iterations", type=int, default=50)
+    args = ap.parse_args()
+    if args.quick:
+        args.rows, args.epochs, args.optimizers = [8], [1], ["adam"]
+        args.trained, args.seeds, args.clients, args.attacked, args.iterations = 1, 1, 4, 1, 3
+    rounds = sorted({1, args.trained + 1})
+    records = []
+    grid = itertools.product(args.workloads, args.rows, args.epochs, args.optimizers, rounds,
+                             range(args.seeds))  # fmt: skip
+    for workload, rows, epochs, optimizer, rnd, seed in grid:
+        records += cell(workload, seed, rows, epochs, optimizer, rnd, args.clients, args.attacked,
+                        args.iterations)  # fmt: skip
+        last = records[-1]
+        print(f"{workload} rows={rows} epochs={epochs} {optimizer} round={rnd} seed={seed}: "
+              f"strongest {last['strongest']:+.3f}", flush=True)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(records)
+    frame.to_csv(args.out / "leakage_map.csv", index=False)
+    summary = table(frame)
+    lines = ["| workload | optimizer | round | rows | epochs | strongest advantage [95 %] | repeats |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, r in summary.iterrows():
+        lines.append(f"| {r['workload']} | {r['optimizer']} | {r['round']} | {r['rows']} | "
+                     f"{r['epochs']} | {r['advantage']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
+                     f"{r['repeats']} |")  # fmt: skip
+    (args.out / "leakage_map.md").write_text("\n".join(lines) + "\n")
+    heatmap(summary, args.out / "leakage_map.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
