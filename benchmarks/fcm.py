@@ -172,6 +172,7 @@ CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_warm_up_of_grown_concepts_raises_task_accuracy_on_generated_tasks",
     "tests/clients/test_fcm.py::test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks",
     "tests/strategies/test_fcm.py",
+    "tests/clients/test_fcm_user_tasks.py::test_fcm_learns_lacked_and_late_concepts_on_a_user_task",
 ]
 
 

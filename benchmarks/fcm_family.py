@@ -254,7 +254,12 @@ def summary(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
             [100 * (tm["F-CMs"] - tm[best]) for tm in rows if best in tm], "min"
         )
         out["task_fcm_minus_best_non_adaptive_per_task"] = _dist(
-            [100 * (tm["F-CMs"] - max(tm[m] for m in present if m in tm)) for tm in rows], "min"
+            [
+                100 * (tm["F-CMs"] - max(tm[m] for m in present if m in tm))
+                for tm in rows
+                if any(m in tm for m in present)
+            ],
+            "min",
         )
     full = "Federated, full concept labels"
     out["task_gap_to_full_labels"] = _dist(

@@ -68,3 +68,47 @@ def test_user_schedule_has_single_holders_and_the_last_concept_last() -> None:
 def test_user_task_kind_is_checked() -> None:
     with pytest.raises(ConfigError, match="unknown user task kind 'sum'.*threshold"):
         user_task(0, kind="sum")
+
+
+# -- claim test: F-CMs on a task of the kind users write (issue 54) --------------------------------
+
+
+def _user_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
+    """One 10-round run of ``user_task(21)`` (six concepts, a threshold over several of them XOR
+    the last one, which arrives at round 5; two single-holder concepts; 4 clients): F-CMs
+    (``fcm``) or FedAvg on the fixed round-1 concept set (``fixed``)."""
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
+
+    task = user_task(21, concepts=6, inputs=8, kind="threshold", depth=2)
+    schedule = user_schedule(21, tuple(task["concepts"]), 4, last_round=5)
+    overrides = ["engine=inline", f"output.dir={tmp_path / arm / str(seed)}", "output.plots=false"]
+    overrides += [f"seed={seed}", "rounds=10", "clients.num=4", "workload.params.n_train=120"]
+    overrides += ["workload.params.n_test=300", "workload.params.scenario=schedule"]
+    if arm == "fixed":
+        overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
+        overrides += ["workload.params.train_lacked=true"]
+    cfg = load_experiment("fcm-dag9-threshold", overrides)
+    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    return run_inline(cfg)["metrics"]
+
+
+def test_fcm_learns_lacked_and_late_concepts_on_a_user_task(tmp_path) -> None:
+    """Claim (issue 54) on the new kind of task, seeds 0-2: every client predicts the concepts it
+    never labelled (lacked-concept accuracy >= 0.7; FedAvg on the fixed concept set is at chance
+    there), the model grows to every concept and its concept accuracy is 10 points above the fixed
+    concept set's, at no task accuracy (measured: lacked 0.781 vs 0.485, concept accuracy 0.770
+    vs 0.552, task accuracy 0.712 vs 0.691). Not claimed here: task accuracy within 1 point of the
+    federated full-label arm, which these tasks do not reach (docs/fcm.md, issue 54)."""
+    runs = {a: [_user_run(tmp_path, s, a) for s in (0, 1, 2)] for a in ("fcm", "fixed")}
+
+    def mean(arm: str, key: str) -> float:
+        return float(np.mean([m[key] for m in runs[arm]]))
+
+    assert all(m["central.n_concepts"] == 6 for m in runs["fcm"])
+    assert mean("fcm", "eval.concept_acc_lacked") >= 0.7
+    assert mean("fcm", "eval.concept_acc_lacked") >= mean("fixed", "eval.concept_acc_lacked") + 0.2
+    assert (
+        mean("fcm", "central.concept_accuracy") >= mean("fixed", "central.concept_accuracy") + 0.1
+    )
+    assert mean("fcm", "central.task_accuracy") >= mean("fixed", "central.task_accuracy") - 0.02
