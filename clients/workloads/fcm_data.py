@@ -356,6 +356,129 @@ def random_schedule(
     }
 
 
+#: kinds of ``user_task``: what a task formula written by a user looks like
+USER_KINDS = ("threshold", "count", "xor-late", "vote-late")
+
+
+def user_task(
+    seed: int, concepts: int = 9, inputs: int = 12, kind: str = "threshold", depth: int = 3,
+    name: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A generated task spec of the kind users write (issue 54), harder than ``random_dag_task``:
+
+    - inputs shared by several concepts (each concept reads 2-3 of ``inputs`` inputs, and every
+      concept after the first reuses at least one input an earlier concept read);
+    - deeper DAGs: concept ``j`` combines its threshold with up to ``depth`` earlier concepts,
+      one of them always the previous concept when ``j >= 2`` (chains of length ``concepts``);
+    - a task over many concepts jointly, with the *last* concept (the one a schedule makes
+      arrive last) in it: ``threshold`` ``(c_a + c_b + ... >= t) ^ c_last`` over 4-6 concepts,
+      ``count`` the number present among 5-7 concepts (an integer task), ``xor-late`` an
+      and/or formula over 3-4 concepts XOR ``c_last``, ``vote-late`` a signed weighted vote over
+      4-6 concepts AND/OR/XOR ``c_last``.
+
+    Redrawn until every concept has a positive rate in [0.2, 0.8] and the task is balanced
+    (binary: rate in [0.25, 0.75]; ``count``: no class above 0.6)."""
+    if kind not in USER_KINDS:
+        raise ConfigError(f"unknown user task kind '{kind}' (allowed: {', '.join(USER_KINDS)})")
+    rng = np.random.default_rng([seed, 5454])
+    last = f"c{concepts - 1}"
+    for _ in range(400):
+        formulas: dict[str, str] = {}
+        seen: list[int] = []
+        for j in range(concepts):
+            width = int(rng.integers(2, 4))
+            cols = list(rng.choice(inputs, size=width, replace=False))
+            if seen and not set(cols) & set(seen):  # share an input with an earlier concept
+                cols[0] = int(rng.choice(seen))
+                cols = list(dict.fromkeys(cols))
+            seen = sorted({*seen, *(int(c) for c in cols)})
+            terms = " + ".join(f"{rng.normal():.2f} * x{c}" for c in cols)
+            form = f"({terms} > {0.3 * rng.normal():.2f})"
+            parents: list[int] = []
+            if j >= 2:
+                parents.append(j - 1)
+            if j:
+                extra = int(rng.integers(0, depth))
+                pool = [p for p in range(j) if p not in parents]
+                parents += [
+                    int(p) for p in rng.choice(pool, size=min(extra, len(pool)), replace=False)
+                ]
+            for p in parents[:depth]:
+                form = f"({form} {rng.choice(['&', '|', '^'])} c{p})"
+            formulas[f"c{j}"] = form
+        spec: dict[str, Any] = {
+            "name": name or f"user-{kind}-{concepts}-{seed}", "inputs": inputs, "concepts": formulas,
+        }  # fmt: skip
+        others = [f"c{j}" for j in range(concepts - 1)]
+        if kind == "count":
+            used = list(
+                rng.choice(others, size=min(len(others), int(rng.integers(4, 7))), replace=False)
+            )
+            used.append(last)
+            spec["task"] = " + ".join(str(u) for u in used)
+            spec["classes"] = len(used) + 1
+        elif kind == "xor-late":
+            used = list(
+                rng.choice(others, size=min(len(others), int(rng.integers(3, 5))), replace=False)
+            )
+            body = str(used[0])
+            for c in used[1:]:
+                body = f"({body} {rng.choice(['&', '|'])} {c})"
+            spec["task"] = f"({body} ^ {last})"
+        else:
+            used = list(
+                rng.choice(others, size=min(len(others), int(rng.integers(4, 7))), replace=False)
+            )
+            if kind == "threshold":
+                t = int(rng.integers(2, len(used)))
+                spec["task"] = f"(({' + '.join(str(u) for u in used)} >= {t}) ^ {last})"
+            else:
+                w = rng.choice([-1, 1], size=len(used)) * rng.uniform(0.5, 1.5, size=len(used))
+                votes = " + ".join(f"{a:.2f} * {c}" for a, c in zip(w, used, strict=True))
+                cut = w[w < 0].sum() + 0.5 * np.abs(w).sum()
+                spec["task"] = f"(({votes} > {cut:.2f}) {rng.choice(['&', '|', '^'])} {last})"
+        _, c, y = formula_task(spec).sample(4000, np.random.default_rng(seed), "train")
+        rates = c.mean(0)
+        if kind == "count":
+            balanced = np.bincount(y).max() / len(y) <= 0.6
+        else:
+            balanced = 0.25 <= y.mean() <= 0.75
+        if balanced and ((rates > 0.2) & (rates < 0.8)).all():
+            return spec
+    raise RuntimeError("no balanced user task found")
+
+
+def user_schedule(
+    seed: int, concept_names: tuple[str, ...], num_clients: int, last_round: int, singles: int = 2
+) -> dict[str, Any]:
+    """A generated schedule for ``user_task``: 3 concepts from round 1, the others at random rounds
+    in 2..``last_round`` in order, the last concept (the one the task needs) at ``last_round``;
+    ``singles`` concepts held by one client (one of them arriving late), the others by 2-3
+    clients; every client holds at least one concept."""
+    rng = np.random.default_rng([seed, 999])
+    k = len(concept_names)
+    early = min(k, 3)
+    late = sorted(int(r) for r in rng.integers(2, last_round + 1, size=k - early))
+    if late:
+        late[-1] = last_round
+    rounds = [1] * early + late
+    single = {int(rng.integers(early, k))} if k > early else set()
+    while len(single) < min(singles, k):
+        single.add(int(rng.integers(k)))
+    holders = [
+        [int(rng.integers(num_clients))] if j in single
+        else sorted(int(c) for c in rng.choice(num_clients, size=int(rng.integers(2, 4)), replace=False))
+        for j in range(k)
+    ]  # fmt: skip
+    for client in range(num_clients):  # nobody without labels: join a multi-holder concept
+        if not any(client in h for h in holders):
+            j = int(rng.choice([j for j in range(k) if j not in single]))
+            holders[j] = sorted({*holders[j], client})
+    return {
+        name: {"clients": holders[j], "round": rounds[j]} for j, name in enumerate(concept_names)
+    }
+
+
 #: names of the built-in tasks
 DATASETS = tuple(TASKS)
 

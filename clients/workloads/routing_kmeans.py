@@ -19,9 +19,11 @@ from flowerbed.clients.workloads.routing.kmeans import (
     KMeansConfig,
     KMeansRouter,
     cluster_stats,
+    fit_kmeans_router,
     lloyd_stats,
     local_kmeans_init,
 )
+from flowerbed.clients.workloads.routing.metrics import score_router
 
 
 @WORKLOADS.register(
@@ -82,9 +84,21 @@ class RoutingKMeans(RoutingWorkload):
         return own.predict(emb)
 
     def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+        """The global and personalised routers (``RoutingWorkload.evaluate``) and, as the
+        baseline of the paper's claim, ``local_*``: the client-local router (the same learner on
+        the client's own evaluations alone, as many Lloyd steps as the federated run, routing only
+        to the models the client evaluated) on the same test set."""
         if float(arrays["ready"].numpy()[0]) == 0:
             return {"num-examples": len(data["test"])}
-        return super().evaluate(arrays, data, config)
+        metrics = super().evaluate(arrays, data, config)
+        pid, test = int(config["partition-id"]), data["test"]
+        iters = max(1, self.ctx.rounds - 1)
+        own = fit_kmeans_router(data["train"], self.params, iters, self.ctx.seed + pid)
+        local = score_router(*own.predict(test.emb), test, allowed=data["coverage"],
+                             size=self.params.lambdas)  # fmt: skip
+        for key in ("auc", "auc_norm", "apgr"):
+            metrics[f"local_{key}"] = getattr(local, key)
+        return metrics
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         if float(arrays["ready"].numpy()[0]) == 0:

@@ -1,0 +1,114 @@
+"""F-CMs on tasks of the kind users write (issue 54): the generator and the claim on it."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.workloads.fcm_data import (
+    USER_KINDS,
+    formula_task,
+    schedule_scenario,
+    user_schedule,
+    user_task,
+)
+
+torch.set_num_threads(1)
+logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+def _parents(formula: str) -> set[str]:
+    return set(re.findall(r"\bc\d+\b", formula))
+
+
+def _inputs(formula: str) -> set[str]:
+    return set(re.findall(r"\bx\d+\b", formula))
+
+
+@pytest.mark.parametrize("kind", USER_KINDS)
+def test_user_task_needs_many_concepts_and_the_late_one(kind: str) -> None:
+    spec = user_task(3, concepts=9, inputs=12, kind=kind, depth=3)
+    assert spec == user_task(3, concepts=9, inputs=12, kind=kind, depth=3)  # seeded
+    concepts = spec["concepts"]
+    x, c, y = formula_task(spec).sample(3000, np.random.default_rng(1), "train")
+    assert ((c.mean(0) > 0.15) & (c.mean(0) < 0.85)).all()
+    assert np.bincount(y).max() / len(y) <= (0.62 if kind == "count" else 0.78)
+    used = _parents(spec["task"])
+    assert "c8" in used  # the concept a schedule makes arrive last
+    assert len(used) >= (4 if kind == "xor-late" else 5)
+    # deeper DAGs: from c2 on every concept reads the previous one (a chain through all nine)
+    assert all(f"c{j - 1}" in _parents(concepts[f"c{j}"]) for j in range(2, 9))
+    # inputs shared: every concept after the first reads an input an earlier concept read
+    for j in range(1, 9):
+        earlier = set().union(*(_inputs(concepts[f"c{i}"]) for i in range(j)))
+        assert _inputs(concepts[f"c{j}"]) & earlier
+    if kind == "count":
+        assert spec["classes"] == len(used) + 1
+
+
+def test_user_schedule_has_single_holders_and_the_last_concept_last() -> None:
+    names = tuple(user_task(4, concepts=8, inputs=10)["concepts"])
+    for seed in range(6):
+        schedule = user_schedule(seed, names, 7, last_round=20)
+        assert schedule == user_schedule(seed, names, 7, last_round=20)
+        rounds = [schedule[n]["round"] for n in names]
+        assert rounds[:3] == [1, 1, 1] and rounds[-1] == 20 == max(rounds)
+        assert rounds == sorted(rounds)
+        singles = [n for n in names if len(schedule[n]["clients"]) == 1]
+        assert len(singles) >= 2 and any(schedule[n]["round"] > 1 for n in singles)
+        assert set().union(*(e["clients"] for e in schedule.values())) == set(range(7))
+        schedule_scenario(schedule, names, 7)  # a valid schedule
+
+
+def test_user_task_kind_is_checked() -> None:
+    with pytest.raises(ConfigError, match="unknown user task kind 'sum'.*threshold"):
+        user_task(0, kind="sum")
+
+
+# -- claim test: F-CMs on a task of the kind users write (issue 54) --------------------------------
+
+
+def _user_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
+    """One 10-round run of ``user_task(21)`` (six concepts, a threshold over several of them XOR
+    the last one, which arrives at round 5; two single-holder concepts; 4 clients): F-CMs
+    (``fcm``) or FedAvg on the fixed round-1 concept set (``fixed``)."""
+    from flowerbed.apps.inline import run_inline
+    from flowerbed.server.experiment import load_experiment
+
+    task = user_task(21, concepts=6, inputs=8, kind="threshold", depth=2)
+    schedule = user_schedule(21, tuple(task["concepts"]), 4, last_round=5)
+    overrides = ["engine=inline", f"output.dir={tmp_path / arm / str(seed)}", "output.plots=false"]
+    overrides += [f"seed={seed}", "rounds=10", "clients.num=4", "workload.params.n_train=120"]
+    overrides += ["workload.params.n_test=300", "workload.params.scenario=schedule"]
+    if arm == "fixed":
+        overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
+        overrides += ["workload.params.train_lacked=true"]
+    cfg = load_experiment("fcm-dag9-threshold", overrides)
+    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    return run_inline(cfg)["metrics"]
+
+
+def test_fcm_learns_lacked_and_late_concepts_on_a_user_task(tmp_path) -> None:
+    """Claim (issue 54) on the new kind of task, seeds 0-2: every client predicts the concepts it
+    never labelled (lacked-concept accuracy >= 0.7; FedAvg on the fixed concept set is at chance
+    there), the model grows to every concept and its concept accuracy is 10 points above the fixed
+    concept set's, at no task accuracy (measured: lacked 0.781 vs 0.485, concept accuracy 0.770
+    vs 0.552, task accuracy 0.712 vs 0.691). Not claimed here: task accuracy within 1 point of the
+    federated full-label arm, which these tasks do not reach (docs/fcm.md, issue 54)."""
+    runs = {a: [_user_run(tmp_path, s, a) for s in (0, 1, 2)] for a in ("fcm", "fixed")}
+
+    def mean(arm: str, key: str) -> float:
+        return float(np.mean([m[key] for m in runs[arm]]))
+
+    assert all(m["central.n_concepts"] == 6 for m in runs["fcm"])
+    assert mean("fcm", "eval.concept_acc_lacked") >= 0.7
+    assert mean("fcm", "eval.concept_acc_lacked") >= mean("fixed", "eval.concept_acc_lacked") + 0.2
+    assert (
+        mean("fcm", "central.concept_accuracy") >= mean("fixed", "central.concept_accuracy") + 0.1
+    )
+    assert mean("fcm", "central.task_accuracy") >= mean("fixed", "central.task_accuracy") - 0.02
