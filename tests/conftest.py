@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "tests/clients/test_dsm.py",
     "tests/server/test_engines.py",
     "tests/attacks/test_adaptive.py",
+    "tests/clients/test_fcm.py",
 )
 
 
