@@ -85,8 +85,8 @@ def main() -> None:
             label = f"eps {strength:g}" if path.startswith("local") else f"sigma {strength:g}"
             seconds = float(np.mean([r[1] for r in runs]))
             print(f"| {path} | {label} | {runs[0][0]['epsilon_step']:.3f} | {bounds.mean():.3f} "
-                  f"[{bounds.min():.3f}, {bounds.max():.3f}] | {mutant['epsilon_audit']:.3f} | "
-                  f"{runs[0][0]['epsilon_audit_max']:.3f} | {seconds:.2f} |")  # fmt: skip
+                  f"[{bounds.min():.3f}, {bounds.max():.3f}] | {mutant['epsilon_audit_step']:.3f} | "
+                  f"{runs[0][0]['epsilon_audit_step_max']:.3f} | {seconds:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
