@@ -9,8 +9,13 @@ the config is resolved: ``fcm`` needs ``concept-registry``, ``fed-kmeans`` ``kme
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.strategies import STRATEGIES
 
@@ -78,3 +83,16 @@ def published_rule(cfg: dict[str, Any]) -> Any:
     cls = STRATEGIES.get(cfg["strategy"]["name"])
     publish = getattr(cls, "aggregation_rule", None)
     return None if publish is None else publish(strategy_params(cfg))
+
+
+class RemembersSent(FedAvg):
+    """A FedAvg whose ``configure_train`` keeps the model it sends (``self._sent``), for a strategy
+    that works on updates (reply minus sent model): Flower's strategies do not keep it."""
+
+    _sent: ArrayRecord | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._sent = arrays
+        return super().configure_train(server_round, arrays, config, grid)

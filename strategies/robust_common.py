@@ -21,13 +21,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import (
     aggregate_metricrecords,
     validate_message_reply_consistency,
 )
+
+from flowerbed.strategies.context import RemembersSent
 
 #: reply metric naming the client (set by the ClientApp)
 PARTITION = "partition-id"
@@ -135,7 +135,7 @@ class Combined:
     report: dict[str, float] = field(default_factory=dict)
 
 
-class RobustFedAvg(FedAvg):
+class RobustFedAvg(RemembersSent):
     """Flower ``FedAvg`` whose ``aggregate_train`` applies :meth:`combine` to client updates.
 
     ``configure_train`` remembers the model it sends; ``aggregate_train`` subtracts it from every
@@ -145,13 +145,6 @@ class RobustFedAvg(FedAvg):
     def __init__(self, *, seed: int = 0, **sampling: object) -> None:
         super().__init__(**sampling)  # type: ignore[arg-type]
         self.seed = seed
-        self._sent: ArrayRecord | None = None
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        self._sent = arrays
-        return super().configure_train(server_round, arrays, config, grid)
 
     def combine(self, server_round: int, updates: np.ndarray, contents: list[RecordDict]) -> Combined:  # fmt: skip
         """The aggregate of ``updates`` (n × d, float64) — each rule's own."""

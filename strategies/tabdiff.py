@@ -13,30 +13,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import RemembersSent, StrategyContext
 
 K_KEY = "k_raw"
 
 
-class TabDiffFedAvg(FedAvg):
+class TabDiffFedAvg(RemembersSent):
     def __init__(self, learnable_k: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.learnable_k = learnable_k
-        self._sent: ArrayRecord | None = None
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        self._sent = arrays
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
