@@ -61,7 +61,7 @@ from flowerbed.clients.tabdiff.training import local_update
 from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
 from flowerbed.clients.workloads.tabdiff import encoded
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 ATTACK_NAMES = ["goliath", "tableak", "inverting-gradients", "dlg", "idlg", "random", "oracle"]
 MODEL_LOSS_ATTACKS = ["analytic-fc", "inverting-gradients", "idlg", "dlg", "random"]
