@@ -102,7 +102,7 @@ def deploy_certs(
     """Write what is missing of a CA, a SuperLink certificate and SuperNode keys; keep the rest."""
     import shutil
 
-    from flowerbed.server.deploy import ensure_credentials, parse_owner
+    from flowerbed.server.credentials import ensure_credentials, parse_owner
 
     try:
         uid_gid = parse_owner(owner) if owner else None
