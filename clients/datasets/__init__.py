@@ -9,6 +9,7 @@ and what they share (cleaning, the fixed stratified split, the scikit-learn load
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import warnings
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import content_key
 from flowerbed.clients.core.registry import Registry
@@ -169,9 +171,15 @@ def dataset_key(dataset_cfg: dict[str, Any]) -> str:
     return content_key({"dataset": dataset_cfg})
 
 
-def load_table(dataset_cfg: dict[str, Any]) -> Table:
+def key_section(key: str) -> dict[str, Any]:
+    """The dataset section (a plain dict) a :func:`dataset_key` was made of."""
+    section: dict[str, Any] = json.loads(key)["cfg"]["dataset"]
+    return section
+
+
+def load_table(dataset: DatasetConfig) -> Table:
     """Load the configured table (cached per process; a rewritten file is read again)."""
-    return _load_cached(dataset_key(dataset_cfg))
+    return _load_cached(dataset_key(dataclasses.asdict(dataset)))
 
 
 def table_from_key(key: str) -> Table:
@@ -181,13 +189,14 @@ def table_from_key(key: str) -> Table:
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(key: str) -> Table:
-    cfg = json.loads(key)["cfg"]["dataset"]
-    table = DATASETS.get(cfg["name"]).load(cfg)
-    if cfg.get("max_rows"):
-        n = int(cfg["max_rows"])
+    section = key_section(key)
+    dataset = DatasetConfig(**section)
+    table = DATASETS.get(dataset.name).load(section)
+    if dataset.max_rows:
+        n = int(dataset.max_rows)
         table = Table(table.train.iloc[:n].reset_index(drop=True), table.test, table.schema)
-    if cfg.get("resample_rows"):
-        table = Table(resample(table.train, int(cfg["resample_rows"])), table.test, table.schema)
+    if dataset.resample_rows:
+        table = Table(resample(table.train, int(dataset.resample_rows)), table.test, table.schema)
     return table
 
 

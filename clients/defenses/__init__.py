@@ -35,14 +35,14 @@ metric ``wire-bytes``; the server counts dense array bytes for replies without i
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import NoParams, Registry
 
 DEFENSES = Registry("defense", (__name__,))
@@ -139,13 +139,12 @@ class DefenseContext:
     run_key: str
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any]) -> DefenseContext:
-        """The context of a resolved experiment config."""
-        clients = cfg["clients"]
-        num = int(clients["num"])
-        sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
-        key = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
-        return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, key)
+    def of(cls, experiment: Experiment) -> DefenseContext:
+        """The context of a resolved experiment."""
+        clients = experiment.clients
+        return cls(
+            experiment.seed, experiment.rounds, clients.num, clients.sampled(), experiment.run_key()
+        )
 
 
 class Defense:
@@ -226,12 +225,12 @@ def update_mod(
     return mod
 
 
-def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
+def build_defenses(experiment: Experiment) -> list[Defense]:
     """The configured defenses, in the order listed, each with its Params and the run's context."""
-    if not cfg["defenses"]:
+    if not experiment.defenses:
         return []
-    ctx = DefenseContext.of(cfg)
-    return [DEFENSES.get(d["name"])(ctx, d["params"]) for d in cfg["defenses"]]
+    ctx = DefenseContext.of(experiment)
+    return [DEFENSES.get(d.name)(ctx, d.params) for d in experiment.defenses]
 
 
 def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:
@@ -240,6 +239,6 @@ def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:
     return [m for defense in defenses for m in defense.mechanism()]
 
 
-def published_mechanisms(cfg: Mapping[str, Any]) -> list[Mechanism]:
+def published_mechanisms(experiment: Experiment) -> list[Mechanism]:
     """Every configured defense's public mechanism, in the order the defenses are listed."""
-    return mechanisms_of(build_defenses(cfg))
+    return mechanisms_of(build_defenses(experiment))

@@ -117,11 +117,11 @@ class DigitsClassifier(ClassifierWorkload):
         test_fraction_local: float = param(0.2, ge=0, lt=1)
 
     @classmethod
-    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
+    def withheld(cls, params: Params) -> dict[Capability, str]:
         out = {}
-        if params.get("model") == "cnn":
+        if params.model == "cnn":
             out[Capability.LINEAR_FIRST_LAYER] = "model=cnn starts with a convolution"
-        elif params.get("protocol") == "fedavg" and params.get("optimizer") == "adam":
+        elif params.protocol == "fedavg" and params.optimizer == "adam":
             out[Capability.LINEAR_FIRST_LAYER] = "Adam local steps keep only gradient signs"
         return out
 

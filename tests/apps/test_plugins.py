@@ -99,9 +99,9 @@ def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tm
     )
     script = (
         "import json, sys\n"
-        "from flowerbed.clients.runtime import _client_config\n"
+        "from flowerbed.clients.runtime import client_experiment\n"
         "from flowerbed.clients.defenses import DEFENSES\n"
-        "_client_config(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
+        "client_experiment(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
         "print(DEFENSES.origin('halve'))\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(plugin)], capture_output=True,

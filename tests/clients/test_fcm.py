@@ -11,8 +11,10 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import Experiment, decode, replace_at
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS, build_workload
 from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
@@ -66,9 +68,11 @@ def test_scenario_covers_every_concept_and_grows() -> None:
     )
 
 
-def _cfg(**params: object) -> dict:
-    return {"seed": 0, "rounds": 3, "clients": {"num": 3}, "defenses": [],
+def _cfg(**params: object) -> Experiment:
+    """A bare experiment of the ``fcm`` workload, its params typed but not validated."""
+    data = {"seed": 0, "rounds": 3, "clients": {"num": 3},
             "workload": {"name": "fcm", "params": {"data": "trig", "n_train": 200, **params}}}  # fmt: skip
+    return decode(data, workloads=WORKLOADS, defenses=DEFENSES)
 
 
 def test_fit_trains_and_sends_only_held_concept_modules() -> None:
@@ -257,7 +261,7 @@ def _dag_run(tmp_path, extra: list[str]) -> dict[str, float]:
     overrides += ["clients.num=4", "clients.fraction_evaluate=0", "workload.params.n_train=200"]
     overrides += ["workload.params.n_test=400", "workload.params.scenario=schedule"]
     cfg = load_experiment("fcm-trig-evolving", overrides + extra)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule, "central_clients": 4}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule, central_clients=4)
     return run_inline(cfg)["metrics"]
 
 
@@ -290,7 +294,7 @@ def _grow_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
         overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
         overrides += ["workload.params.train_lacked=true"]
     cfg = load_experiment("fcm-trig-evolving", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule)
     return run_inline(cfg)["metrics"]
 
 
@@ -359,7 +363,7 @@ def _family_run(
     if matched_steps:
         overrides.append(f"workload.params.local_epochs={clients}")
     cfg = load_experiment("fcm-dag6-schedule", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule, "central_clients": clients}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule, central_clients=clients)
     return run_inline(cfg)["metrics"]["central.task_accuracy"]
 
 
@@ -432,8 +436,7 @@ def _pool_pair(**params: object) -> tuple[FCM, FCM]:
     """The federated workload (3 clients, POOL_SCHEDULE) and the pooled one over the same data."""
     common = {"scenario": "schedule", "schedule": POOL_SCHEDULE, "n_train": 50, **params}
     fed = build_workload(_cfg(**common))
-    cfg = _cfg(pooled=True, central_clients=3, **common)
-    cfg["clients"]["num"] = 1
+    cfg = replace_at(_cfg(pooled=True, central_clients=3, **common), "clients", num=1)
     return fed, build_workload(cfg)
 
 
@@ -503,8 +506,7 @@ def test_pooled_with_every_label_from_round_one_is_the_centralised_run(tmp_path)
 
     def run(extra: list[str], sched: dict) -> dict[str, float]:
         cfg = load_experiment("fcm-trig-evolving", small + extra)
-        cfg["workload"]["params"]["schedule"] = sched
-        return run_inline(cfg)["metrics"]
+        return run_inline(replace_at(cfg, "workload.params", schedule=sched))["metrics"]
 
     central = run(["workload.params.scenario=central"], {})
     pooled = ["workload.params.scenario=schedule", "workload.params.pooled=true"]
@@ -524,8 +526,7 @@ def test_pooled_with_every_label_from_round_one_is_the_centralised_run(tmp_path)
 )
 def test_pooled_bad_combinations_are_one_line_errors(change: dict, message: str) -> None:
     params = {"scenario": "partial", **{k: v for k, v in change.items() if k != "num"}}
-    cfg = _cfg(pooled=True, **params)
-    cfg["clients"]["num"] = change.get("num", 1)
+    cfg = replace_at(_cfg(pooled=True, **params), "clients", num=change.get("num", 1))
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         build_workload(cfg)
     assert "\n" not in str(err.value) and str(err.value).startswith("workload.params.pooled=true")
