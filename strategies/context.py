@@ -35,7 +35,7 @@ class Sampling:
     def of(cls, clients: ClientsConfig) -> Sampling:
         """From a resolved experiment's ``clients`` section (whose ``sampled`` applies the rule
         Flower's FedAvg follows with these arguments)."""
-        min_nodes = min(clients.min_clients, clients.num)
+        min_nodes = clients.least
         fraction_evaluate = float(clients.fraction_evaluate or 0.0)
         return cls(
             fraction_train=clients.fraction,

@@ -82,11 +82,16 @@ class ClientsConfig:
     #: how long the server waits for a round's replies; missing ones count as failures
     timeout_s: float = param(600.0, gt=0, lt=float("inf"))
 
+    @property
+    def least(self) -> int:
+        """The fewest clients a round waits for: ``min_clients``, capped at ``num``."""
+        return min(self.min_clients, self.num)
+
     def sampled(self, fraction: float | None = None) -> int:
         """Clients a round samples, by Flower's rule ``max(int(num * fraction), min_clients)``
-        (``min_clients`` capped at ``num``); ``fraction`` is ``self.fraction`` unless given."""
+        (:attr:`least`); ``fraction`` is ``self.fraction`` unless given."""
         share = self.fraction if fraction is None else fraction
-        return max(int(self.num * share), min(self.min_clients, self.num))
+        return max(int(self.num * share), self.least)
 
 
 @dataclass(frozen=True)
