@@ -232,7 +232,9 @@ class Malicious:
 class Experiment:
     """A resolved experiment: what :func:`resolve` returns, frozen; every framework module reads
     its attributes. Field order is ``ExperimentConfig``'s, so :meth:`to_dict` writes the same
-    ``config.yaml`` and run config; ``clients.fraction_evaluate`` is always set."""
+    ``config.yaml`` and run config; ``clients.fraction_evaluate`` is always set. The sections
+    without params are the schema's own frozen dataclasses (``ClientsConfig``, ...); their list
+    fields stay lists, so omegaconf's one-line errors for them are unchanged."""
 
     experiment: str
     description: str
