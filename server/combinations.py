@@ -27,7 +27,7 @@ def check_combinations(cfg: dict[str, Any]) -> None:
     ctx = DefenseContext.of(cfg)
     for i, defense in enumerate(cfg["defenses"]):
         cls = DEFENSES.get(defense["name"])
-        for mechanism in cls(ctx, defense["params"]).mechanism():
+        for mechanism in cls(defense["params"], ctx).mechanism():
             if isinstance(mechanism, Aggregation):
                 _check_aggregation(cfg, i, defense["name"], mechanism, ctx)
 

@@ -1,22 +1,26 @@
 """What a strategy receives: its typed ``Params`` and a narrow :class:`StrategyContext`.
 
-A strategy never reads the experiment config. ``build(params, context)`` gets its own params
-(an instance of its ``Params`` dataclass) and the context: the seed, the number of rounds,
-Flower's client-sampling arguments (from the shared ``clients`` section) and the server's
-workload instance, through which it reaches the capability contract it ``needs`` (checked when
-the config is resolved: ``fcm`` needs ``concept-registry``, ``fed-kmeans`` ``kmeans-statistics``).
+A registered strategy subclasses :class:`StrategyEntry`: ``StrategyEntry(params, ctx)``, the
+contract of every component kind, and ``strategy()`` returns the Flower strategy that runs. It
+never reads the experiment config: it gets its own params (an instance of its ``Params``
+dataclass) and the context: the seed, the number of rounds, Flower's client-sampling arguments
+(from the shared ``clients`` section) and the server's workload instance, through which it
+reaches the capability contract it ``needs`` (checked when the config is resolved: ``fcm`` needs
+``concept-registry``, ``fed-kmeans`` ``kmeans-statistics``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
+from flowerbed.clients.core.capabilities import Needs
+from flowerbed.clients.core.registry import NoParams
 from flowerbed.strategies import STRATEGIES
 
 
@@ -61,6 +65,48 @@ class StrategyContext:
     workload: Any = None
 
 
+class StrategyEntry:
+    """Base class of a registered strategy: typed ``Params``, ``needs``, and ``strategy()``.
+
+    ``StrategyEntry(params, ctx)`` keeps ``self.params`` (its ``Params``, or its fields as a
+    mapping) and ``self.ctx`` (the :class:`StrategyContext`); ``strategy()`` returns the Flower
+    strategy that runs (Flower's own, an adapter over one, or a ``FedAvg`` subclass). Two class
+    level hooks are read when the config is resolved, before anything is built:
+    ``fits_clients(params, sampled)`` (why a round's ``sampled`` replies are too few, or None)
+    and ``aggregation_rule(params)`` (the published rule malicious clients may read, or None).
+    """
+
+    Params: ClassVar[type] = NoParams
+    registry_name: ClassVar[str]
+    description: ClassVar[str]
+    #: workload capabilities the strategy depends on, checked when the config is resolved
+    needs: ClassVar[Needs] = frozenset()
+
+    def __init__(self, params: Any, ctx: StrategyContext) -> None:
+        if not isinstance(ctx, StrategyContext):
+            raise TypeError(
+                f"{type(self).__name__} takes its Params and a StrategyContext, not "
+                f"{type(ctx).__name__} (build_strategy(cfg) builds one from a config)"
+            )
+        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        self.ctx = ctx
+
+    def strategy(self) -> Strategy:
+        """The Flower strategy this entry runs, from ``self.params`` and ``self.ctx``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def fits_clients(params: Any, sampled: int) -> str | None:
+        """Why ``sampled`` replies a round are too few for the rule (None: they suffice)."""
+        return None
+
+    @staticmethod
+    def aggregation_rule(params: Any) -> Any:
+        """The published aggregation rule (``flowerbed.clients.malicious.AggregationRule``), or
+        None when the strategy publishes none."""
+        return None
+
+
 def strategy_params(cfg: dict[str, Any]) -> Any:
     """The configured strategy's typed ``Params`` (from the resolved, validated config)."""
     cls = STRATEGIES.get(cfg["strategy"]["name"])
@@ -72,9 +118,12 @@ def strategy_context(cfg: dict[str, Any], workload: Any = None) -> StrategyConte
 
 
 def build_strategy(cfg: dict[str, Any], workload: Any = None) -> Any:
-    """The configured base strategy: ``build(typed params, narrow context)``."""
+    """The configured base strategy: ``cls(typed params, narrow context).strategy()``."""
     cls = STRATEGIES.get(cfg["strategy"]["name"])
-    return cls.build(strategy_params(cfg), strategy_context(cfg, workload))
+    params, ctx = strategy_params(cfg), strategy_context(cfg, workload)
+    if not issubclass(cls, StrategyEntry):  # shim until apps/scaffold.py writes a StrategyEntry
+        return cls.build(params, ctx)
+    return cls(params, ctx).strategy()
 
 
 def published_rule(cfg: dict[str, Any]) -> Any:

@@ -29,7 +29,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 if TYPE_CHECKING:
     from flowerbed.clients.workloads.fcm import ModelSpec
@@ -239,7 +239,7 @@ class FCMStrategy(FedAvg):
 
 
 @STRATEGIES.register("fcm", "F-CMs: per-concept aggregation with a growing concept registry")
-class FCMEntry:
+class FCMEntry(StrategyEntry):
     #: the concept model (``workload.spec``) and ``nc.<name>`` announcements in the replies
     needs = frozenset({Capability.CONCEPT_REGISTRY})
 
@@ -254,10 +254,9 @@ class FCMEntry:
         server_lr: float = param(1.0, gt=0)
         server_momentum: float = param(0.0, ge=0, lt=1)
 
-    @staticmethod
-    def build(params: FCMEntry.Params, context: StrategyContext) -> FCMStrategy:
+    def strategy(self) -> FCMStrategy:
         return FCMStrategy(
-            context.workload.spec, context.seed, aggregation=params.aggregation,
-            expansion=params.expansion, warmup=params.warmup, server_lr=params.server_lr,
-            server_momentum=params.server_momentum, **context.sampling.kwargs(),
+            self.ctx.workload.spec, self.ctx.seed, aggregation=self.params.aggregation,
+            expansion=self.params.expansion, warmup=self.params.warmup, server_lr=self.params.server_lr,
+            server_momentum=self.params.server_momentum, **self.ctx.sampling.kwargs(),
         )  # fmt: skip

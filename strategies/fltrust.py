@@ -22,7 +22,7 @@ from flwr.app import RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.robust_common import (
     Combined,
     Layout,
@@ -65,15 +65,17 @@ class FLTrust(RobustFedAvg):
     "fltrust",
     "FLTrust: trust by cosine to the server's root-data update, norms rescaled (Cao et al. 2021)",
 )
-class FLTrustEntry:
+class FLTrustEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES, Capability.ROOT_DATA})
 
     @dataclass
     class Params:
         root_size: int = param(100, ge=1)  # examples in the server's root dataset (paper: 100)
 
-    @staticmethod
-    def build(params: FLTrustEntry.Params, context: StrategyContext) -> FLTrust:
+    def strategy(self) -> FLTrust:
         return FLTrust(
-            context.workload, params.root_size, seed=context.seed, **context.sampling.kwargs()
+            self.ctx.workload,
+            self.params.root_size,
+            seed=self.ctx.seed,
+            **self.ctx.sampling.kwargs(),
         )

@@ -16,10 +16,9 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import RemembersSent, StrategyContext
+from flowerbed.strategies.context import RemembersSent, StrategyEntry
 
 K_KEY = "k_raw"
 
@@ -55,11 +54,10 @@ class TabDiffFedAvg(RemembersSent):
 @STRATEGIES.register(
     "tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)"
 )
-class TabDiffEntry:
+class TabDiffEntry(StrategyEntry):
     #: the diffusion model's spec (``workload.spec``: whether k is learnable)
     needs = frozenset({Capability.TABULAR_DIFFUSION})
 
-    @staticmethod
-    def build(params: NoParams, context: StrategyContext) -> TabDiffFedAvg:
-        learnable = bool(context.workload.spec.learnable_k)
-        return TabDiffFedAvg(learnable_k=learnable, **context.sampling.kwargs())
+    def strategy(self) -> TabDiffFedAvg:
+        learnable = bool(self.ctx.workload.spec.learnable_k)
+        return TabDiffFedAvg(learnable_k=learnable, **self.ctx.sampling.kwargs())

@@ -45,7 +45,7 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams, Registry
 
-DEFENSES = Registry("defense", (__name__,))
+DEFENSES: Registry[Defense] = Registry("defense", (__name__,))
 
 __all__ = [
     "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "DefenseContext", "GaussianNoise", "Mechanism",
@@ -158,12 +158,16 @@ class Defense:
     withholds: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
 
-    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
-        """``params``: this defense's ``Params``, or its fields as a mapping (validated here)."""
+    def __init__(self, params: Any, ctx: DefenseContext) -> None:
+        """``params``: this defense's ``Params``, or its fields as a mapping (validated here);
+        ``ctx``: the run (``build_defenses(cfg)`` makes both from a config)."""
         if not isinstance(ctx, DefenseContext):
-            raise TypeError(f"{type(self).__name__} takes a DefenseContext, not {type(ctx).__name__}")  # fmt: skip
-        self.ctx = ctx
+            raise TypeError(
+                f"{type(self).__name__} takes its Params and a DefenseContext, not "
+                f"{type(ctx).__name__} (build_defenses(cfg) builds the defenses of a config)"
+            )
         self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        self.ctx = ctx
 
     def mods(self) -> list[Any]:
         """Flower client mods, innermost first."""
@@ -231,7 +235,7 @@ def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
     if not cfg["defenses"]:
         return []
     ctx = DefenseContext.of(cfg)
-    return [DEFENSES.get(d["name"])(ctx, d["params"]) for d in cfg["defenses"]]
+    return [DEFENSES.get(d["name"])(d["params"], ctx) for d in cfg["defenses"]]
 
 
 def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:

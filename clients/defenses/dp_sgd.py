@@ -99,8 +99,8 @@ class DpSgd(Defense):
         # run audit: canary examples per client, in its training loop; 0 = off
         canaries: int = param(CANARIES, ge=0)
 
-    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
-        super().__init__(ctx, params)
+    def __init__(self, params: Any, ctx: DefenseContext) -> None:
+        super().__init__(params, ctx)
         # one accountant per experiment (a sweep's cells share a client's Context)
         self.namespace = ctx.run_key
         self._engine: PrivacyEngine | None = None

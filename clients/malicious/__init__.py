@@ -50,7 +50,7 @@ from flowerbed.clients.core.capabilities import Capability, alternatives
 from flowerbed.clients.core.registry import NoParams, Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
 
-MALICIOUS = Registry("malicious", (__name__,), group="flowerbed.malicious")
+MALICIOUS: Registry[Malicious] = Registry("malicious", (__name__,), group="flowerbed.malicious")
 
 __all__ = [
     "AGGREGATION_KEY", "MALICIOUS", "AggregationRule", "DataPoisoning", "Malicious",

@@ -27,18 +27,20 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from flowerbed.clients.contracts import check_offers
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import NoParams, Registry
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.model_loss import LocalTraining, ModelLoss
+from flowerbed.clients.model_loss import LocalTraining
 
 if TYPE_CHECKING:
     from flowerbed.clients.defenses import Defense
 
 T = TypeVar("T")
 
-WORKLOADS = Registry("workload", (__name__,))
+#: a workload offering a capability must have its Protocol's members (``clients/contracts.py``)
+WORKLOADS: Registry[Workload] = Registry("workload", (__name__,), check=check_offers)
 
 __all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "WorkloadContext",
            "assigned_device", "build_workload", "fit_classifier", "round_subset",
@@ -349,13 +351,9 @@ class Workload:
             raise TypeError(f"workload '{self.registry_name}' params do not extend {kind.__name__}")
         return kind(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(kind)})
 
-    def release_setup(self) -> Any:
-        """The model-release contract (``Capability.MODEL_RELEASE``): a ``ReleaseSetup``."""
-        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-release")
-
-    def model_loss(self) -> ModelLoss:
-        """The model-loss contract (``Capability.MODEL_LOSS``): public knowledge only."""
-        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-loss")
+    # what a capability adds (``model_loss()`` for model-loss, ``release_setup()`` for
+    # model-release, ...) is its Protocol in ``flowerbed.clients.contracts``, checked when the
+    # class is registered
 
 
 class ClassifierWorkload(Workload):

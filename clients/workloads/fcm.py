@@ -306,6 +306,7 @@ InitialConcepts = choices("InitialConcepts", ("round1", "all"))
 @WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
 class FCM(Workload):
     offers = frozenset({Capability.CONCEPT_REGISTRY})
+    spec: ModelSpec  # the concept-registry contract (``ConceptRegistryOffer``), set in __init__
 
     @dataclass
     class Params:

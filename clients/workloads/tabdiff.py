@@ -146,6 +146,10 @@ class TabDiff(Workload):
     offers = frozenset({Capability.PRIVATE_TRAINING, Capability.TABULAR_DIFFUSION})
     private_training_path = "per-sample"  # DP-SGD via the defense's ``privatize``
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
+    # the tabular-diffusion contract (``TabularDiffusionOffer``), set in ``__init__``; ``prep``
+    spec: DiffusionSpec
+    protocol: Protocol
+    model: Denoiser
 
     @dataclass
     class Params:

@@ -73,7 +73,7 @@ def test_the_defense_clips_and_noises_each_update(plugin_site):
         cfg = DefenseContext(seed=0, rounds=2, num_clients=2, sampled_clients=2, run_key="t")
 
         def update(clip: float, noise: float) -> np.ndarray:
-            out = cls(cfg, {"clip": clip, "noise": noise}).transform(*records, config)
+            out = cls({"clip": clip, "noise": noise}, cfg).transform(*records, config)
             return np.concatenate([(out[k].numpy() - sent[k]).ravel() for k in ("w", "b")])
 
         clipped = update(0.5, 0.0)

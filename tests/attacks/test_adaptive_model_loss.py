@@ -116,7 +116,7 @@ def test_every_model_loss_attack_has_an_adaptive_variant_reading_mechanisms_not_
         assert f"{name}-adaptive" in ATTACKS.names()
     cfg, work, _ = _setup(0, "[]")
     aware = DefenseAwareModelLoss(ModelLossReplay(work.model_loss()), TABLEAK, "t",
-                                  _Rounding(DefenseContext.of(cfg)).mechanism())  # fmt: skip
+                                  _Rounding({}, DefenseContext.of(cfg)).mechanism())  # fmt: skip
     assert aware.adapts
     update = {k: torch.randn(v.shape) for k, v in work.model_loss().module.state_dict().items()}
     sent = {k: torch.zeros_like(v) for k, v in update.items()}
