@@ -27,7 +27,6 @@ victim model, ``model-release`` runs) provides :class:`ReleaseDefense`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
@@ -41,8 +40,6 @@ from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.training import Protocol as DiffusionProtocol
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from flowerbed.clients.defenses.filosofer import Release
 
 P = TypeVar("P")
@@ -129,8 +126,8 @@ class ReleaseDefense(Protocol):
     attack releases the final global model through it."""
 
     def release(
-        self, victim: torch.nn.Module, owner_x: np.ndarray, owner_y: np.ndarray,
-        fisher: Mapping[str, torch.Tensor], seed: int,
+        self, victim: torch.nn.Sequential, owner_x: torch.Tensor, owner_y: torch.Tensor,
+        fisher: dict[str, torch.Tensor] | None, seed: int,
     ) -> Release: ...  # fmt: skip
 
 

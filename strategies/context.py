@@ -13,15 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from flowerbed.clients.contracts import offer
 from flowerbed.clients.core.capabilities import Needs
 from flowerbed.clients.core.registry import NoParams
 from flowerbed.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from flowerbed.clients.workloads import Workload
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,18 @@ class StrategyContext:
     """The narrow view of a run a strategy gets.
 
     ``workload`` is the server's instance of the configured workload; a strategy uses only the
-    contract of a capability it declares in ``needs`` (``Workload.contract`` for the method's
-    shared config, or the attribute the capability documents)."""
+    contract of a capability it declares in ``needs``: its Protocol (:meth:`offer`), or
+    ``Workload.contract`` for the method's shared config."""
 
     seed: int
     rounds: int
     sampling: Sampling
-    workload: Any = None
+    workload: Workload | None = None
+
+    def offer(self, protocol: type[P]) -> P:
+        """The server's workload as the Protocol of a capability the strategy needs
+        (``flowerbed.clients.contracts``: ``ctx.offer(TabularDiffusionOffer).spec``)."""
+        return offer(self.workload, protocol)
 
 
 class StrategyEntry:

@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flowerbed.clients.contracts import ConceptRegistryOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
@@ -256,7 +257,7 @@ class FCMEntry(StrategyEntry):
 
     def strategy(self) -> FCMStrategy:
         return FCMStrategy(
-            self.ctx.workload.spec, self.ctx.seed, aggregation=self.params.aggregation,
+            self.ctx.offer(ConceptRegistryOffer).spec, self.ctx.seed, aggregation=self.params.aggregation,
             expansion=self.params.expansion, warmup=self.params.warmup, server_lr=self.params.server_lr,
             server_momentum=self.params.server_momentum, **self.ctx.sampling.kwargs(),
         )  # fmt: skip

@@ -14,11 +14,11 @@ holds even with a malicious majority as long as the root data is clean and repre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
 
+from flowerbed.clients.contracts import RootDataOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
@@ -43,7 +43,7 @@ def trust_weighted(updates: np.ndarray, server_update: np.ndarray) -> tuple[np.n
 
 
 class FLTrust(RobustFedAvg):
-    def __init__(self, workload: Any, root_size: int, **kwargs: object) -> None:
+    def __init__(self, workload: RootDataOffer, root_size: int, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.workload = workload
         self.root_size = root_size
@@ -74,7 +74,7 @@ class FLTrustEntry(StrategyEntry):
 
     def strategy(self) -> FLTrust:
         return FLTrust(
-            self.ctx.workload,
+            self.ctx.offer(RootDataOffer),
             self.params.root_size,
             seed=self.ctx.seed,
             **self.ctx.sampling.kwargs(),

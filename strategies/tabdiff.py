@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
+from flowerbed.clients.contracts import TabularDiffusionOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
@@ -59,5 +60,5 @@ class TabDiffEntry(StrategyEntry):
     needs = frozenset({Capability.TABULAR_DIFFUSION})
 
     def strategy(self) -> TabDiffFedAvg:
-        learnable = bool(self.ctx.workload.spec.learnable_k)
+        learnable = bool(self.ctx.offer(TabularDiffusionOffer).spec.learnable_k)
         return TabDiffFedAvg(learnable_k=learnable, **self.ctx.sampling.kwargs())

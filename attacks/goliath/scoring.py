@@ -21,6 +21,7 @@ from flowerbed.attacks.metrics import TOLERANCE, mask_f1, tableak_accuracy, time
 from flowerbed.attacks.pictures import Shown, rows_markdown
 from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
 from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.contracts import TabularDiffusionOffer
 from flowerbed.clients.tabdiff.model import onehot_rows
 from flowerbed.clients.workloads.tabdiff import round_plan
 
@@ -69,8 +70,8 @@ class TruthScorer:
     """Rebuilds the rows behind an attacked reply and scores a reconstruction against them."""
 
     def __init__(self, truth: TruthSource) -> None:
-        self.source, workload = truth, truth.workload
-        self.replay = DiffusionReplay.of(workload)
+        self.source = truth
+        self.replay = DiffusionReplay.of(truth.offer(TabularDiffusionOffer))
         prep, train = self.replay.prep, truth.table.train
         self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
         self.stds = {c: float(train[c].std()) for c in self.numeric}

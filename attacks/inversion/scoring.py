@@ -31,6 +31,7 @@ from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
 from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
 from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.contracts import ModelLossOffer
 from flowerbed.clients.workloads import Examples
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
@@ -56,7 +57,7 @@ class ClassifierScorer:
     """Rebuilds the examples behind an attacked reply and scores a reconstruction against them."""
 
     def __init__(self, truth: TruthSource) -> None:
-        self.source, self.workload = truth, truth.workload
+        self.source, self.workload = truth, truth.offer(ModelLossOffer)
         self.contract = self.workload.model_loss()
         self.kind = self.contract.schema.kind
         self._pool: torch.Tensor | None = None

@@ -41,14 +41,19 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.contracts import ModelLossOffer, offer
 from flowerbed.clients.core.capabilities import Capability, alternatives
 from flowerbed.clients.core.registry import NoParams, Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
+
+if TYPE_CHECKING:
+    from flowerbed.clients.model_loss import InputSchema
+    from flowerbed.clients.workloads import Workload
 
 MALICIOUS: Registry[Malicious] = Registry("malicious", (__name__,), group="flowerbed.malicious")
 
@@ -102,17 +107,17 @@ class MaliciousContext:
     num_clients: int
     sampled_clients: int
     colluders: tuple[int, ...]
-    schema: Any = None
+    schema: InputSchema | None = None
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any], workload: Any = None) -> MaliciousContext:
+    def of(cls, cfg: Mapping[str, Any], workload: Workload | None = None) -> MaliciousContext:
         attack = MALICIOUS.get(cfg["malicious"]["name"])
         clients = cfg["clients"]
         num = int(clients["num"])
         sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
         offers = getattr(workload, "offers", frozenset())
         wants_schema = any(Capability.MODEL_LOSS in alt for alt in alternatives(attack.needs))
-        schema = workload.model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
+        schema = offer(workload, ModelLossOffer).model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
         return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, chosen(cfg), schema)
 
 
