@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from flowerbed.clients.contracts import offer
 from flowerbed.clients.core.capabilities import Needs
-from flowerbed.clients.core.registry import NoParams
+from flowerbed.clients.core.component import Component
 from flowerbed.strategies import STRATEGIES
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class StrategyContext:
         return offer(self.workload, protocol)
 
 
-class StrategyEntry:
+class StrategyEntry(Component[StrategyContext]):
     """Base class of a registered strategy: typed ``Params``, ``needs``, and ``strategy()``.
 
     ``StrategyEntry(params, ctx)`` keeps ``self.params`` (its ``Params``, or its fields as a
@@ -87,20 +87,10 @@ class StrategyEntry:
     and ``aggregation_rule(params)`` (the published rule malicious clients may read, or None).
     """
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = StrategyContext
+    built_by = "build_strategy(cfg) builds one from a config"
     #: workload capabilities the strategy depends on, checked when the config is resolved
     needs: ClassVar[Needs] = frozenset()
-
-    def __init__(self, params: Any, ctx: StrategyContext) -> None:
-        if not isinstance(ctx, StrategyContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a StrategyContext, not "
-                f"{type(ctx).__name__} (build_strategy(cfg) builds one from a config)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
 
     def strategy(self) -> Strategy:
         """The Flower strategy this entry runs, from ``self.params`` and ``self.ctx``."""

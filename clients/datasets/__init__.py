@@ -22,16 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import content_key
 from flowerbed.clients.core.params import check_rules, param
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.registry import Registry
 
 DATASETS: Registry[Dataset] = Registry("dataset", (__name__,))
 
@@ -71,7 +72,7 @@ class DatasetContext:
 SECTION_KEYS = frozenset(f.name for f in dataclasses.fields(DatasetConfig)) - {"name"}
 
 
-class Dataset:
+class Dataset(Component[DatasetContext]):
     """Base class of a registered dataset: ``Dataset(params, ctx)`` and ``load() -> Table``.
 
     ``Params`` declares the ``dataset.*`` keys the dataset reads (a subset of the section's:
@@ -79,9 +80,8 @@ class Dataset:
     ``max_rows`` and ``resample_rows`` apply to every dataset after ``load`` (:func:`load_table`).
     """
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = DatasetContext
+    built_by = "build_dataset(section) builds one from a config"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -97,14 +97,8 @@ class Dataset:
     def __init__(self, params: Any, ctx: DatasetContext) -> None:
         """``params``: this dataset's ``Params``, or its fields as a mapping (rules checked here);
         ``ctx``: its context (``build_dataset(section)`` makes both from a config)."""
-        if not isinstance(ctx, DatasetContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a DatasetContext, not "
-                f"{type(ctx).__name__} (build_dataset(section) builds one from a config)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        super().__init__(params, ctx)
         check_rules(self.params, "dataset")
-        self.ctx = ctx
 
     def load(self) -> Table:
         """The table: train and test frames with their schema."""

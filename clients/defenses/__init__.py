@@ -43,7 +43,8 @@ from typing import Any, ClassVar
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.registry import Registry
 
 DEFENSES: Registry[Defense] = Registry("defense", (__name__,))
 
@@ -148,26 +149,16 @@ class DefenseContext:
         return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, key)
 
 
-class Defense:
-    """Base class: every hook is the identity."""
+class Defense(Component[DefenseContext]):
+    """Base class: ``Defense(params, ctx)``; every hook is the identity."""
 
-    Params: ClassVar[type] = NoParams
+    Context = DefenseContext
+    built_by = "build_defenses(cfg) builds the defenses of a config"
     needs: ClassVar[frozenset[Capability]] = frozenset()
     #: run capabilities the defense takes from the server (secure aggregation: the individual
     #: updates); a strategy needing one is refused beside it when the config is resolved
     withholds: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
-
-    def __init__(self, params: Any, ctx: DefenseContext) -> None:
-        """``params``: this defense's ``Params``, or its fields as a mapping (validated here);
-        ``ctx``: the run (``build_defenses(cfg)`` makes both from a config)."""
-        if not isinstance(ctx, DefenseContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a DefenseContext, not "
-                f"{type(ctx).__name__} (build_defenses(cfg) builds the defenses of a config)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
 
     def mods(self) -> list[Any]:
         """Flower client mods, innermost first."""

@@ -48,7 +48,8 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.contracts import ModelLossOffer, offer
 from flowerbed.clients.core.capabilities import Capability, alternatives
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
 
 if TYPE_CHECKING:
@@ -142,24 +143,15 @@ class View:
     aggregation: AggregationRule | None
 
 
-class Malicious:
-    """Base class: a client that behaves honestly (both hooks are the identity)."""
+class Malicious(Component[MaliciousContext]):
+    """Base class: ``Malicious(params, ctx)``, a client that behaves honestly (both hooks are the
+    identity)."""
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = MaliciousContext
+    built_by = "build_malicious(cfg, workload) builds one from a config"
     needs: ClassVar[Any] = frozenset()
     #: ``craft`` reads the colluders' benign updates (``View.benign``)
     colluding: ClassVar[bool] = False
-
-    def __init__(self, params: Any, ctx: MaliciousContext) -> None:
-        if not isinstance(ctx, MaliciousContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a MaliciousContext, not "
-                f"{type(ctx).__name__} (build_malicious(cfg, workload) builds one from a config)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
 
     def poison(self, data: Any, partition_id: int, server_round: int) -> Any:
         """The partition the client trains on this round (default: its own, untouched)."""

@@ -29,8 +29,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.contracts import check_offers
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.model_loss import LocalTraining
 
@@ -267,7 +268,7 @@ def score_classifier(model: nn.Module, data: Examples) -> dict[str, float]:
     return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
 
 
-class Workload:
+class Workload(Component[WorkloadContext]):
     """Contract between the engines and a client-side method.
 
     ``params`` is its typed ``workload.params``; ``ctx`` the ``WorkloadContext`` of the run;
@@ -276,9 +277,8 @@ class Workload:
     transit.
     """
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = WorkloadContext
+    built_by = "build_workload(cfg) builds a workload from a config"
     #: what this workload offers to attacks and defenses (``flowerbed list`` shows it)
     offers: ClassVar[frozenset[Capability]] = frozenset()
     #: shared config keys it honours (``dataset``, ``clients.partitioner``, ``clients.alpha``)
@@ -291,13 +291,7 @@ class Workload:
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         """``params``: this workload's ``Params``, or its fields as a mapping (validated here);
         ``ctx``: the run (``build_workload(cfg)`` makes both from a config)."""
-        if not isinstance(ctx, WorkloadContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a WorkloadContext, not "
-                f"{type(ctx).__name__} (build_workload(cfg) builds a workload from a config)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
+        super().__init__(params, ctx)
         self.device = ctx.device
         self.defenses = list(ctx.defenses)
 
