@@ -93,6 +93,7 @@ import torch
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack
 from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.contracts import RoundData
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
@@ -123,7 +124,7 @@ class Scorer:
 
     def score(self, partition_id: int, server_round: int, sent: dict, rec: Share) -> dict[str, float]:
         data = self.truth.partition(partition_id)
-        labels = self.truth.workload.round_data(data, partition_id, server_round).y
+        labels = self.truth.offer(RoundData).round_data(data, partition_id, server_round).y
         share = float((labels == 1).float().mean())
         return {{"error": abs(rec.share - share), "prior_error": abs(1.0 / rec.classes - share)}}
 
@@ -187,7 +188,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -235,19 +236,19 @@ class {cls}Strategy(FedAvg):
 
 
 @STRATEGIES.register("{name}", "TODO: one line for `flowerbed list strategies`")
-class {cls}:
+class {cls}(StrategyEntry):
     #: capabilities of the workload it needs (``flowerbed.clients.core.capabilities``), checked
-    #: when a config is resolved; its contract is reached through ``context.workload``
+    #: when a config is resolved; their Protocols are reached through ``self.ctx.offer(...)``
     needs = frozenset()
 
     @dataclass
     class Params:
         server_lr: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
 
-    @staticmethod
-    def build(params: {cls}.Params, context: StrategyContext) -> FedAvg:
-        """Its typed params and a narrow context (seed, rounds, client sampling, workload)."""
-        return {cls}Strategy(params.server_lr, **context.sampling.kwargs())
+    def strategy(self) -> FedAvg:
+        """The Flower strategy that runs, from ``self.params`` (its typed params) and
+        ``self.ctx`` (a narrow StrategyContext: seed, rounds, client sampling, workload)."""
+        return {cls}Strategy(self.params.server_lr, **self.ctx.sampling.kwargs())
 '''
 
 STRATEGY_TEST = '''\

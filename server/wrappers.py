@@ -13,12 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import strategy_utils
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import (
-    Attack,
-    AttackContext,
-    DiffusionReplay,
-    ModelLossReplay,
-)
+from flowerbed.attacks.common import Attack, AttackContext
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability, alternatives, offered
 from flowerbed.clients.core.seeding import client_seed
@@ -33,6 +28,8 @@ from flowerbed.clients.defenses import (
 )
 from flowerbed.clients.defenses.canaries import RunAudit
 from flowerbed.clients.runtime import PARTITION_KEY
+from flowerbed.clients.workloads import Workload
+from flowerbed.server.model_views import model_view
 from flowerbed.server.results import ResultsWriter
 from flowerbed.server.robustness import detection_tap
 from flowerbed.strategies.context import build_strategy as base_strategy
@@ -129,7 +126,7 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
-def attack_capabilities(cfg: dict[str, Any], workload: Any, needs: Any) -> frozenset[Capability]:
+def attack_capabilities(cfg: dict[str, Any], workload: Workload, needs: Any) -> frozenset[Capability]:  # fmt: skip
     """What the workload offers (under its params) of the first alternative of ``needs`` it fits
     (resolution checked that one does)."""
     available, _ = offered(type(workload), cfg["workload"]["params"])
@@ -138,33 +135,23 @@ def attack_capabilities(cfg: dict[str, Any], workload: Any, needs: Any) -> froze
 
 
 def attack_context(
-    cfg: dict[str, Any], workload: Any, needs: Any, defenses: list[Defense] | None = None
+    cfg: dict[str, Any], workload: Workload, needs: Any, defenses: list[Defense] | None = None
 ) -> AttackContext:
     """What the configured attack may know: the run's seed, rounds, clients and name, the public
     knowledge of the capability it runs on (the server's ``workload``'s model for a replay, or its
-    model-release setup and the release defense's deployment) and the defenses' published
-    mechanisms."""
+    model-release setup and the release defense's deployment: ``server/model_views.py``, a table
+    keyed by capability) and the defenses' published mechanisms."""
     defenses = build_defenses(cfg) if defenses is None else defenses
     capabilities = attack_capabilities(cfg, workload, needs)
-    replay = None
-    if Capability.TABULAR_DIFFUSION in capabilities:
-        replay = DiffusionReplay.of(workload)
-    elif Capability.MODEL_LOSS in capabilities:
-        replay = ModelLossReplay(workload.model_loss())
-    release = deploy = None
-    if Capability.MODEL_RELEASE in capabilities:
-        release = workload.release_setup()
-        deploy = next((d.release for d in defenses if hasattr(d, "release")), None)
     return AttackContext(
         seed=int(cfg["seed"]), rounds=int(cfg["rounds"]), num_clients=int(cfg["clients"]["num"]),
         experiment=str(cfg["experiment"]), capabilities=capabilities,
-        mechanisms=tuple(mechanisms_of(defenses)), replay=replay,
-        release=release, deploy=deploy,
+        mechanisms=tuple(mechanisms_of(defenses)), **model_view(capabilities, workload, defenses),
     )  # fmt: skip
 
 
 def truth_source(
-    cfg: dict[str, Any], workload: Any, capabilities: frozenset[Capability] = frozenset()
+    cfg: dict[str, Any], workload: Workload, capabilities: frozenset[Capability] = frozenset()
 ) -> TruthSource:
     """Ground truth for the attack's scorer: the server's ``workload`` (it rebuilds a client's
     round data from (seed, partition, round)) and, where the workload reads one, the dataset's
@@ -175,7 +162,7 @@ def truth_source(
 
 
 def build_attack(
-    cfg: dict[str, Any], workload: Any, defenses: list[Defense] | None = None
+    cfg: dict[str, Any], workload: Workload, defenses: list[Defense] | None = None
 ) -> tuple[Attack, Any]:
     """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
     its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
@@ -188,7 +175,7 @@ def build_attack(
     return attack, scorer
 
 
-def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Any) -> Any:
+def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Workload) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = detection_tap(cfg, base_strategy(cfg, workload), writer)

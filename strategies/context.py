@@ -25,6 +25,7 @@ from flowerbed.clients.core.component import Component
 from flowerbed.strategies import STRATEGIES
 
 if TYPE_CHECKING:
+    from flowerbed.clients.malicious import AggregationRule
     from flowerbed.clients.workloads import Workload
 
 P = TypeVar("P")
@@ -102,7 +103,7 @@ class StrategyEntry(Component[StrategyContext]):
         return None
 
     @staticmethod
-    def aggregation_rule(params: Any) -> Any:
+    def aggregation_rule(params: Any) -> AggregationRule | None:
         """The published aggregation rule (``flowerbed.clients.malicious.AggregationRule``), or
         None when the strategy publishes none."""
         return None
@@ -121,10 +122,7 @@ def strategy_context(cfg: dict[str, Any], workload: Any = None) -> StrategyConte
 def build_strategy(cfg: dict[str, Any], workload: Any = None) -> Any:
     """The configured base strategy: ``cls(typed params, narrow context).strategy()``."""
     cls = STRATEGIES.get(cfg["strategy"]["name"])
-    params, ctx = strategy_params(cfg), strategy_context(cfg, workload)
-    if not issubclass(cls, StrategyEntry):  # shim until apps/scaffold.py writes a StrategyEntry
-        return cls.build(params, ctx)
-    return cls(params, ctx).strategy()
+    return cls(strategy_params(cfg), strategy_context(cfg, workload)).strategy()
 
 
 def published_rule(cfg: dict[str, Any]) -> Any:
