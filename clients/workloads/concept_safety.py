@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -424,9 +424,21 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+class FinetuneReport(TypedDict):
+    """``finetune_report``: the world, the fine-tuned model, the per-concept example counts n_c,
+    the concept table before and after, and the rank correlation of n_c with refusal after."""
+
+    world: World
+    model: nn.Module
+    counts: np.ndarray
+    before: ConceptTable
+    after: ConceptTable
+    spearman_n_refusal: float
+
+
 def finetune_report(
     seed: int, config: FinetuneConfig, world: World | None = None
-) -> dict[str, Any]:
+) -> FinetuneReport:
     """Pretrain (cached), fine-tune with ``config`` and measure before/after on the held-out task."""
     world = make_world(seed) if world is None else world
     model = pretrained_model(seed, world)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import math
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsInt
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ def encode(text: str) -> np.ndarray:
     return np.fromiter((_INDEX.get(ch, _UNKNOWN) for ch in text), dtype=np.int64, count=len(text))
 
 
-def decode(ids: Any) -> str:
+def decode(ids: Iterable[SupportsInt]) -> str:
     return "".join(VOCAB[int(i)] for i in ids)
 
 
