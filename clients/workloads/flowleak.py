@@ -383,7 +383,7 @@ class FlowLeak(Workload):
         budget: int = param(40, ge=1)
         share_statistics: bool = True
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> ClientId:
+    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}
 
     def init_arrays(self) -> ArrayRecord:
