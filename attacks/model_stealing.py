@@ -34,11 +34,11 @@ from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.training import (
     accuracy,
     fisher_diagonal,
     load_state,
-    make_mlp,
     output_entropy,
 )
 from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -274,7 +274,7 @@ def payment(r: np.ndarray, y: np.ndarray, price: np.ndarray, mech: Mechanism, m:
 
 
 def expected_payment(
-    reports: np.ndarray, q: float, m: int, mech: Mechanism, curve: Any
+    reports: np.ndarray, q: float, m: int, mech: Mechanism, curve: IsotonicRegression
 ) -> np.ndarray:
     """E_y[payment(r, y)] for each report r, y ~ Binomial(m, q)/m (the verification draw)."""
     ys = np.arange(m + 1) / m
@@ -305,7 +305,7 @@ def best_reports(
     current: np.ndarray,
     m: int,
     mech: Mechanism,
-    curve: Any,
+    curve: IsotonicRegression,
     table: np.ndarray | None = None,
 ) -> np.ndarray:
     """One seller's best response per buyer (J,) to the others' reports (S - 1, J); keeps the
@@ -325,7 +325,7 @@ def best_reports(
 
 
 def best_response_equilibrium(
-    data: MarketData, mech: Mechanism, curve: Any = None, sweeps: int = 30
+    data: MarketData, mech: Mechanism, curve: IsotonicRegression | None = None, sweeps: int = 30
 ) -> np.ndarray:
     """Reports (S, J) at the fixed point of sequential best responses over the report grid,
     starting from honest reports (rounded to the grid)."""
@@ -345,7 +345,7 @@ def best_response_equilibrium(
     return reports
 
 
-def _buy_threshold(curve: Any) -> float:
+def _buy_threshold(curve: IsotonicRegression) -> float:
     """Lowest report at which the calibration curve promises a positive saving."""
     qs = np.linspace(0, 1, 1001)
     positive = qs[curve.predict(qs) > 0]
@@ -353,7 +353,11 @@ def _buy_threshold(curve: Any) -> float:
 
 
 def market_outcome(
-    data: MarketData, reports: np.ndarray, mech: Mechanism, seed: int = 0, curve: Any = None
+    data: MarketData,
+    reports: np.ndarray,
+    mech: Mechanism,
+    seed: int = 0,
+    curve: IsotonicRegression | None = None,
 ) -> dict[str, float]:
     """Allocate (highest report, ties at random), pay on the realised verification accuracy, and
     score the market: misreport rate, buyer cost reduction, welfare / oracle, seller profits."""
@@ -439,6 +443,16 @@ def _public(seed: int, families: int, count: int) -> tuple[dict[str, torch.Tenso
 MechanismKind = choices("MechanismKind", ("fairtune", "report-priced"))
 
 
+class SellerShard(TypedDict):
+    """A seller's partition: its fine-tuned checkpoint, the quality it measures on each buyer's
+    validation split and its accuracy on its own domain."""
+
+    id: int
+    ckpt: dict[str, torch.Tensor]
+    q: np.ndarray
+    own_acc: float
+
+
 @WORKLOADS.register(
     "fairtune",
     "FairTune market: sellers list fine-tuned checkpoints + quality reports; server verifies and pays",
@@ -477,7 +491,7 @@ class FairTune(Workload):
         self.curve = LinearSchedule()
         self.m = len(self.buyers[0].splits["verify"][1])
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> SellerShard:
         """The seller's checkpoint (fine-tuned once, deterministic) and its self-evaluated quality
         on each buyer's published validation split."""
         seed = client_seed(self.ctx.seed, partition_id, 0)
@@ -495,7 +509,7 @@ class FairTune(Workload):
         return ArrayRecord(arrays)
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """List the checkpoint with reports: honest, or the best response to last round's
         reports (all zero before round 1)."""
@@ -519,7 +533,7 @@ class FairTune(Workload):
         }
         return ArrayRecord(reply), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any]):
         return {"num-examples": 1, "own_domain_accuracy": data["own_acc"]}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:

@@ -33,7 +33,8 @@ from torch import nn
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.training import accuracy, fisher_diagonal, make_mlp
+from flowerbed.clients.nn import make_mlp
+from flowerbed.clients.training import accuracy, fisher_diagonal
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
@@ -111,16 +112,6 @@ def noisy_split(
 # ---------------------------------------------------------------------------------------------
 # 2. model
 # ---------------------------------------------------------------------------------------------
-
-
-def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
-    """Fully connected ReLU network; every layer is an ``nn.Linear``."""
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, classes))
-    return nn.Sequential(*layers)
 
 
 class PatchConv(nn.Module):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -373,6 +373,14 @@ def run_arm(
 Arm = choices("Arm", ARMS)
 
 
+class PitchShard(TypedDict):
+    """A client's partition: train and test spike tasks at the client's own pitch."""
+
+    train: SpikeTask
+    test: SpikeTask
+    pitch: float
+
+
 @WORKLOADS.register(
     "fits", "FiTS spiking neurons (frequency selectivity + temporal shaping) vs LIF"
 )
@@ -405,7 +413,7 @@ class FiTS(Workload):
             np.exp(rng.uniform(math.log(self.params.pitch_min), math.log(self.params.pitch_max)))
         )
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> PitchShard:
         seed = client_seed(self.ctx.seed, partition_id, 0)
         pitch = self._pitch(partition_id)
         n = self.params.samples_per_client
@@ -446,7 +454,7 @@ class FiTS(Workload):
         return self._pack(models)
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
@@ -459,7 +467,7 @@ class FiTS(Workload):
             metrics[f"rate_{kind}"] = rates[-1]
         return self._pack(models), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any]):
         metrics: dict[str, float] = {"num-examples": len(data["test"].y)}
         for kind, model in self._load(arrays).items():
             scores = evaluate_model(model, data["test"])

@@ -14,9 +14,10 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
+import pandas as pd
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -116,6 +117,15 @@ def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     return ArrayRecord(OrderedDict((n, params[n].detach().cpu().clone()) for n in names))
 
 
+class ClientRows(TypedDict):
+    """A client's partition: its row ids in the encoded table, their numeric columns and their
+    categorical codes."""
+
+    ids: np.ndarray
+    num: torch.Tensor
+    codes: torch.Tensor
+
+
 def to_device(device: str, *items: Any) -> list[Any]:
     """Parameter dicts, Rows and Latents moved to ``device`` (no-ops on ``cpu``)."""
     moved: list[Any] = []
@@ -193,7 +203,7 @@ class TabDiff(Workload):
     def table(self) -> Table:
         return encoded(self._key).table
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> ClientRows:
         ids = client_row_ids(self.ctx, partition_id, num_partitions)
         data = encoded(self._key)
         return {
@@ -208,7 +218,7 @@ class TabDiff(Workload):
 
     # -- local step -----------------------------------------------------------------------------
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         params = to_params(arrays)
@@ -272,11 +282,11 @@ class TabDiff(Workload):
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
 
     def evaluate(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any]
     ) -> dict[str, float]:
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 
-    def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:
+    def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> pd.DataFrame:
         """N synthetic rows (original units) from the global model (on the CPU: the sampler
         draws from a CPU generator)."""
         params = to_params(arrays)
@@ -301,6 +311,6 @@ class TabDiff(Workload):
         return out
 
 
-def rows_of(data: dict[str, Any], positions: np.ndarray, cat_sizes: tuple[int, ...]) -> Rows:
+def rows_of(data: ClientRows, positions: np.ndarray, cat_sizes: tuple[int, ...]) -> Rows:
     """Model-space rows of a client's local positions (used by tests and the scorer)."""
     return onehot_rows(data["num"][positions], data["codes"][positions], cat_sizes)

@@ -33,6 +33,7 @@ from flowerbed.clients.model_loss import (
     class_frequencies,
     marginal_prior,
 )
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import (
     WORKLOADS,
     ClassifierWorkload,
@@ -181,15 +182,6 @@ def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         "label": schema.label, "classes": classes,
     }  # fmt: skip
     return arrays, meta
-
-
-def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
 
 
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
