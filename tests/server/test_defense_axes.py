@@ -119,3 +119,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(dirs, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert not out.exists() and not list(tmp_path.glob(".axes.md*"))
+
+
+@pytest.mark.parametrize("name", ["privacy-benchmark", "robustness-benchmark"])
+def test_the_quick_presets_are_slices_of_the_shipped_benchmarks(name: str) -> None:
+    """The toy slices behind the docs' example table run the shipped arms' own settings."""
+    from flowerbed.server.sweep import load_sweep
+
+    full, quick = load_sweep(name), load_sweep(f"{name}-quick")
+    arms = {arm.name: arm for arm in full.arms}
+    assert quick.arms and all(arm == arms[arm.name] for arm in quick.arms)
+    assert (quick.base, quick.overrides, quick.seeds) == (full.base, full.overrides, full.seeds)
+    assert set(quick.grid) == set(full.grid)
+    assert all(value in full.grid[key] for key, values in quick.grid.items() for value in values)
