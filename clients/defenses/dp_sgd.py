@@ -99,6 +99,8 @@ class DpSgd(Defense):
         # run audit: canary examples per client, in its training loop; 0 = off
         canaries: int = param(CANARIES, ge=0)
 
+    params: Params
+
     def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
         super().__init__(ctx, params)
         # one accountant per experiment (a sweep's cells share a client's Context)

@@ -41,6 +41,8 @@ class LocalDp(Defense):
         # run audit: canary clients sending through these mods every round; 0 = off
         canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         p = self.params
         return [LocalDpMod(p.clipping_norm, p.sensitivity, p.epsilon, p.delta)]

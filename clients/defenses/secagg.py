@@ -41,6 +41,8 @@ class SecAgg(Defense):
         min_clients: int = param(2, ge=1)
         group_size: int = param(0, ge=0)  # clients per aggregate (0 = all sampled clients)
 
+    params: Params
+
     def mechanism(self) -> list[Mechanism]:
         return [Aggregation(self.params.group_size, self.params.min_clients)]
 

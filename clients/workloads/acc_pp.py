@@ -619,6 +619,8 @@ class ACCpp(Workload):
         attn_weight_thresh: float = param(0.1, gt=0, lt=0.5)  # edges traced at weight >= 2x
         ig_steps: int = param(256, ge=1)
 
+    params: Params
+
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.ctx.seed)
         model = AttnOnly()

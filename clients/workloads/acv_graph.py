@@ -318,6 +318,8 @@ class ACVGraph(Workload):
         n_splits: int = param(20, ge=2)
         criterion: Criterion = Criterion("acv")
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.lambdas = default_lambdas(self.params.num_lambdas)

@@ -521,6 +521,8 @@ class ARAO(Workload):
         train_rounds: int = param(1, ge=1)
         repair: Repair = Repair("targeted")  # targeted | untargeted | none
 
+    params: Params
+
     def _unpack(self, arrays: ArrayRecord) -> tuple[Detector, np.ndarray, np.ndarray]:
         state = arrays.to_torch_state_dict()
         attr, directions = state.pop("attr").numpy(), state.pop("attr_dir").numpy()

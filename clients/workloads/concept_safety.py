@@ -507,6 +507,8 @@ class ConceptSafety(Workload):
         stride: int = param(3, ge=1)
         local_steps: int = param(20, ge=0)  # full-batch SGD steps per round
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

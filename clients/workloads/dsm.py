@@ -335,6 +335,8 @@ class DSM(Workload):
         guidance: float = param(5.0, ge=0)
         split: Split = Split("conditions")  # conditions | iid (see client_rows)
 
+    params: Params
+
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
         return make_conditions(self.ctx.seed, p.subclusters, p.n_mem, p.dup)

@@ -464,6 +464,8 @@ class FairTune(Workload):
         share: float = param(0.5, ge=0, le=1)
         strategic: bool = True
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.sellers = self.ctx.num_clients

@@ -552,6 +552,8 @@ class FisherMemorisation(Workload):
         project_layer: int = param(2, ge=0)
         keep_fractions: list[float] = param(factory=lambda: [0.05, 0.01], gt=0, le=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         x, y = (

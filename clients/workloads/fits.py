@@ -395,6 +395,8 @@ class FiTS(Workload):
         pitch_max: float = param(1.25, gt=0)
         cycles: float = param(0.5, gt=0)
 
+    params: Params
+
     def _model(self, kind: str) -> SNN:
         p = self.params
         return SNN(kind, 20, p.hidden, len(class_pairs(4)), self.ctx.seed, p.cycles)

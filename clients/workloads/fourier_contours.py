@@ -693,6 +693,8 @@ class FourierContours(Workload):
         local_steps: int = param(40, ge=0)
         labelled_fraction: float = param(1.0, ge=0, le=1)
 
+    params: Params
+
     def _models(self, arrays: ArrayRecord | None = None) -> tuple[ContourNet, UNet]:
         p = self.params
         net = ContourNet(

@@ -567,6 +567,8 @@ class SensoryGating(Workload):
         local_steps: int = param(60, ge=0)  # steps of the stage being trained, per round
         server_windows: int = param(400, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

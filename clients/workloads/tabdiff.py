@@ -165,6 +165,8 @@ class TabDiff(Workload):
         quality_rows: int = param(0, ge=0)
         sample_steps: int = param(50, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

@@ -213,6 +213,8 @@ class TabularMLP(ClassifierWorkload):
         #: FedAvg: rows a client trains on per round (0 = all it holds)
         round_examples: int = param(0, ge=0)
 
+    params: Params
+
     @classmethod
     def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
         if params.get("protocol") == "fedavg" and params.get("optimizer") == "adam":
