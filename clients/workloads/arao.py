@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -540,7 +540,7 @@ class ARAO(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientData:
         seed, p = self.ctx.seed, self.params
         rng = np.random.default_rng(client_seed(seed, partition_id, 0))
-        topics = rng.dirichlet(np.full(len(TOPICS), self.ctx.alpha * 4))
+        topics = rng.dirichlet(np.full(len(TOPICS), cast(float, self.ctx.alpha) * 4))
         train_seed = client_seed(seed, partition_id, 0, salt=1)
         test_seed = client_seed(seed, partition_id, 0, salt=2)
         return ClientData(

@@ -418,7 +418,7 @@ class FiTS(Workload):
 
     def _load(self, arrays: ArrayRecord) -> dict[str, SNN]:
         state = arrays.to_torch_state_dict()
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             prefix = f"{kind}."
@@ -440,7 +440,7 @@ class FiTS(Workload):
 
     def init_arrays(self) -> ArrayRecord:
         calib = make_task(200, self.ctx.seed + 7, steps=self.params.steps)
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             model.calibrate(calib.x)
