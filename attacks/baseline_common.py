@@ -33,6 +33,7 @@ same for all.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flowerbed.attacks.common import (
     DiffusionKnobs,
@@ -43,7 +44,7 @@ from flowerbed.attacks.common import (
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.scoring import inversion_scorer
-from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.capabilities import Capability, Needs
 from flowerbed.clients.core.params import choices, param
 
 DLG = InversionSettings(
@@ -97,7 +98,7 @@ class EngineSetting(InversionAttack):
     ``attacks.inversion``'s loop on a model-loss workload."""
 
     Params = BaselineParams
-    needs = (ON_DIFFUSION, ON_MODEL_LOSS)
+    needs: ClassVar[Needs] = (ON_DIFFUSION, ON_MODEL_LOSS)
     scorer = staticmethod(inversion_scorer)
 
     def engine(self) -> TabularInversion | ModelLossAttack:

@@ -23,8 +23,8 @@ from flowerbed.strategies.robust_common import Combined, RobustFedAvg, clip_rows
 
 
 class CenteredClipping(RobustFedAvg):
-    def __init__(self, tau: float, iterations: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, tau: float, iterations: int, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.tau = tau
         self.iterations = iterations
         self.centre: np.ndarray | None = None  # the previous round's aggregate update

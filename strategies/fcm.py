@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -201,11 +201,12 @@ class FCMStrategy(FedAvg):
         parsed: list[Reply] = []
         for msg in valid:
             arrays = next(iter(msg.content.array_records.values()))
-            metrics = dict(next(iter(msg.content.metric_records.values())))
+            # F-CMs clients report scalar metrics only
+            metrics = cast(dict[str, float], dict(next(iter(msg.content.metric_records.values()))))
             parsed.append(({k: v.numpy() for k, v in arrays.items()}, metrics))
         params, metrics = self.aggregate_replies(server_round, parsed)
         arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
-        return arrays, MetricRecord(metrics)
+        return arrays, MetricRecord(dict(metrics))
 
     def aggregate_replies(
         self, server_round: int, parsed: list[Reply]
@@ -234,8 +235,9 @@ class FCMStrategy(FedAvg):
         valid, _ = self._check_and_log_replies(replies, is_train=False, validate=False)
         if not valid:
             return None
+        records = [next(iter(m.content.metric_records.values())) for m in valid]
         return MetricRecord(
-            weighted_metrics([dict(next(iter(m.content.metric_records.values()))) for m in valid])
+            dict(weighted_metrics([cast(dict[str, float], dict(r)) for r in records]))
         )
 
 

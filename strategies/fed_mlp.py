@@ -4,7 +4,7 @@ evaluators only; see ``strategies/routing.py``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -77,8 +77,8 @@ class FedRouterMLP(FedAvg):
         states = [as_numpy(next(iter(r.content.array_records.values()))) for r in valid]
         merged = aggregate_router_mlp(
             states,
-            [float(m["num-examples"]) for m in records],
-            [list(m[EVALS_KEY]) for m in records],
+            [float(cast(int, m["num-examples"])) for m in records],
+            [list(cast(list[float], m[EVALS_KEY])) for m in records],
             self._global,
         )
         return as_record(merged), scalar_metrics(valid)

@@ -57,8 +57,8 @@ def majority_cluster(updates: np.ndarray) -> list[int]:
 
 
 class Flame(RobustFedAvg):
-    def __init__(self, noise_factor: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, noise_factor: float, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.noise_factor = noise_factor
 
     def combine(self, server_round: int, updates: np.ndarray, contents: list[RecordDict]) -> Combined:  # fmt: skip

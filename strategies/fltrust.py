@@ -43,8 +43,10 @@ def trust_weighted(updates: np.ndarray, server_update: np.ndarray) -> tuple[np.n
 
 
 class FLTrust(RobustFedAvg):
-    def __init__(self, workload: RootDataOffer, root_size: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, workload: RootDataOffer, root_size: int, *, seed: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.workload = workload
         self.root_size = root_size
 

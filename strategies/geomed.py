@@ -37,8 +37,8 @@ def smoothed_weiszfeld(points: np.ndarray, iterations: int, nu: float) -> tuple[
 
 
 class GeometricMedian(RobustFedAvg):
-    def __init__(self, iterations: int, nu: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, iterations: int, nu: float, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.iterations = iterations
         self.nu = nu
 

@@ -30,8 +30,10 @@ NOISE_SALT = 53_001
 
 
 class NormBoundedFedAvg(RobustFedAvg):
-    def __init__(self, norm_bound: float, noise_std: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, norm_bound: float, noise_std: float, *, seed: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.norm_bound = norm_bound
         self.noise_std = noise_std
 

@@ -9,7 +9,7 @@ move the schedule.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,13 +38,17 @@ class TabDiffFedAvg(RemembersSent):
             return arrays, metrics
         if self.learnable_k:
             ok = [r for r in replies if not r.has_error()]
-            weights = np.array([float(r.content["metrics"]["num-examples"]) for r in ok])
+            weights = np.array([float(cast(int, r.content["metrics"]["num-examples"])) for r in ok])
             ks = torch.stack(
-                [k_from_raw(torch.from_numpy(r.content["arrays"][K_KEY].numpy())) for r in ok]
+                [
+                    k_from_raw(torch.from_numpy(cast(Array, r.content["arrays"][K_KEY]).numpy()))
+                    for r in ok
+                ]
             )
             w = torch.from_numpy(weights / weights.sum()).float()[:, None]
             raw = k_to_raw((w * ks).sum(0))
         else:
+            assert self._sent is not None  # configure_train sent it
             raw = torch.from_numpy(self._sent[K_KEY].numpy().copy())
         arrays[K_KEY] = Array(raw.float().numpy())
         if metrics is not None:

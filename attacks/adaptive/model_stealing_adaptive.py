@@ -62,6 +62,7 @@ def flag(
     if detector == "saliency":
         model = load_state(exposed, hidden)
         params = dict(model.named_parameters())
+        assert y is not None  # the saliency detector is given the attacker's data
         loss = nn.functional.cross_entropy(model(x), y)
         grads = torch.autograd.grad(loss, [params[n] for n in names])
         scores = {n: (exposed[n] * g).detach() for n, g in zip(names, grads, strict=True)}
@@ -106,6 +107,8 @@ class ModelStealingAdaptive(ModelStealing):
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
+    params: Params
+
     def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StealingObserver:
         params = self.params
         if not params.rho:  # the release's published flip fraction
@@ -114,7 +117,8 @@ class ModelStealingAdaptive(ModelStealing):
         return StealingObserver(strategy, self.ctx, params, writer, adaptive_metrics)
 
 
-def adaptive_metrics(rel: Any, attacker: tuple, test: tuple, seed: int, hidden: list[int],
+def adaptive_metrics(rel: Any, attacker: tuple[torch.Tensor, torch.Tensor],
+                     test: tuple[torch.Tensor, torch.Tensor], seed: int, hidden: list[int],
                      params: Any, plain: dict[str, float]) -> dict[str, float]:  # fmt: skip
     """The adaptive attacker on the same release, data and budget as the plain one (which it may
     also just run: its surrogate is the best of the detectors and the plain attack)."""

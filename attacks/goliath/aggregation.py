@@ -31,7 +31,8 @@ def align_and_vote(nums: list[np.ndarray], cats: list[np.ndarray], scores: list[
     ref = int(np.argmin(scores))
     split = lambda c: np.split(c, np.cumsum(cat_sizes)[:-1], axis=1)  # noqa: E731
     ref_num, ref_cat = nums[ref], split(cats[ref])
-    aligned_n, aligned_c = [], []
+    aligned_n: list[np.ndarray] = []
+    aligned_c: list[np.ndarray] = []
     for _ in range(2):  # re-align to the consensus
         aligned_n, aligned_c = [], []
         for n_, c_ in zip(nums, cats, strict=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -42,7 +42,9 @@ def union(truths: list[Truth]) -> Truth:
     return Truth(
         rows=pd.concat([t.rows for t in truths], ignore_index=True),
         t=np.concatenate([t.t for t in truths]),
-        mask=None if any(m is None for m in masks) else np.concatenate(masks),
+        mask=None
+        if any(m is None for m in masks)
+        else np.concatenate([m for m in masks if m is not None]),
         num=torch.cat([t.num for t in truths]),
         cat=torch.cat([t.cat for t in truths]),
         latents=[lat for t in truths for lat in t.latents],
@@ -89,7 +91,8 @@ class TruthScorer:
         t = np.array([float(latents[s].t[j]) for s, j in zip(step, slot, strict=True)])
         mask = None  # the mixed regime's [MASK] pattern (every step has one, or none has)
         if latents[0].mask is not None:
-            mask = np.stack([latents[s].mask[j].numpy() for s, j in zip(step, slot, strict=True)])
+            masks = [cast(torch.Tensor, latents[s].mask) for s in step]  # every step has one
+            mask = np.stack([m[j].numpy() for m, j in zip(masks, slot, strict=True)])
         oh = onehot_rows(num, codes, replay.spec.cat_sizes)
         return Truth(decoded, t, mask, oh.num, oh.cat, latents)
 

@@ -207,13 +207,15 @@ def update_mod(
             return reply
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         config["partition-id"] = int(context.node_config["partition-id"])
-        out = transform(msg.content["arrays"], reply.content["arrays"], config)
+        out = transform(
+            msg.content.array_records["arrays"], reply.content.array_records["arrays"], config
+        )
         measured = None
         if isinstance(out, tuple):  # (arrays, bytes of the encoding the client sent)
             out, measured = out
         reply.content["arrays"] = out
         if measured is None and wire_size is not None:
-            measured = wire_size(msg.content["arrays"], out)
+            measured = wire_size(msg.content.array_records["arrays"], out)
         if measured is not None:
             reply.content["metrics"][WIRE_BYTES] = measured
         return reply

@@ -53,6 +53,8 @@ class CentralDp(Defense):
         # run audit: canary clients in a second release of every round; 0 = off (adaptive: off)
         canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         if self.params.clipping != Clipping.client:
             return []

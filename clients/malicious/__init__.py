@@ -116,7 +116,7 @@ class MaliciousContext:
         clients = cfg["clients"]
         num = int(clients["num"])
         sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
-        offers = getattr(workload, "offers", frozenset())
+        offers: frozenset[Capability] = getattr(workload, "offers", frozenset())
         wants_schema = any(Capability.MODEL_LOSS in alt for alt in alternatives(attack.needs))
         schema = offer(workload, ModelLossOffer).model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
         return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, chosen(cfg), schema)

@@ -100,6 +100,8 @@ class Fang(Malicious):
         b: float = param(2.0, gt=1)
         threshold: float = param(1e-5, gt=0)
 
+    params: Params
+
     def variant(self, view: View) -> str:
         if self.params.variant != "auto":
             return str(self.params.variant)

@@ -32,6 +32,8 @@ class LabelFlip(DataPoisoning):
         #: classes relabelled to ``target`` (empty: every other class)
         source: list[int] = param(factory=list, ge=0)
 
+    params: Params
+
     def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
         classes = self.ctx.schema.num_classes
         y = train.y.clone()

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ __all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "WorkloadC
            "score_classifier", "train_cross_entropy"]  # fmt: skip
 
 
-def assigned_device(cfg: dict[str, Any]) -> str:
+def assigned_device(cfg: Mapping[str, Any]) -> str:
     """The torch device of a client's assigned resources: ``cuda`` when
     ``clients.resources.gpus`` > 0, else ``cpu``.
 
@@ -350,11 +350,19 @@ class Workload(Component[WorkloadContext]):
     # class is registered
 
 
+class ClassifierParams(Protocol):
+    """The fields a ``ClassifierWorkload`` reads of its subclass's ``Params``."""
+
+    test_fraction_local: float
+    round_examples: int
+
+
 class ClassifierWorkload(Workload):
     """A classifier over a pool of training examples: partitions (each split into local train
     and test), the examples of a round (``round_data``), local training with ``self.training``'s
     protocol through the defenses, local evaluation. Subclasses give the model and the pool."""
 
+    params: ClassifierParams
     training: LocalTraining
 
     def _model(self) -> nn.Module:
@@ -373,7 +381,12 @@ class ClassifierWorkload(Workload):
 
         pool, ctx = self.train_pool(), self.ctx
         idx = partition_indices(
-            pool.y.numpy(), partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
+            pool.y.numpy(),
+            partition_id,
+            num_partitions,
+            cast(str, ctx.partitioner),
+            cast(float, ctx.alpha),
+            ctx.seed,
         )
         idx = np.random.default_rng(client_seed(ctx.seed, partition_id, 0)).permutation(idx)
         n_test = int(round(len(idx) * self.params.test_fraction_local))

@@ -109,8 +109,9 @@ def make_prompts(language: int, n: int, seed: int) -> Prompts:
         io_pos.append(order.index("A" if first_is_io else "B"))
         s_pos.append(order.index("B" if first_is_io else "A"))
         abba.append(first_is_io)
-    t = torch.tensor
-    return Prompts(t(rows), t(ios), t(ss), t(io_pos), t(s_pos), torch.full((n,), language), t(abba))
+    as_tensor = torch.tensor
+    return Prompts(as_tensor(rows), as_tensor(ios), as_tensor(ss), as_tensor(io_pos), as_tensor(s_pos),
+                   torch.full((n,), language), as_tensor(abba))  # fmt: skip
 
 
 def concat(prompts: list[Prompts]) -> Prompts:
@@ -481,7 +482,8 @@ def edge_signals(circuit: Circuit, layer: int, head: int) -> dict[tuple[str, str
 def activation_patching(model: AttnOnly, p: Prompts, corrupt: Prompts, edges: list, b: int = 0):
     """Baseline: for each edge, patch every (component, source position) into the query at d and
     the key at s from the corrupted prompt, one forward pass each; returns the weight changes."""
-    clean, dirty = {}, {}
+    clean: dict[str, torch.Tensor] = {}
+    dirty: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         model(p.tokens[b : b + 1], cache=clean)
         model(corrupt.tokens[b : b + 1], cache=dirty)
@@ -646,6 +648,8 @@ class ACCpp(Workload):
         trace_prompts: int = param(16, ge=1)
         attn_weight_thresh: float = param(0.1, gt=0, lt=0.5)  # edges traced at weight >= 2x
         ig_steps: int = param(256, ge=1)
+
+    params: Params
 
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.ctx.seed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
@@ -540,6 +540,8 @@ class ARAO(Workload):
         train_rounds: int = param(1, ge=1)
         repair: Repair = Repair("targeted")  # targeted | untargeted | none
 
+    params: Params
+
     def _unpack(self, arrays: ArrayRecord) -> tuple[Detector, np.ndarray, np.ndarray]:
         state = arrays.to_torch_state_dict()
         attr, directions = state.pop("attr").numpy(), state.pop("attr_dir").numpy()
@@ -557,7 +559,7 @@ class ARAO(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientData:
         seed, p = self.ctx.seed, self.params
         rng = np.random.default_rng(client_seed(seed, partition_id, 0))
-        topics = rng.dirichlet(np.full(len(TOPICS), self.ctx.alpha * 4))
+        topics = rng.dirichlet(np.full(len(TOPICS), cast(float, self.ctx.alpha) * 4))
         train_seed = client_seed(seed, partition_id, 0, salt=1)
         test_seed = client_seed(seed, partition_id, 0, salt=2)
         return ClientData(

@@ -123,7 +123,9 @@ class Batch:
 def make_batch(world: World, examples: list[tuple[int, int, bool]]) -> Batch:
     """Examples are ``(task, concept, refuse)``; loss on the response (everything after SEP)."""
     if not examples:
-        return Batch(torch.zeros(0, world.seq_len, dtype=torch.long), torch.zeros(0, 0, dtype=bool))
+        return Batch(
+            torch.zeros(0, world.seq_len, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
+        )
     rows = [encode(world, *e)[0] for e in examples]
     tokens = torch.tensor(rows, dtype=torch.long)
     target = tokens[:, 1:]
@@ -145,7 +147,7 @@ def concept_counts(
     ``partial`` (``coverage`` of the concepts, uniform among them). ``order`` ranks the concepts."""
     order = np.arange(concepts) if order is None else np.asarray(order)
     if composition == "uniform":
-        weights = np.ones(concepts)
+        weights: np.ndarray = np.ones(concepts)
     elif composition == "zipf":
         weights = 1.0 / np.arange(1, concepts + 1) ** zipf_s
     elif composition == "partial":
@@ -238,6 +240,7 @@ def train_steps(
     if len(batch) == 0 or steps == 0:
         return 0.0
     params = [p for p in model.parameters() if p.requires_grad]
+    opt: torch.optim.Optimizer
     if optimizer == "adam":
         opt = torch.optim.Adam(params, lr=lr)
     else:
@@ -441,7 +444,7 @@ def finetune_report(
 ) -> FinetuneReport:
     """Pretrain (cached), fine-tune with ``config`` and measure before/after on the held-out task."""
     world = make_world(seed) if world is None else world
-    model = pretrained_model(seed, world)
+    model: nn.Module = pretrained_model(seed, world)
     before = concept_table(model, world)
     model, counts = safety_finetune(model, world, config, seed)
     after = concept_table(model, world)
@@ -502,6 +505,8 @@ class ConceptSafety(Workload):
         concepts_per_client: int = param(6, ge=1)
         stride: int = param(3, ge=1)
         local_steps: int = param(20, ge=0)  # full-batch SGD steps per round
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

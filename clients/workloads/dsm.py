@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
@@ -286,8 +286,9 @@ def audit(
         "extra_backward_hess": model.backward_calls - before_bwd,
         "auroc_hess_step0": auroc(hess, label),
     }
+    dsm = cast(torch.Tensor, traj.dsm)  # tracked in this run
     for k in range(3):
-        out[f"auroc_dsm_step{k}"] = auroc(traj.dsm[k], label)
+        out[f"auroc_dsm_step{k}"] = auroc(dsm[k], label)
         out[f"auroc_wen_step{k}"] = auroc(traj.wen[k], label)
     if train_x is not None:
         d = torch.cdist(traj.samples, torch.from_numpy(train_x)).min(dim=1).values.numpy()
@@ -342,6 +343,8 @@ class DSM(Workload):
         sample_steps: int = param(50, ge=1)
         guidance: float = param(5.0, ge=0)
         split: Split = Split("conditions")  # conditions | iid (see client_rows)
+
+    params: Params
 
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params

@@ -109,12 +109,12 @@ def init_mlp(
     """Parameters of one MLP as a dict of tensors (w1, b1, w2, b2); leaves torch's RNG alone."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        first, second = nn.Linear(d_in, hidden), nn.Linear(hidden, classes)
     return {
-        "w1": model[0].weight.detach().clone(),
-        "b1": model[0].bias.detach().clone(),
-        "w2": model[2].weight.detach().clone(),
-        "b2": model[2].bias.detach().clone(),
+        "w1": first.weight.detach().clone(),
+        "b1": first.bias.detach().clone(),
+        "w2": second.weight.detach().clone(),
+        "b2": second.bias.detach().clone(),
     }
 
 
@@ -185,8 +185,8 @@ def _split(domains: list[Domain], name: str) -> tuple[torch.Tensor, torch.Tensor
 
 def pretrain_base(seed: int, steps: int = 400) -> dict[str, torch.Tensor]:
     """The shared base model: the MLP trained on un-styled (centred) digits."""
-    x, y = _digits()
-    x = torch.from_numpy(x - x.mean(0))[None]
+    pixels, y = _digits()
+    x = torch.from_numpy(pixels - pixels.mean(0))[None]
     params = _stack([init_mlp(seed)])
     params, _ = train_batch(params, x, torch.from_numpy(y)[None], steps, seed)
     return {k: v[0] for k, v in params.items()}
@@ -477,6 +477,8 @@ class FairTune(Workload):
         flat: float = param(0.1, ge=0)
         share: float = param(0.5, ge=0, le=1)
         strategic: bool = True
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

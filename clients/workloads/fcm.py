@@ -341,6 +341,8 @@ class FCM(Workload):
         )  # round1 | all (oracle architecture)
         local_only: bool = False  # each client keeps its own model, never aggregated
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

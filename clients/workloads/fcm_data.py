@@ -306,7 +306,7 @@ def random_dag_task(
             cols = rng.choice(inputs, size=int(rng.integers(2, 4)), replace=False)
             terms = " + ".join(f"{rng.normal():.2f} * x{c}" for c in cols)
             form = f"({terms} > {0.3 * rng.normal():.2f})"
-            chosen = (
+            chosen: np.ndarray | list[int] = (
                 rng.choice(j, size=min(j, int(rng.integers(0, parents + 1))), replace=False)
                 if j
                 else []

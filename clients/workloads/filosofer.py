@@ -144,6 +144,8 @@ class Filosofer(Workload):
         local_epochs: int = param(5, ge=1)
         batch_size: int = param(64, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.split = digits_split(self.ctx.seed, self.params.train_size)

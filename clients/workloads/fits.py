@@ -403,6 +403,8 @@ class FiTS(Workload):
         pitch_max: float = param(1.25, gt=0)
         cycles: float = param(0.5, gt=0)
 
+    params: Params
+
     def _model(self, kind: str) -> SNN:
         p = self.params
         return SNN(kind, 20, p.hidden, len(class_pairs(4)), self.ctx.seed, p.cycles)
@@ -424,7 +426,7 @@ class FiTS(Workload):
 
     def _load(self, arrays: ArrayRecord) -> dict[str, SNN]:
         state = arrays.to_torch_state_dict()
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             prefix = f"{kind}."
@@ -446,7 +448,7 @@ class FiTS(Workload):
 
     def init_arrays(self) -> ArrayRecord:
         calib = make_task(200, self.ctx.seed + 7, steps=self.params.steps)
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             model.calibrate(calib.x)

@@ -383,6 +383,8 @@ class FlowLeak(Workload):
         budget: int = param(40, ge=1)
         share_statistics: bool = True
 
+    params: Params
+
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}
 

@@ -318,6 +318,8 @@ class GEM(Workload):
         val_fraction: float = param(0.1, gt=0, lt=1)
         eval_windows: int = param(64, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

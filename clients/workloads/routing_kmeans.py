@@ -36,6 +36,8 @@ class RoutingKMeans(RoutingWorkload):
     class Params(BenchmarkParams, KMeansConfig):
         pass
 
+    params: Params
+
     def init_arrays(self) -> ArrayRecord:
         """Empty router: ``ready`` is 0 until the first statistics round."""
         k, d, m = self.params.clusters, self.dim, self.bench.num_models

@@ -35,6 +35,8 @@ class RoutingMLP(RoutingWorkload):
     class Params(BenchmarkParams, MLPConfig):
         pass
 
+    params: Params
+
     def _model(self) -> RouterMLP:
         return RouterMLP(self.dim, self.params.hidden, self.bench.num_models)
 

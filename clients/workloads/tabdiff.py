@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import json
 import time
+import typing
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -53,6 +54,18 @@ from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
 
 
+@typing.runtime_checkable
+class PerSampleDp(typing.Protocol):
+    """A defense on the per-sample path (``DpSgd``): noises per-row gradients and accounts."""
+
+    def privatize(
+        self, per_sample: dict[str, torch.Tensor], generator: torch.Generator,
+        sample_rate: float | None = None,
+    ) -> dict[str, torch.Tensor]: ...  # fmt: skip
+
+    def account(self, state: RecordDict, sample_rate: float, steps: int) -> float: ...
+
+
 # -- data ---------------------------------------------------------------------------------------
 @dataclass
 class Encoded:
@@ -89,7 +102,12 @@ def client_row_ids(ctx: WorkloadContext, partition_id: int, num_partitions: int)
     data = encoded(ctx.dataset_json)
     labels = data.table.train[data.table.schema.label].astype(str).to_numpy()
     return partition_indices(
-        labels, partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
+        labels,
+        partition_id,
+        num_partitions,
+        cast(str, ctx.partitioner),
+        cast(float, ctx.alpha),
+        ctx.seed,
     )
 
 
@@ -179,6 +197,8 @@ class TabDiff(Workload):
         quality_rows: int = param(0, ge=0)
         sample_steps: int = param(50, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
@@ -233,7 +253,7 @@ class TabDiff(Workload):
         latents = to_device(dev, *latents)
         losses: list[float] = []
         start = time.perf_counter()
-        dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
+        dp = next((d for d in self.defenses if isinstance(d, PerSampleDp)), None)
         gradient = None
         rate = min(1.0, self.protocol.batch_size / max(len(data["ids"]), 1))
         if dp is not None:  # DP-SGD: clipped per-row gradients + Gaussian noise, seeded per round

@@ -116,7 +116,7 @@ class TableEncoder:
         """The encoded rows, written into one ``dtype`` array: a float32 encoding of a 300,000-row
         table is its 125 MB and no float64 block copies of it (once ~600 MB at the peak)."""
         sizes = [len(self.schema.categories[c]) for c in self.schema.categorical]
-        out = np.zeros((len(frame), len(self.schema.numeric) + sum(sizes)), dtype=dtype)
+        out: np.ndarray = np.zeros((len(frame), len(self.schema.numeric) + sum(sizes)), dtype=dtype)
         numeric = frame[list(self.schema.numeric)].to_numpy(np.float64)
         out[:, : numeric.shape[1]] = (numeric - self.mean) / self.scale
         start = numeric.shape[1]
@@ -204,6 +204,8 @@ class TabularMLP(ClassifierWorkload):
         optimizer: Optimizer = Optimizer("sgd")  # sgd | adam (FedAvg local steps)
         #: FedAvg: rows a client trains on per round (0 = all it holds)
         round_examples: int = param(0, ge=0)
+
+    params: Params
 
     @classmethod
     def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:

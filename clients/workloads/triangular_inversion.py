@@ -450,6 +450,8 @@ class TriangularInversion(Workload):
         )  # evaluation only: the same weights served with this inverse
         probe_precision: Precision = Precision("bf16")
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params

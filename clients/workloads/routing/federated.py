@@ -59,6 +59,7 @@ class RoutingShard(TypedDict):
 class RoutingWorkload(Workload):
     # Dirichlet topic mixtures per client, or clients split by a table column
     reads = frozenset({"clients.alpha", "clients.partition_by"})
+    params: BenchmarkParams
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
