@@ -34,14 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from flowerbed.attacks.common import (
-    DiffusionKnobs,
-    InversionAttack,
-    InversionSettings,
-    ModelLossKnobs,
-)
+from flowerbed.attacks.common import InversionAttack, ObservedParams
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion
 from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.types import DiffusionKnobs, InversionSettings, ModelLossKnobs
 from flowerbed.attacks.scoring import inversion_scorer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
@@ -78,14 +74,10 @@ Latents = choices("Latents", ("fixed", "joint"))
 
 
 @dataclass
-class BaselineParams:
-    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+class BaselineParams(ObservedParams):
     restarts: int = param(1, ge=1)
     iterations: int = param(400, ge=1)
     latents: Latents = Latents("joint")  # tabular diffusion only: fixed | joint
-    rounds: list[int] = param(
-        factory=list, ge=0
-    )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
 
 ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})

@@ -23,7 +23,7 @@ from their names: the attacker changes how it *reads* an update, the attack itse
   rows (``ClassifierScorer`` with a group of members).
 
 Without a mechanism to adapt to, the defense-aware attacker is the unaware one (same inversion,
-run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` / ``attack.unaware_*``).
+run once). The observer's ``DefenseAware`` hooks run both on the same replies (``attack.*`` / ``attack.unaware_*``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.attacks.adaptive.inversion import (
-    DefenseAwareObserver,
+    DefenseAware,
     complete_low_rank,
     compose,
     grid_view,
@@ -48,19 +49,20 @@ from flowerbed.attacks.adaptive.selection import (
     rounding_nll,
 )
 from flowerbed.attacks.baseline_common import ON_MODEL_LOSS
-from flowerbed.attacks.common import (
-    InversionAttack,
-    InversionSettings,
-    Knowledge,
-    ModelLossReplay,
-    Reconstruction,
-)
+from flowerbed.attacks.common import InversionAttack, ObservedParams
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.simulate import observed
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.inversion.types import (
+    InversionSettings,
+    Knowledge,
+    ModelLossReplay,
+    Reconstruction,
+)
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
 from flowerbed.clients.model_loss import ModelLoss
@@ -179,7 +181,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
             return invert_optimised(know, self.settings, self.name)
         return super().invert(sent, reply, num_examples)
 
-    # -- the observer's interface (``attacks.adaptive.inversion.DefenseAwareObserver``) ----------
+    # -- the observer's interface (``attacks.adaptive.inversion.DefenseAware``) ------------------
     def observe(self, members: tuple[int, ...], server_round: int, sent: dict[str, torch.Tensor],
                 reply: dict[str, torch.Tensor], examples: int) -> None:  # fmt: skip
         self.latest[members] = (sent, reply, examples)
@@ -222,11 +224,9 @@ DESCRIPTION = (
 
 
 @dataclass
-class ModelLossAdaptiveParams:
-    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+class ModelLossAdaptiveParams(ObservedParams):
     restarts: int = param(0, ge=0)  # 0 = the attack's own default
     iterations: int = param(0, ge=0)  # 0 = the attack's own default (optimisation attacks)
-    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
     compare_unaware: bool = True  # also run the unaware attack on the same replies
 
 
@@ -248,8 +248,8 @@ class ModelLossAdaptive(InversionAttack):
         return DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
                                      self.ctx.mechanisms, plain)  # fmt: skip
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         p, adaptive = self.params, self.engine()
         unaware = adaptive.plain if p.compare_unaware else None
-        return DefenseAwareObserver(strategy, writer, adaptive, scorer, p.target_clients,
-                                    p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip
+        hooks = DefenseAware(adaptive, unaware, seed=self.ctx.seed)
+        return AttackObserver(strategy, writer, hooks, scorer, p.target_clients, p.rounds)

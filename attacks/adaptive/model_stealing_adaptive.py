@@ -20,11 +20,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.model_stealing import ModelStealing, StealingObserver, steal
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.model_stealing import ModelStealing, Stealing, steal
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import WeightFlipping
@@ -106,12 +108,12 @@ class ModelStealingAdaptive(ModelStealing):
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StealingObserver:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         params = self.params
         if not params.rho:  # the release's published flip fraction
             rhos = [m.rho for m in self.ctx.mechanisms if isinstance(m, WeightFlipping)]
             params = replace(params, rho=rhos[0] if rhos else DEFAULT_RHO)
-        return StealingObserver(strategy, self.ctx, params, writer, adaptive_metrics)
+        return AttackObserver(strategy, writer, Stealing(self.ctx, params, adaptive_metrics))
 
 
 def adaptive_metrics(rel: Any, attacker: tuple, test: tuple, seed: int, hidden: list[int],

@@ -10,18 +10,18 @@ import math
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.estimate import Estimate, timed
+from flowerbed.attacks.goliath.aggregation import aggregate_rounds
+from flowerbed.attacks.goliath.knowledge import local_steps, prior_rows, sign_surrogate
+from flowerbed.attacks.goliath.objective import Variables
+from flowerbed.attacks.goliath.optimisation import evaluate, invert, rows_score
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
     Knowledge,
     Reconstruction,
     Tensors,
 )
-from flowerbed.attacks.estimate import Estimate, timed
-from flowerbed.attacks.goliath.aggregation import aggregate_rounds
-from flowerbed.attacks.goliath.knowledge import local_steps, prior_rows, sign_surrogate
-from flowerbed.attacks.goliath.objective import Variables
-from flowerbed.attacks.goliath.optimisation import evaluate, invert, rows_score
 
 
 class TabularInversion:

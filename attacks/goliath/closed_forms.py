@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 from torch.func import functional_call
 
-from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.goliath.aggregation import soft_cost
 from flowerbed.attacks.goliath.knowledge import BOUND, GOLIATH, local_steps
 from flowerbed.attacks.goliath.objective import argmax_onehot, match_loss, simulate
+from flowerbed.attacks.inversion.types import Knowledge
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
     DiffusionSpec,

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.inversion.types import (
     DiffusionKnobs,
     DiffusionReplay,
     InversionSettings,

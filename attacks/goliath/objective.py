@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flowerbed.attacks.common import InversionSettings, Knowledge
 from flowerbed.attacks.goliath.knowledge import BOUND, GROUPS
+from flowerbed.attacks.inversion.types import InversionSettings, Knowledge
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
     DiffusionSpec,

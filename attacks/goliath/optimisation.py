@@ -12,7 +12,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.goliath.aggregation import align_and_vote
 from flowerbed.attacks.goliath.closed_forms import analytic_b1, closed_form, closed_form_local_sgd
 from flowerbed.attacks.goliath.knowledge import (
@@ -28,6 +27,7 @@ from flowerbed.attacks.goliath.objective import (
     match_loss,
     simulate,
 )
+from flowerbed.attacks.inversion.types import InversionSettings, Knowledge, Reconstruction
 from flowerbed.clients.tabdiff.model import T_MIN, Latents, Rows, k_from_raw, move_chance
 
 

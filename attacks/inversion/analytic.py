@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from flowerbed.attacks.common import Knowledge, Reconstruction
 from flowerbed.attacks.inversion.labels import assign_labels, recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import Knowledge, Reconstruction
 
 ACTIVE = 1e-6  # a neuron counts when |dL/db_i| exceeds this fraction of the largest
 AGREE = 1e-2  # candidates closer than this (RMS, in units of the input box) are the same input

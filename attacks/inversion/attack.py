@@ -11,17 +11,17 @@ import time
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.estimate import Estimate, timed
+from flowerbed.attacks.inversion.analytic import invert_analytic
+from flowerbed.attacks.inversion.optimisation import invert_optimised
+from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import (
     InversionSettings,
     Knowledge,
     ModelLossReplay,
     Reconstruction,
     Tensors,
 )
-from flowerbed.attacks.estimate import Estimate, timed
-from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.optimisation import invert_optimised
-from flowerbed.attacks.inversion.simulate import distance, observed
 from flowerbed.clients.model_loss import ModelLoss, prior_guess_inputs, prior_guess_labels
 
 METHODS = ("optimised", "analytic", "prior")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import Knowledge
 
 PRIOR_DRAWS = 256
 

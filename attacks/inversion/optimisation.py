@@ -21,7 +21,6 @@ import time
 
 import torch
 
-from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.labels import recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed, total_variation
@@ -32,6 +31,7 @@ from flowerbed.attacks.inversion.tabular import (
     present_columns,
     structured,
 )
+from flowerbed.attacks.inversion.types import InversionSettings, Knowledge, Reconstruction
 
 
 def _objective(know: Knowledge, x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip

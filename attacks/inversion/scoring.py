@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import Reconstruction
 from flowerbed.attacks.inversion.attack import guess_from_prior
+from flowerbed.attacks.inversion.types import Reconstruction
 from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
-from flowerbed.attacks.truth import TruthSource
+from flowerbed.attacks.protocols import Key, Tensors
+from flowerbed.attacks.truth import BesidePrior, TruthSource
 from flowerbed.clients.workloads import Examples
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
@@ -52,8 +52,9 @@ def image_scores(truth: torch.Tensor, rec: torch.Tensor, peak: float = 1.0) -> d
     }
 
 
-class ClassifierScorer:
-    """Rebuilds the examples behind an attacked reply and scores a reconstruction against them."""
+class ClassifierScorer(BesidePrior[Examples]):
+    """Rebuilds the examples behind an attacked reply and scores a reconstruction against them
+    (and the prior guesses beside it: ``BesidePrior``)."""
 
     def __init__(self, truth: TruthSource) -> None:
         self.source, self.workload = truth, truth.workload
@@ -65,7 +66,7 @@ class ClassifierScorer:
             self.numeric, self.categorical = list(schema.numeric), list(schema.categorical)
             self.stds = {c: float(train[c].std()) for c in self.numeric}
 
-    def truth(self, partition_id: Any, server_round: int) -> Examples:
+    def truth(self, partition_id: Key, server_round: int) -> Examples:
         """A client's examples of a round, or the union of a group's (a tuple of members)."""
         if isinstance(partition_id, tuple):
             parts = [self.truth(p, server_round) for p in partition_id]
@@ -80,22 +81,15 @@ class ClassifierScorer:
             self._pool = torch.cat(parts).reshape(sum(len(p) for p in parts), -1).double()
         return self._pool
 
-    def prior_guesses(self, partition_id: Any, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
-        """The prior-only reconstructions (the attacker's ``guess_from_prior`` on the public
-        contract), seeded per reply."""
-        seed = self.source.seed
-        return [guess_from_prior(self.contract, batch, prior_seed(seed, partition_id, server_round, d))
-                for d in range(PRIOR_DRAWS)]  # fmt: skip
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> Examples:
+        """The examples behind an attacked reply (``BesidePrior``; ``sent`` is not needed)."""
+        return self.truth(partition_id, server_round)
 
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Reconstruction) -> dict[str, float]:  # fmt: skip
-        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
-        group's size."""
-        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
-        truth = self.truth(partition_id, server_round)
-        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
-                                   partition_id)  # fmt: skip
+    def prior_guess(self, batch: int, seed: int) -> Reconstruction:
+        """A prior-only reconstruction: the attacker's ``guess_from_prior`` on the public contract."""
+        return guess_from_prior(self.contract, batch, seed)
 
-    def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Reconstruction]],
+    def illustrate(self, server_round: int, items: list[tuple[Key, Tensors, Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip
         """``attack_r<round>.png`` (images) or ``.md`` (rows): truth vs matched reconstruction."""
         shown = []

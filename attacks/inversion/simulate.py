@@ -11,7 +11,7 @@ import torch
 from flowerbed.clients.model_loss import ModelLoss
 
 if TYPE_CHECKING:
-    from flowerbed.attacks.common import Knowledge
+    from flowerbed.attacks.inversion.types import Knowledge
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
 

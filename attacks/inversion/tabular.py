@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import Knowledge
+from flowerbed.attacks.inversion.types import Knowledge
 
 MISMATCH = 1e6  # Hungarian cost of pairing two rows with different labels
 
