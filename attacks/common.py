@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from flwr.serverapp.strategy import Strategy
 
@@ -47,6 +47,8 @@ from flowerbed.clients.core.params import param
 from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.defenses import Mechanism
 from flowerbed.clients.defenses.filosofer import Release
+
+R = TypeVar("R", DiffusionReplay, ModelLossReplay)
 
 
 @dataclass
@@ -83,6 +85,13 @@ class AttackContext:
     def runs_on(self, capability: Capability) -> bool:
         return capability in self.capabilities
 
+    def replay_as(self, kind: type[R]) -> R:
+        """The replay as ``kind`` (``DiffusionReplay``, ``ModelLossReplay``): what an engine on
+        that capability takes (resolution made it so: another is an error, not a fallback)."""
+        if not isinstance(self.replay, kind):
+            raise TypeError(f"the context's replay is {type(self.replay).__name__}, not {kind.__name__}")  # fmt: skip
+        return self.replay
+
 
 # -- the registered class ---------------------------------------------------------------------------
 class Attack:
@@ -95,6 +104,8 @@ class Attack:
     """
 
     Params: ClassVar[type] = NoParams
+    #: the validated ``Params`` instance (a subclass may narrow it: ``params: Params``)
+    params: Any
     needs: ClassVar[Needs] = frozenset()
     #: (``TruthSource``) -> the scorer; typed loosely here: attack code never imports the truth
     scorer: ClassVar[Callable[..., Scorer[Any]] | None] = None

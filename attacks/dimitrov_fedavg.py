@@ -157,5 +157,9 @@ class DimitrovFedAvg(InversionAttack):
         iterations: int = param(400, ge=1)
         invariance: float = param(INVARIANCE, ge=0.0)  # 0: the ablation (no invariance prior)
 
+    params: Params
+
     def engine(self) -> DimitrovEngine:
-        return DimitrovEngine(self.ctx.replay, self.budgeted(), self.params.invariance)
+        return DimitrovEngine(
+            self.ctx.replay_as(ModelLossReplay), self.budgeted(), self.params.invariance
+        )

@@ -243,5 +243,7 @@ class ModelStealing(Attack):
         lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
         steps: int = param(150, ge=1)
 
+    params: Params
+
     def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         return AttackObserver(strategy, writer, Stealing(self.ctx, self.params))

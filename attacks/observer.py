@@ -42,7 +42,7 @@ import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -66,6 +66,8 @@ from flowerbed.clients.defenses.secagg import MEMBERS_RECORD
 ATTACKS_FILE = "attacks.jsonl"
 HEADLINE = ("success", "prior", "advantage")  # also kept per attacked round in the summary
 
+A = TypeVar("A", bound=Answer)
+
 
 def as_tensors(record: ArrayRecord) -> Tensors:
     return {k: v.float() for k, v in record.to_torch_state_dict().items()}
@@ -74,8 +76,17 @@ def as_tensors(record: ArrayRecord) -> Tensors:
 def members_of(reply: Message) -> tuple[int, ...]:
     """Who contributed to a reply: its secure-aggregation group, else its own partition id."""
     if MEMBERS_RECORD in reply.content.config_records:
-        return tuple(int(p) for p in reply.content[MEMBERS_RECORD]["members"])
-    return (int(reply.content["metrics"]["partition-id"]),)
+        members = reply.content.config_records[MEMBERS_RECORD]["members"]
+        return tuple(int(p) for p in cast(list[int], members))
+    return (number(reply.content.metric_records["metrics"], "partition-id"),)
+
+
+def number(record: MetricRecord, key: str) -> int:
+    """A reply's integer metric (``partition-id``, ``num-examples``)."""
+    value = record[key]
+    if not isinstance(value, int | float):
+        raise TypeError(f"reply metric {key!r} is {value!r}, not a number")
+    return int(value)
 
 
 class Hooks:
@@ -102,19 +113,19 @@ class Hooks:
         return None
 
 
-class Inverting(Hooks):
+class Inverting(Hooks, Generic[A]):
     """Each attacked reply inverted by ``attack`` -- kept by the prior-keeping attacker where it
     can guess from the prior (``attacks.prior``; ``keep_prior_guess=False``: as it is) -- with
     its ``estimate`` printed before the first update of each size; with ``pooling`` (the attack
     itself, where it pools), each client's answers of the rounds so far pooled too (scored as
     ``agg_*``)."""
 
-    def __init__(self, attack: Inverter[Answer], seed: int = 0,
-                 pooling: Pooling[Answer] | None = None, keep_prior_guess: bool = True) -> None:  # fmt: skip
+    def __init__(self, attack: Inverter[A], seed: int = 0, pooling: Pooling[A] | None = None,
+                 keep_prior_guess: bool = True) -> None:  # fmt: skip
         """``seed``: the run's (the prior-keeping attacker's guesses are seeded from it)."""
         self.attack = keep_prior(attack, seed, keep_prior_guess)
         self.pooling = pooling
-        self.history: dict[Key, list[Answer]] = {}
+        self.history: dict[Key, list[A]] = {}
         self.estimates: dict[int, Estimate] = {}  # the attack's estimate per update size
 
     def answer(self, observer: AttackObserver, server_round: int, key: Key,
@@ -182,8 +193,8 @@ class AttackObserver(StrategyWrapper):
             members = members_of(reply)
             if not self.targets.intersection(members):
                 continue
-            received = as_tensors(reply.content["arrays"])
-            examples = int(reply.content["metrics"]["num-examples"])
+            received = as_tensors(reply.content.array_records["arrays"])
+            examples = number(reply.content.metric_records["metrics"], "num-examples")
             self.hooks.observe(members, server_round, sent, received, examples)
             if not attacked:
                 continue

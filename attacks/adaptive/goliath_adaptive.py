@@ -17,6 +17,7 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.adaptive.inversion import DefenseAware, DefenseAwareInversion
 from flowerbed.attacks.common import InversionAttack
 from flowerbed.attacks.goliath import GOLIATH, GoliathParams, TabularInversion, TruthScorer
+from flowerbed.attacks.inversion.types import DiffusionReplay
 from flowerbed.attacks.observer import AttackObserver
 from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
@@ -38,13 +39,16 @@ class GoliathAdaptive(InversionAttack):
         average_rounds: int = param(4, ge=1)  # noisy updates of one client averaged (DP); 1 = none
         compare_unaware: bool = True  # also run the unaware Goliath on the same replies
 
+    params: Params
+
     def engine(self) -> DefenseAwareInversion:
         """Goliath reading the update through the published mechanisms the context holds."""
-        return DefenseAwareInversion(self.ctx.replay, self.budgeted(), self.ctx.mechanisms,
+        return DefenseAwareInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted(), self.ctx.mechanisms,
                                      self.params.average_rounds)  # fmt: skip
 
     def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         p = self.params
-        unaware = TabularInversion(self.ctx.replay, self.budgeted()) if p.compare_unaware else None
+        replay = self.ctx.replay_as(DiffusionReplay)
+        unaware = TabularInversion(replay, self.budgeted()) if p.compare_unaware else None
         hooks = DefenseAware(self.engine(), unaware, seed=self.ctx.seed)
         return AttackObserver(strategy, writer, hooks, scorer, p.target_clients, p.rounds)

@@ -59,6 +59,7 @@ from flowerbed.attacks.inversion.types import (
     InversionSettings,
     Knowledge,
     ModelLossReplay,
+    Reading,
     Reconstruction,
 )
 from flowerbed.attacks.observer import AttackObserver
@@ -88,8 +89,8 @@ def update_noise_std(mechanism: GaussianNoise, contract: ModelLoss, batch: int) 
 class RememberingAttack(ModelLossAttack):
     """The unaware model-loss attack, remembering its last (reply, reconstruction)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, replay: ModelLossReplay, settings: InversionSettings, name: str = "") -> None:  # fmt: skip
+        super().__init__(replay, settings, name)
         self.last: tuple[dict, Reconstruction] | None = None
 
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
@@ -156,7 +157,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
 
     def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge:  # fmt: skip
         base = super().knowledge(sent, reply, num_examples)
-        readings: list[Any] = []
+        readings: list[Reading] = []
         absent_at: float | None = 0.0
         first = self.contract.first_linear[0] if self.contract.first_linear else None
         for mechanism in self.mechanisms:
@@ -237,6 +238,7 @@ class ModelLossAdaptive(InversionAttack):
     reads_aggregates = True  # secure-aggregation groups are attacked as their union
 
     Params = ModelLossAdaptiveParams
+    params: ModelLossAdaptiveParams
     needs = ON_MODEL_LOSS
     scorer = ClassifierScorer
     base: ClassVar[str]  # the unaware attack's registered name
@@ -244,8 +246,9 @@ class ModelLossAdaptive(InversionAttack):
     def engine(self) -> DefenseAwareModelLoss:
         """The aware attack with its unaware companion (``plain``: reused where nothing adapts)."""
         settings = self.budgeted()  # a budget of 0: the attack's own
-        plain = RememberingAttack(self.ctx.replay, settings, self.base)
-        return DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
+        replay = self.ctx.replay_as(ModelLossReplay)
+        plain = RememberingAttack(replay, settings, self.base)
+        return DefenseAwareModelLoss(replay, settings, self.registry_name,
                                      self.ctx.mechanisms, plain)  # fmt: skip
 
     def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:

@@ -30,7 +30,7 @@ from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import WeightFlipping
-from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
+from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release
 from flowerbed.clients.training import load_state
 
 DETECTORS = ("extremes", "magnitude", "saliency")
@@ -108,6 +108,8 @@ class ModelStealingAdaptive(ModelStealing):
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
+    params: Params
+
     def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         params = self.params
         if not params.rho:  # the release's published flip fraction
@@ -116,8 +118,9 @@ class ModelStealingAdaptive(ModelStealing):
         return AttackObserver(strategy, writer, Stealing(self.ctx, params, adaptive_metrics))
 
 
-def adaptive_metrics(rel: Any, attacker: tuple, test: tuple, seed: int, hidden: list[int],
-                     params: Any, plain: dict[str, float]) -> dict[str, float]:  # fmt: skip
+def adaptive_metrics(rel: Release, attacker: tuple[torch.Tensor, torch.Tensor],
+                     test: tuple[torch.Tensor, torch.Tensor], seed: int, hidden: list[int],
+                     params: ModelStealingAdaptive.Params, plain: dict[str, float]) -> dict[str, float]:  # fmt: skip
     """The adaptive attacker on the same release, data and budget as the plain one (which it may
     also just run: its surrogate is the best of the detectors and the plain attack)."""
     out: dict[str, float] = {}

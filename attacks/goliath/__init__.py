@@ -33,6 +33,7 @@ from flowerbed.attacks.goliath.closed_forms import (
 from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
 from flowerbed.attacks.goliath.optimisation import invert
 from flowerbed.attacks.goliath.scoring import TruthScorer
+from flowerbed.attacks.inversion.types import DiffusionReplay
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
@@ -63,5 +64,7 @@ class Goliath(InversionAttack):
     class Params(GoliathParams):  # Goliath's budget, and:
         aggregate_rounds: bool = True  # pool each client's rounds (FedAvg: the same rows again)
 
+    params: Params
+
     def engine(self) -> TabularInversion:
-        return TabularInversion(self.ctx.replay, self.budgeted())
+        return TabularInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted())

@@ -34,6 +34,9 @@ from flowerbed.clients.tabdiff.model import (
     split_blocks,
 )
 
+#: a closed form's rows with their latents: (rows, timesteps, [MASK] pattern or None, noise)
+ClosedForm = tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor]
+
 
 def _gaussian_rows(spec: DiffusionSpec, x_t: torch.Tensor, eps: torch.Tensor,
                    t: torch.Tensor) -> Rows:  # fmt: skip
@@ -319,9 +322,7 @@ def _refine_timesteps(g: torch.Tensor, t0: torch.Tensor, hidden: int) -> torch.T
     return t.detach().clamp(T_MIN, 1)
 
 
-def analytic_time(
-    know: Knowledge, norm: int | None = None
-) -> tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+def analytic_time(know: Knowledge, norm: int | None = None) -> ClosedForm | None:
     """Closed-form inversion of a FedSGD update through the time embedding, both regimes, B <= h.
 
     (1) t_i from the first time layer (``timesteps_from_embedding``); (2) with t_i known, the
@@ -372,7 +373,7 @@ def analytic_time(
 
 def closed_form(
     know: Knowledge,
-) -> tuple[tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None, float]:
+) -> tuple[ClosedForm | None, float]:
     """The best closed-form candidate (FedSGD) and its gradient-match score: the single-row
     ratio for B = 1, else the time-embedding route and (mixed) the one-hot signature route."""
     if know.batch == 1:

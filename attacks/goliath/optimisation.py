@@ -6,14 +6,18 @@ by the closed forms, scored by gradient match and pooled.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from flowerbed.attacks.goliath.aggregation import align_and_vote
-from flowerbed.attacks.goliath.closed_forms import analytic_b1, closed_form, closed_form_local_sgd
+from flowerbed.attacks.goliath.closed_forms import (
+    ClosedForm,
+    analytic_b1,
+    closed_form,
+    closed_form_local_sgd,
+)
 from flowerbed.attacks.goliath.knowledge import (
     CLOSED_FORM_ACCEPT,
     LOCAL_SGD_ACCEPT,
@@ -101,8 +105,9 @@ def _project_masks(know: Knowledge, v: Variables) -> None:
         v.l.copy_(torch.where(rank < r[..., None].clamp(0, c), 3.0, -3.0))
 
 
-def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: Any = None,
-                closed: Any = None) -> tuple[Variables, float]:  # fmt: skip
+def invert_once(know: Knowledge, cfg: InversionSettings, restart: int,
+                oracle: list[Latents] | None = None,
+                closed: ClosedForm | None = None) -> tuple[Variables, float]:  # fmt: skip
     """One restart of the configured inversion; returns its variables and hard-projected score."""
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
     knobs, batch = cfg.diffusion, know.batch
@@ -169,7 +174,7 @@ def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: A
     return v, _hard_score(know, v, cfg)
 
 
-def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] | None:
+def warm_start(know: Knowledge, rec: Reconstruction | None) -> ClosedForm | None:
     """``rec``'s rows and fitted latents as a restart's start (``invert_once``'s ``closed``):
     its t, mask and noise where it has them; None without fitted timesteps (prior rows)."""
     if rec is None or rec.t is None or len(rec.t) != len(rec.num):
@@ -212,7 +217,7 @@ def start_score(know: Knowledge, rec: Reconstruction, cfg: InversionSettings) ->
     return _hard_score(know, v, cfg) if fitted else float("inf")
 
 
-def invert(know: Knowledge, cfg: InversionSettings, oracle: Any = None,
+def invert(know: Knowledge, cfg: InversionSettings, oracle: list[Latents] | None = None,
            start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
     """Run ``cfg.restarts`` restarts on ``know.update``; keep the best (or pool them, TabLeak);
     decode. ``oracle``: the true latents (the upper bound of ``latents="oracle"``; never an attack's).

@@ -121,7 +121,7 @@ class Reconstruction:
     x: torch.Tensor | Rows
     score: float  # the attack's objective at the end (lower = better match; nan: not matched)
     y: torch.Tensor | None = None  # labels, where the model has them
-    decoded: Any = None  # original units: DataFrame rows, or images
+    decoded: Any = None  # original units: DataFrame rows, or images (the scorer knows which)
     seconds: float = 0.0
     method: str = ""
     #: tabular diffusion: the fitted per-row latents (timestep, [MASK] pattern, noise)
@@ -133,14 +133,21 @@ class Reconstruction:
     choice: dict[str, float] | None = None  # set by the defense-aware selection
 
     @property
+    def rows(self) -> Rows:
+        """The denoiser's rows (tabular diffusion; a model-loss tensor is a ``TypeError``)."""
+        if not isinstance(self.x, Rows):
+            raise TypeError(f"a {self.method or 'model-loss'} reconstruction holds a tensor, not rows")  # fmt: skip
+        return self.x
+
+    @property
     def num(self) -> torch.Tensor:
         """The denoiser rows' numerics (tabular diffusion)."""
-        return self.x.num
+        return self.rows.num
 
     @property
     def cat(self) -> torch.Tensor:
         """The denoiser rows' category probabilities (tabular diffusion)."""
-        return self.x.cat
+        return self.rows.cat
 
     @property
     def batch(self) -> int:
@@ -217,7 +224,7 @@ class InversionSettings:
 BUDGET, DIFFUSION_BUDGET = ("restarts", "iterations"), ("latents", "cycles")
 
 
-def with_budget(settings: InversionSettings, params: Any, seed: int) -> InversionSettings:
+def with_budget(settings: InversionSettings, params: object, seed: int) -> InversionSettings:
     """``settings`` with the run's seed and an attack's typed params applied (``restarts``,
     ``iterations``, and on diffusion ``latents``, ``cycles``, where the params have them); a
     budget of 0 keeps the settings' own value (the defense-aware model-loss variants'
