@@ -102,7 +102,7 @@ def cell(workload: str, seed: int, rows: int, epochs: int, optimizer: str, rnd: 
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
     from flowerbed.attacks.inversion.types import ModelLossReplay
     from flowerbed.clients.workloads import build_workload
-    from flowerbed.server.runner import truth_source
+    from flowerbed.server.wrappers import truth_source
 
     cfg = _config(workload, seed, rows, epochs, optimizer, clients)
     work = build_workload(cfg)

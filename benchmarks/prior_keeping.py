@@ -25,7 +25,7 @@ def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, replay, sent, 
     from flowerbed.attacks.inversion.types import ModelLossReplay
     from flowerbed.clients.workloads import build_workload, fit_classifier
     from flowerbed.server.experiment import load_experiment
-    from flowerbed.server.runner import truth_source
+    from flowerbed.server.wrappers import truth_source
 
     cfg = load_experiment("quickstart", ["engine=inline", f"seed={seed}", "clients.num=3",
                                          "workload.params.protocol=fedsgd",

@@ -52,7 +52,7 @@ from flowerbed.clients.workloads.routing.mlp import (  # noqa: E402
     personalise_mlp,
 )
 from flowerbed.server.experiment import load_experiment  # noqa: E402
-from flowerbed.server.runner import OrderedGrid  # noqa: E402
+from flowerbed.server.grid import OrderedGrid  # noqa: E402
 from flowerbed.strategies.context import build_strategy  # noqa: E402
 
 CENTRAL_EPOCHS = 10  # pooled MLP: more epochs overfit (tuned on seed 0, alpha 0.1, coverage 0.3)

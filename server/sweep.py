@@ -57,7 +57,8 @@ from flowerbed.clients.core.config import (
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.cells import finished_ids, run_cells
 from flowerbed.server.experiment import resolve
-from flowerbed.server.sweep_report import ReportConfig, write_outputs
+from flowerbed.server.sweep_layout import ReportConfig
+from flowerbed.server.sweep_report import write_outputs
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY
 
 if TYPE_CHECKING:

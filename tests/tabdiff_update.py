@@ -12,7 +12,7 @@ from flwr.app import RecordDict
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import build_defenses
 from flowerbed.clients.workloads import build_workload
-from flowerbed.server.runner import build_attack
+from flowerbed.server.wrappers import build_attack
 
 
 def defended_update(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

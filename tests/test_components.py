@@ -10,6 +10,8 @@
   (``needs``) or a published mechanism, never which other component is running.
 - No import cycle between flowerbed's modules, function-level imports included (grimp reads every
   import statement): a package importing its own submodules is not a cycle.
+- No module in apps/ or server/ over ``MAX_LINES`` lines (issue 52): a longer one hides several
+  responsibilities; split it by responsibility.
 """
 
 from __future__ import annotations
@@ -127,3 +129,17 @@ def test_no_import_cycle_between_flowerbed_modules() -> None:
         if module not in state:
             visit(module, [])
     assert not cycles, [" -> ".join(c) for c in cycles[:5]]
+
+
+MAX_LINES = 450
+
+
+def test_no_module_in_apps_or_server_is_over_max_lines() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for top in ("apps", "server")
+        for path in (ROOT / top).rglob("*.py")
+    }
+    assert len(sizes) > 40, "the scan found too few modules"
+    too_long = {path: lines for path, lines in sizes.items() if lines > MAX_LINES}
+    assert not too_long, f"split by responsibility (<= {MAX_LINES} lines): {too_long}"

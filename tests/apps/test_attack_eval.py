@@ -90,7 +90,7 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.workloads import build_workload
     from flowerbed.server.experiment import load_experiment
-    from flowerbed.server.runner import truth_source
+    from flowerbed.server.wrappers import truth_source
 
     cfg = load_experiment("goliath-adult-mixed", [
         "engine=inline", "rounds=1", "clients.num=2", f"output.dir={tmp_path}", "output.plots=false",

@@ -456,7 +456,7 @@ def test_command_to_first_progress_line_imports_little():
 
 
 def test_process_start_is_this_process_start():
-    from flowerbed.apps.cli import process_start
+    from flowerbed.apps.cli.process import process_start
 
     age = time.time() - process_start()
     assert 0 < age < time.time() - psutil.Process().create_time() + 1.5

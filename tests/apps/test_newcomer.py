@@ -64,7 +64,7 @@ def test_new_experiment_writes_a_yaml_that_resolves_and_keeps_an_existing_one(tm
 
 
 def test_overrides_are_shown_by_show_report_and_plot_title():
-    from flowerbed.apps.cli import summary_view
+    from flowerbed.apps.cli.render import summary_view
     from flowerbed.server.experiment import load_experiment
     from flowerbed.server.results import render_report, titled
 

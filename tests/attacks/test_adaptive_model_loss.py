@@ -27,7 +27,7 @@ from flowerbed.clients.defenses import (
 )
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 FEDSGD = ["workload.params.protocol=fedsgd", "workload.params.batch_size=8", "workload.params.lr=1.0"]  # fmt: skip
 

@@ -37,7 +37,7 @@ from flowerbed.clients.defenses import (
 from flowerbed.clients.defenses.compression import quantize
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 from tests.tabdiff_update import attack_of, defended_update
 
 

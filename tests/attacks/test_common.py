@@ -21,7 +21,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.defenses import Quantisation
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import build_attack
+from flowerbed.server.wrappers import build_attack
 
 ATTACK_SOURCES = Path(__file__).resolve().parents[2] / "attacks"
 #: parameter names a config dict would arrive under

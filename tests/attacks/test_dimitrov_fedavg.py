@@ -19,7 +19,7 @@ from flowerbed.attacks.inversion.types import ModelLossReplay
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 #: 20 images a round, batch 5, 4 local epochs of SGD (lr 0.1, momentum 0.9): 16 reshuffled steps
 FEDAVG = ["workload.params.protocol=fedavg", "workload.params.batch_size=5",

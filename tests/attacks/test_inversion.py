@@ -24,7 +24,7 @@ from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay, Recons
 from flowerbed.clients.core.capabilities import Capability, alternatives, describe, fits
 from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 
 def _workload(preset: str, *overrides: str):

@@ -47,7 +47,7 @@ def test_model_stealing_needs_the_filosofer_workload(inline_cfg):
 def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(inline_cfg):
     from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
     from flowerbed.clients.workloads import build_workload
-    from flowerbed.server.runner import build_attack
+    from flowerbed.server.wrappers import build_attack
 
     def rho(cfg: dict) -> float:
         attack, _ = build_attack(cfg, build_workload(cfg))

@@ -19,7 +19,7 @@ from flowerbed.attacks.inversion.types import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.prior import PriorKeeping, advantage
 from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 
 def test_advantage_is_zero_at_the_prior_one_at_full_recovery() -> None:

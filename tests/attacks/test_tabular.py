@@ -18,8 +18,8 @@ from flowerbed.attacks.inversion.tabular import present_columns
 from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
 from flowerbed.server.sweep import cell_config, cells_of, load_sweep
+from flowerbed.server.wrappers import truth_source
 
 FEDSGD = ["workload.params.protocol=fedsgd", "workload.params.batch_size=8", "workload.params.lr=1.0"]  # fmt: skip
 FEDAVG = ["workload.params.protocol=fedavg", "workload.params.batch_size=32",

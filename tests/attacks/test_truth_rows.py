@@ -12,7 +12,7 @@ from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.tabdiff import ROWS_KEY
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import truth_source
+from flowerbed.server.wrappers import truth_source
 
 
 def test_first_visits_lists_each_row_once_at_its_first_step() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flowerbed.server import deploy
+from flowerbed.server import credentials, deploy
 from flowerbed.server.engines.deployment import DeploymentError, run_deployment
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.processes import (
@@ -253,7 +253,7 @@ def test_plain_flwr_run_adopts_the_connected_nodes(federation, tmp_path):
 
 def test_unregistered_key_is_refused(federation, tmp_path):
     key = tmp_path / "stranger"
-    deploy.make_node_key(key)
+    credentials.make_node_key(key)
     state = dict(federation, node_ports=[deploy.free_port()])
     cmd = deploy.supernode_command(state, 0, key, insecure=False)
     outcome = _refused(cmd, tmp_path, "stranger")
@@ -271,7 +271,7 @@ def test_insecure_supernode_cannot_talk_to_tls_superlink(federation, tmp_path):
 
 
 def test_supernode_with_another_ca_is_refused(federation, tmp_path):
-    deploy.make_certificates(tmp_path / "other")
+    credentials.make_certificates(tmp_path / "other")
     state = dict(federation, node_ports=[deploy.free_port()])
     cmd = deploy.supernode_command(
         state, 0, Path(federation["dir"]) / "keys" / "supernode0", insecure=False,
@@ -350,7 +350,7 @@ def test_register_cli_tolerates_known_keys(federation):
 
 
 def test_register_cli_one_line_error_when_nothing_listens(tmp_path):
-    deploy.make_node_key(tmp_path / "k")
+    credentials.make_node_key(tmp_path / "k")
     done = subprocess.run(
         [sys.executable, "-m", "flowerbed.apps.cli", "deploy", "register", str(tmp_path / "k.pub"),
          "--superlink", f"127.0.0.1:{deploy.free_port()}", "--retries", "1"],
@@ -411,10 +411,10 @@ def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
 
     owner = (49999, 49999) if os.geteuid() == 0 else None
     certs, keys = tmp_path / "certs", tmp_path / "keys"
-    first = deploy.ensure_credentials(certs, keys, 2, owner=owner)
+    first = credentials.ensure_credentials(certs, keys, 2, owner=owner)
     assert first == ["ca.crt", "supernode0", "supernode1"]
     ca = (certs / "ca.crt").read_bytes()
-    assert deploy.ensure_credentials(certs, keys, 3, owner=owner) == ["supernode2"]
+    assert credentials.ensure_credentials(certs, keys, 3, owner=owner) == ["supernode2"]
     assert (certs / "ca.crt").read_bytes() == ca
     for path, mode in [(certs / "server.key", 0o600), (certs / "ca.crt", 0o644),
                        (keys / "supernode0", 0o600)]:  # fmt: skip
@@ -424,7 +424,7 @@ def test_credentials_are_kept_and_readable_by_the_images_user(tmp_path):
 
 
 def test_run_against_an_unreachable_superlink_is_one_line_exit_2(tmp_path):
-    deploy.make_certificates(tmp_path / "certs")
+    credentials.make_certificates(tmp_path / "certs")
     done = subprocess.run(
         [sys.executable, "-m", "flowerbed.apps.cli", "run", "quickstart", "clients.num=2",
          "--engine", "deployment", "--superlink", f"127.0.0.1:{deploy.free_port()}",

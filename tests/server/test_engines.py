@@ -152,15 +152,15 @@ def test_simulation_nodes_map_to_partitions_in_flowers_registration_order(
     """Flower's own simulation registration (``vce_api._register_nodes``) on its in-memory link
     state and Grid: the runner reads node i -> partition i from the state's node table, for
     thousands of nodes, without asking any node, and keeps nothing per node in the ServerApp."""
-    from flowerbed.server import runner
+    from flowerbed.server import grid as grid_plumbing
 
     _, grid, flowers_mapping = flower_simulation(3000)
 
     def asked(grid, node_ids, timeout=600.0):  # noqa: ANN001
         raise AssertionError(f"{len(node_ids)} nodes were asked")
 
-    monkeypatch.setattr(runner, "ask_partitions", asked)
-    ordered = runner.OrderedGrid(grid, lambda *_: None, by_partition=True)
+    monkeypatch.setattr(grid_plumbing, "ask_partitions", asked)
+    ordered = grid_plumbing.OrderedGrid(grid, lambda *_: None, by_partition=True)
     node_ids = ordered.get_node_ids()
     assert node_ids == sorted(flowers_mapping, key=flowers_mapping.__getitem__)
     assert ordered.partitions == {}  # read from Flower's node table on each call, not copied

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from flowerbed.server.runner import poll_replies
+from flowerbed.server.grid import poll_replies
 
 
 class _Grid:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from flowerbed.server.robustness_report import heatmap, is_robustness, robustness_md, worst_case
-from flowerbed.server.sweep_report import markdown_table
+from flowerbed.server.sweep_layout import markdown_table
 
 
 def _cells() -> pd.DataFrame:

@@ -9,7 +9,8 @@ import yaml
 
 from flowerbed.apps.inline import inline_grid
 from flowerbed.server.sweep import load_sweep, run_sweep
-from flowerbed.server.sweep_report import family_of, short_labels, strength_of
+from flowerbed.server.sweep_plots import short_labels
+from flowerbed.server.sweep_study import family_of, strength_of
 
 
 def test_family_and_strength_of_defense_labels():
@@ -98,7 +99,7 @@ def _crowded_study(n: int = 15):
     pixels wide beside the undefended point far off), 3 seeds each."""
     from types import SimpleNamespace
 
-    from flowerbed.server.sweep_report import ReportConfig
+    from flowerbed.server.sweep_layout import ReportConfig
 
     rows = []
     settings = [(f"dp-sgd(max_grad_norm=1.0,noise_multiplier={0.1 * (i + 1):.1f})", 0.5 + 0.0005 * i,
@@ -123,7 +124,7 @@ def test_crowded_frontier_labels_do_not_overlap(tmp_path):
     own inside the figure, measured with the renderer's window extents."""
     from matplotlib.text import Text
 
-    from flowerbed.server.sweep_report import frontier_plot
+    from flowerbed.server.sweep_plots import frontier_plot
 
     sweep, frame = _crowded_study()
     fig = frontier_plot(sweep, frame, tmp_path / "frontier.png", close=False)

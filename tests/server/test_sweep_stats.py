@@ -7,15 +7,11 @@ import numpy as np
 import pandas as pd
 
 from flowerbed.server.sweep import Arm, SweepConfig
-from flowerbed.server.sweep_report import (
-    Goal,
-    ReportConfig,
-    frontier_plot,
-    panels_of,
-    pareto,
-    place_labels,
-)
+from flowerbed.server.sweep_labels import place_labels
+from flowerbed.server.sweep_layout import Goal, ReportConfig
+from flowerbed.server.sweep_plots import frontier_plot
 from flowerbed.server.sweep_stats import bootstrap, paired
+from flowerbed.server.sweep_study import panels_of, pareto
 
 REPORT = ReportConfig(rows="defenses", value="attack.unaware_success", adaptive="attack.success",
                       utility="central.accuracy", utility_goal=Goal.max)  # fmt: skip

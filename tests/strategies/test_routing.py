@@ -23,7 +23,7 @@ from flowerbed.clients.workloads.routing.kmeans import (
     lloyd_stats,
 )
 from flowerbed.server.experiment import load_experiment
-from flowerbed.server.runner import OrderedGrid
+from flowerbed.server.grid import OrderedGrid
 from flowerbed.strategies.context import build_strategy
 from flowerbed.strategies.fed_kmeans import aggregate_lloyd
 from flowerbed.strategies.fed_mlp import aggregate_router_mlp

@@ -1,0 +1,5 @@
+"""``python -m flowerbed.apps.cli``: the ``flowerbed`` console script."""
+
+from flowerbed.apps.cli import main
+
+main()
