@@ -9,7 +9,7 @@
   (``target_clients``) and which rounds (``rounds``) are attacked;
 - ``AttackContext``: what the server knows of the run: seed, rounds, clients, the public knowledge
   of the capability the attack runs on (a ``Replay`` of the model, or the model-release setup) and
-  the defenses' published mechanisms. The runner builds it (``server/runner.py``);
+  the defenses' published mechanisms. The runner builds it (``server/wrappers.py``);
 - ground truth is the scorer's alone: the runner builds the attack class's ``scorer`` from a
   ``TruthSource`` (``attacks.truth``) and hands the scorer to ``wrap``, so the attack's own object
   and its engine never receive it;
@@ -29,12 +29,9 @@ from typing import Any, ClassVar, TypeVar
 
 from flwr.serverapp.strategy import Strategy
 
-from flowerbed.attacks.inversion.types import (  # (re-exported for server/runner.py and apps/attack_eval.py)  # noqa: F401
-    DiffusionKnobs,
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
-    Knowledge,
-    ModelLossKnobs,
     ModelLossReplay,
     Reconstruction,
     Replay,
@@ -63,7 +60,7 @@ class ObservedParams:
 # -- what an attack receives, and what its scorer receives ------------------------------------------
 @dataclass(frozen=True)
 class AttackContext:
-    """The narrow view of a run an attack gets (``server/runner.py: attack_context``).
+    """The narrow view of a run an attack gets (``server/wrappers.py: attack_context``).
 
     ``capabilities``: what the workload offers of the attack's ``needs`` (the alternative that
     fits: an attack picks its implementation from it); ``replay``: the public model of a

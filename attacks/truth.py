@@ -1,6 +1,6 @@
 """Ground truth, for the scorers only (registers nothing; no attack engine imports it).
 
-The runner (``server/runner.py: truth_source``) builds a ``TruthSource`` from the config and the
+The runner (``server/wrappers.py: truth_source``) builds a ``TruthSource`` from the config and the
 server's workload and hands it to the attack class's ``scorer``; the scorer rebuilds a client's
 round data through it after the attack has answered. ``BesidePrior``: the inversion scorers'
 template (the answer and the prior guesses scored against the same truth).

@@ -13,12 +13,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import strategy_utils
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import (
-    Attack,
-    AttackContext,
-    DiffusionReplay,
-    ModelLossReplay,
-)
+from flowerbed.attacks.common import Attack, AttackContext
+from flowerbed.attacks.inversion.types import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability, alternatives, offered
 from flowerbed.clients.core.seeding import client_seed
