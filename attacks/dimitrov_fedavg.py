@@ -73,7 +73,9 @@ def matched_mean(copies: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, l
 
 
 def invert_fedavg(
-    know: Knowledge, settings: InversionSettings = SETTINGS, invariance: float = INVARIANCE
+    know: Knowledge[ModelLossReplay],
+    settings: InversionSettings = SETTINGS,
+    invariance: float = INVARIANCE,
 ) -> Reconstruction:
     """Dimitrov et al.'s reconstruction of one FedAvg update (module docstring)."""
     torch.set_num_threads(1)

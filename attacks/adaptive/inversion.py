@@ -184,7 +184,7 @@ class DefenseAwareInversion(TabularInversion):
         self.mechanisms = list(mechanisms)
         self.average_rounds = average_rounds
         #: the latest observed updates of each target (one client, or a secure-aggregation group)
-        self.history: dict[tuple[int, ...], list[Knowledge]] = {}
+        self.history: dict[tuple[int, ...], list[Knowledge[DiffusionReplay]]] = {}
 
     @property
     def averages_noise(self) -> bool:
@@ -209,7 +209,7 @@ class DefenseAwareInversion(TabularInversion):
         seen.append(self.knowledge(sent, reply, examples))
         del seen[: -max(self.average_rounds, 1)]
 
-    def _averaged(self, members: tuple[int, ...]) -> list[Knowledge]:
+    def _averaged(self, members: tuple[int, ...]) -> list[Knowledge[DiffusionReplay]]:
         """The observations the attack inverts together: the latest alone, or (DP noise, FedSGD)
         every recorded one of the same batch size, averaged."""
         seen = self.history[members]
@@ -275,7 +275,7 @@ class DefenseAwareInversion(TabularInversion):
             return score
         return min(score, rows_score(aware, rec.num, rec.cat, self.settings, seed, rec))
 
-    def aware(self, know: Knowledge) -> Knowledge:
+    def aware(self, know: Knowledge[DiffusionReplay]) -> Knowledge[DiffusionReplay]:
         """``know`` read through the defenses' published mechanisms (``view_for``)."""
         return replace(know, reading=self.view_for(know.update))
 
@@ -305,7 +305,7 @@ class DefenseAwareInversion(TabularInversion):
         return any(isinstance(m, Sparsification) for m in self.mechanisms)
 
     def _closed_form_on_completion(
-        self, seen: Knowledge, aware: Knowledge
+        self, seen: Knowledge[DiffusionReplay], aware: Knowledge[DiffusionReplay]
     ) -> Reconstruction | None:
         """Goliath's closed forms on the low-rank completion of a top-k update, scored by how well
         their rows explain the *kept* coordinates (the top-k view of their update)."""
@@ -331,7 +331,7 @@ class DefenseAwareInversion(TabularInversion):
             best.seconds = time.perf_counter() - start
         return best
 
-    def _invert_average(self, seen: list[Knowledge]) -> Reconstruction:
+    def _invert_average(self, seen: list[Knowledge[DiffusionReplay]]) -> Reconstruction:
         """R noisy FedSGD gradients of the same rows: their sum is R steps of local SGD on them."""
         latest = seen[-1]
         steps = Protocol("fedavg", latest.batch, AVERAGE_LR, len(seen), "sgd")

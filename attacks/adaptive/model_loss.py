@@ -152,10 +152,10 @@ class DefenseAwareModelLoss(ModelLossAttack):
             return self.match(sent, reply, rec)
         plain = replace(self.knowledge(sent, reply, examples), reading=None)
         with torch.enable_grad():
-            sim = observed(plain, rec.x.to(plain.dtype), rec.y, create_graph=False)
+            sim = observed(plain, rec.inputs.to(plain.dtype), rec.labels, create_graph=False)
         return rounding_nll(sim, plain.update, min(bits))
 
-    def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge:  # fmt: skip
+    def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge[ModelLossReplay]:  # fmt: skip
         base = super().knowledge(sent, reply, num_examples)
         readings: list[Reading] = []
         absent_at: float | None = 0.0
@@ -200,7 +200,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
         return self.invert(sent, reply, examples)
 
 
-def completed_first_layer(know: Knowledge) -> dict[str, torch.Tensor]:
+def completed_first_layer(know: Knowledge[ModelLossReplay]) -> dict[str, torch.Tensor]:
     """The update with its first layer's dropped entries filled by low-rank completion (rank at
     most the batch size: ``[dW | db] = sum_i delta_i [x_i, 1]^T``)."""
     update = know.update

@@ -31,7 +31,9 @@ class TabularInversion:
     def __init__(self, replay: DiffusionReplay, settings: InversionSettings) -> None:
         self.replay, self.settings = replay, settings
 
-    def knowledge(self, sent: Tensors, reply: Tensors, num_examples: int) -> Knowledge:
+    def knowledge(
+        self, sent: Tensors, reply: Tensors, num_examples: int
+    ) -> Knowledge[DiffusionReplay]:
         return Knowledge.observe(self.replay, sent, reply, num_examples)
 
     def invert(self, sent: Tensors, reply: Tensors, num_examples: int) -> Reconstruction:

@@ -97,10 +97,10 @@ class ClassifierScorer(BesidePrior[Examples]):
         for pid, _, rec in items:
             truth = self.truth(pid, server_round)
             if self.kind == "image":
-                res = image_scores(truth.x, rec.x)
-                found = self.identified(truth.x, rec.x[res["perm"]])
+                res = image_scores(truth.x, rec.inputs)
+                found = self.identified(truth.x, rec.inputs[res["perm"]])
                 note = f"PSNR {res['psnr']:.1f} dB, identified {found:.2f}"
-                shown.append(Shown(f"partition {pid}", _planes(truth.x), _planes(rec.x[res["perm"]]),
+                shown.append(Shown(f"partition {pid}", _planes(truth.x), _planes(rec.inputs[res["perm"]]),
                                    note))  # fmt: skip
             else:
                 rows = self.contract.decode(truth.x)
@@ -119,11 +119,11 @@ class ClassifierScorer(BesidePrior[Examples]):
         cell accuracy; label accuracy. ``identify=False``: images without the lineup (``success`` =
         the PSNR-recovered share)."""
         if self.kind == "image":
-            res = image_scores(truth.x, rec.x)
+            res = image_scores(truth.x, rec.inputs)
             perm = res.pop("perm")
             out = {k: float(v) for k, v in res.items()} | {"success": res["recovered"]}
             if identify:
-                out["identified"] = self.identified(truth.x, rec.x[perm])
+                out["identified"] = self.identified(truth.x, rec.inputs[perm])
                 out["success"] = out["identified"]
         else:
             truth_rows = self.contract.decode(truth.x)
@@ -132,7 +132,7 @@ class ClassifierScorer(BesidePrior[Examples]):
             perm = res["perm"]
             out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}
             out["success"] = out["accuracy"]
-        out["label_accuracy"] = float((rec.y[perm].cpu() == truth.y).double().mean())
+        out["label_accuracy"] = float((rec.labels[perm].cpu() == truth.y).double().mean())
         return out
 
     def identified(self, truth: torch.Tensor, matched: torch.Tensor) -> float:

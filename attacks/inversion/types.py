@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -83,11 +83,16 @@ Replay = DiffusionReplay | ModelLossReplay
 
 
 # -- what the attacker knows and sees of one update ------------------------------------------------
-@dataclass
-class Knowledge:
-    """One observed client update with the public knowledge needed to invert it."""
+RP = TypeVar("RP", DiffusionReplay, ModelLossReplay)
 
-    replay: Replay  # the public model (architecture, protocol, preprocessing)
+
+@dataclass
+class Knowledge(Generic[RP]):
+    """One observed client update with the public knowledge needed to invert it (``RP``: the
+    replay it is read on: Goliath's engine takes ``Knowledge[DiffusionReplay]``, the model-loss
+    loop ``Knowledge[ModelLossReplay]``)."""
+
+    replay: RP  # the public model (architecture, protocol, preprocessing)
     params: Tensors  # the global model sent this round
     update: Tensors  # what the replay matches (``Replay.target`` of the reply)
     batch: int  # the reply's num-examples
@@ -102,7 +107,7 @@ class Knowledge:
     absent_at: float | None = 0.0
 
     @classmethod
-    def observe(cls, replay: Replay, sent: Tensors, reply: Tensors, batch: int) -> Knowledge:
+    def observe(cls, replay: RP, sent: Tensors, reply: Tensors, batch: int) -> Knowledge[RP]:
         """The server's view of a reply: ``replay``'s target of (sent, reply), ``batch`` examples."""
         return cls(replay, dict(sent), replay.target(sent, reply), batch)
 
@@ -138,6 +143,20 @@ class Reconstruction:
         if not isinstance(self.x, Rows):
             raise TypeError(f"a {self.method or 'model-loss'} reconstruction holds a tensor, not rows")  # fmt: skip
         return self.x
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        """The model-space input tensor (model-loss; the denoiser's rows are a ``TypeError``)."""
+        if isinstance(self.x, Rows):
+            raise TypeError(f"a {self.method or 'diffusion'} reconstruction holds rows, not a tensor")  # fmt: skip
+        return self.x
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The labels (a model with labels; ``TypeError`` where there are none)."""
+        if self.y is None:
+            raise TypeError(f"a {self.method or 'diffusion'} reconstruction holds no labels")
+        return self.y
 
     @property
     def num(self) -> torch.Tensor:
