@@ -160,3 +160,19 @@ def test_one_settings_constant_covers_both_replays() -> None:
     assert budget.diffusion.latents == "fixed"
     zero = ATTACKS.get("tableak-adaptive").Params()  # restarts=0: the settings' own
     assert with_budget(ATTACKS.get("tableak-adaptive").settings, zero, 0).restarts == 2
+
+
+def test_every_observing_attack_has_the_observed_params_and_one_observer() -> None:
+    """The observer reads ``target_clients`` and ``rounds`` from every attack that attacks
+    replies (all but the model-release ones, which steal the final global model): their Params
+    extend ``ObservedParams``; every attack's ``wrap`` builds the one ``AttackObserver``."""
+    from flowerbed.attacks.common import ObservedParams
+    from flowerbed.attacks.observer import AttackObserver
+    from flowerbed.clients.core.capabilities import alternatives
+
+    for name in ATTACKS.names():
+        cls = ATTACKS.get(name)
+        releases = any(Capability.MODEL_RELEASE in alt for alt in alternatives(cls.needs))
+        assert releases or issubclass(cls.Params, ObservedParams), name
+    _, _, attack, scorer = _built("goliath-adult-mixed", "attack.name=goliath-adaptive")
+    assert type(attack.wrap(None, None, scorer)) is AttackObserver
