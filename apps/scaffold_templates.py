@@ -75,8 +75,10 @@ def test_{module}_changes_what_the_server_receives(tmp_path, seed):
 ATTACK = '''\
 """{name}: a flowerbed attack. flowerbed's observer (``flowerbed.attacks.observer.AttackObserver``)
 wraps the server's strategy and hands each target client's reply (and the arrays it was sent) to
-``invert`` before aggregation; the attack sees nothing else. It gets ``self.params`` (its Params)
-and ``self.ctx`` (an AttackContext: seed, rounds, clients, the public model of the capability it
+``invert`` before aggregation, in the rounds and for the clients its Params name (they extend
+``ObservedParams``: ``target_clients``, ``rounds``); the attack sees nothing else and answers
+anything with a ``seconds`` field (``flowerbed.attacks.protocols.Answer``). It gets
+``self.params`` (its Params) and ``self.ctx`` (an AttackContext: seed, rounds, clients, the public model of the capability it
 needs, the defenses' published mechanisms), never the experiment config. Ground truth enters only
 the scorer, which flowerbed builds from a TruthSource and calls after the attack has answered.
 
@@ -91,11 +93,10 @@ from dataclasses import dataclass
 import torch
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import Attack
+from flowerbed.attacks.common import Attack, ObservedParams
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.contracts import RoundData
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import param
 
 
 def guess(sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], classes: int) -> float:
@@ -132,8 +133,10 @@ class Scorer:
 @ATTACKS.register("{name}", "TODO: one line for `flowerbed list attacks`")
 class {cls}(Attack):
     @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)  # TODO: your knobs, each with a rule
+    class Params(ObservedParams):  # target_clients, rounds: whose replies, which rounds
+        pass  # TODO: your knobs, each with a rule (flowerbed.clients.core.params.param)
+
+    params: Params
 
     #: what the workload must offer: a classifier whose round data the scorer can rebuild
     needs = frozenset({{Capability.MODEL_LOSS}})

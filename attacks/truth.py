@@ -1,15 +1,19 @@
 """Ground truth, for the scorers only (registers nothing; no attack engine imports it).
 
-The runner (``server/runner.py: truth_source``) builds a ``TruthSource`` from the config and the
+The runner (``server/wrappers.py: truth_source``) builds a ``TruthSource`` from the config and the
 server's workload and hands it to the attack class's ``scorer``; the scorer rebuilds a client's
-round data through it after the attack has answered.
+round data through it after the attack has answered. ``BesidePrior``: the inversion scorers'
+template (the answer and the prior guesses scored against the same truth).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from flowerbed.attacks.inversion.types import Reconstruction
+from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
+from flowerbed.attacks.protocols import Key, Tensors
 from flowerbed.clients.contracts import offer
 from flowerbed.clients.core.capabilities import Capability
 
@@ -17,6 +21,7 @@ if TYPE_CHECKING:
     from flowerbed.clients.workloads import Workload
 
 P = TypeVar("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,3 +48,36 @@ class TruthSource:
         """The server's workload as a capability's Protocol (``flowerbed.clients.contracts``:
         ``truth.offer(ModelLossOffer).model_loss()``, ``truth.offer(RoundData).round_data(...)``)."""
         return offer(self.workload, protocol)
+
+
+class BesidePrior(Generic[T]):
+    """The scorers' template (``ClassifierScorer``, ``TruthScorer``): after the attack answered,
+    the ground truth of the attacked reply (``truth_of``: a client's, or the union of a group's)
+    is rebuilt from ``source`` and the answer scored against it (``score_against``) with the mean
+    scores of ``PRIOR_DRAWS`` prior guesses (``prior_guess``: public knowledge alone, seeded per
+    reply) beside it (``scored_beside_prior``)."""
+
+    source: TruthSource
+
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> T:
+        raise NotImplementedError
+
+    def prior_guess(self, batch: int, seed: int) -> Reconstruction:
+        raise NotImplementedError
+
+    def score_against(self, truth: T, rec: Reconstruction) -> dict[str, float]:
+        raise NotImplementedError
+
+    def prior_guesses(self, partition_id: Key, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
+        """The prior-only reconstructions of one reply."""
+        seed = self.source.seed
+        return [self.prior_guess(batch, prior_seed(seed, partition_id, server_round, d))
+                for d in range(PRIOR_DRAWS)]  # fmt: skip
+
+    def score(self, partition_id: Key, server_round: int, sent: Tensors, rec: Reconstruction) -> dict[str, float]:  # fmt: skip
+        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
+        group's size."""
+        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
+        truth = self.truth_of(partition_id, server_round, sent)
+        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
+                                   partition_id)  # fmt: skip

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import DiffusionReplay, Reconstruction
+from flowerbed.attacks.inversion.types import DiffusionReplay, Reconstruction
 from flowerbed.attacks.metrics import cell_entropy
 from flowerbed.clients.tabdiff.model import Rows
 

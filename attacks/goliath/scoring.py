@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import torch
 
-from flowerbed.attacks.common import DiffusionReplay, Reconstruction
 from flowerbed.attacks.goliath.knowledge import prior_rows
+from flowerbed.attacks.inversion.types import DiffusionReplay, Reconstruction
 from flowerbed.attacks.metrics import TOLERANCE, mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.attacks.pictures import Shown, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
-from flowerbed.attacks.truth import TruthSource
+from flowerbed.attacks.protocols import Key, Tensors
+from flowerbed.attacks.truth import BesidePrior, TruthSource
 from flowerbed.clients.contracts import TabularDiffusionOffer
-from flowerbed.clients.tabdiff.model import onehot_rows
+from flowerbed.clients.tabdiff.model import Latents, onehot_rows
 from flowerbed.clients.workloads.tabdiff import round_plan
 
 
@@ -33,7 +33,7 @@ class Truth:
     mask: np.ndarray | None
     num: torch.Tensor
     cat: torch.Tensor
-    latents: list[Any]
+    latents: list[Latents]  # each step's (the client's own draws)
 
 
 def union(truths: list[Truth]) -> Truth:
@@ -68,7 +68,7 @@ def first_visits(plan: list[np.ndarray]) -> tuple[np.ndarray, list[int], list[in
     return np.asarray(rows, dtype=np.int64), step, slot
 
 
-class TruthScorer:
+class TruthScorer(BesidePrior[Truth]):
     """Rebuilds the rows behind an attacked reply and scores a reconstruction against them."""
 
     def __init__(self, truth: TruthSource) -> None:
@@ -96,30 +96,18 @@ class TruthScorer:
         oh = onehot_rows(num, codes, replay.spec.cat_sizes)
         return Truth(decoded, t, mask, oh.num, oh.cat, latents)
 
-    def truth_of(
-        self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor]
-    ) -> Truth:
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> Truth:
         """The rows behind an attacked reply: one client's, or the union of a group's."""
         if isinstance(partition_id, tuple):
             return union([self.truth(p, server_round, sent) for p in partition_id])
         return self.truth(partition_id, server_round, sent)
 
-    def prior_guesses(self, partition_id: Any, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
-        """The prior-only reconstructions: rows from public knowledge alone (the attacker's own
-        ``prior_rows`` on the agreed preprocessing), seeded per reply."""
-        seed = self.source.seed
-        return [prior_rows(self.replay, batch, prior_seed(seed, partition_id, server_round, d))
-                for d in range(PRIOR_DRAWS)]  # fmt: skip
+    def prior_guess(self, batch: int, seed: int) -> Reconstruction:
+        """A prior-only reconstruction: rows from public knowledge alone (the attacker's own
+        ``prior_rows`` on the agreed preprocessing)."""
+        return prior_rows(self.replay, batch, seed)
 
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
-        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
-        group's size."""
-        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
-        truth = self.truth_of(partition_id, server_round, sent)
-        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
-                                   partition_id)  # fmt: skip
-
-    def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Any]],
+    def illustrate(self, server_round: int, items: list[tuple[Key, Tensors, Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip
         """``attack_r<round>.md``: a few true vs reconstructed rows per attacked reply."""
         shown = []
@@ -134,7 +122,7 @@ class TruthScorer:
                       f"{self.source.experiment}: round {server_round}, true vs reconstructed rows",
                       shown, self.numeric, self.stds, TOLERANCE)  # fmt: skip
 
-    def score_against(self, truth: Truth, rec: Any) -> dict[str, float]:
+    def score_against(self, truth: Truth, rec: Reconstruction) -> dict[str, float]:
         """TabLeak accuracy + timestep MAE + mask F1 + mean confidence of a Reconstruction."""
         res = tableak_accuracy(truth.rows, rec.decoded, self.numeric, self.categorical, self.stds)
         out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}

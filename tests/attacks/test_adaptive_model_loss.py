@@ -14,10 +14,10 @@ from flwr.app import RecordDict
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss
 from flowerbed.attacks.baseline_common import TABLEAK
-from flowerbed.attacks.common import ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
+from flowerbed.attacks.inversion.types import ModelLossReplay
 from flowerbed.clients.defenses import (
     Defense,
     DefenseContext,
