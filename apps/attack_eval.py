@@ -39,16 +39,16 @@ from flwr.app import RecordDict
 from flowerbed.apps.attack_eval_tables import table
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import ORACLE
-from flowerbed.attacks.common import (
+from flowerbed.attacks.goliath import invert
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
     Knowledge,
     ModelLossReplay,
     Reconstruction,
 )
-from flowerbed.attacks.goliath import invert
-from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.core.config import Component, Experiment, OutputConfig, replace_at
 from flowerbed.clients.core.errors import ConfigError

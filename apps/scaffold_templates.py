@@ -75,8 +75,10 @@ def test_{module}_changes_what_the_server_receives(tmp_path, seed):
 ATTACK = '''\
 """{name}: a flowerbed attack. flowerbed's observer (``flowerbed.attacks.observer.AttackObserver``)
 wraps the server's strategy and hands each target client's reply (and the arrays it was sent) to
-``invert`` before aggregation; the attack sees nothing else. It gets ``self.params`` (its Params)
-and ``self.ctx`` (an AttackContext: seed, rounds, clients, the public model of the capability it
+``invert`` before aggregation, in the rounds and for the clients its Params name (they extend
+``ObservedParams``: ``target_clients``, ``rounds``); the attack sees nothing else and answers
+anything with a ``seconds`` field (``flowerbed.attacks.protocols.Answer``). It gets
+``self.params`` (its Params) and ``self.ctx`` (an AttackContext: seed, rounds, clients, the public model of the capability it
 needs, the defenses' published mechanisms), never the experiment config. Ground truth enters only
 the scorer, which flowerbed builds from a TruthSource and calls after the attack has answered.
 
@@ -91,10 +93,10 @@ from dataclasses import dataclass
 import torch
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import Attack
+from flowerbed.attacks.common import Attack, ObservedParams
 from flowerbed.attacks.truth import TruthSource
+from flowerbed.clients.contracts import RoundData
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import param
 
 
 def guess(sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], classes: int) -> float:
@@ -123,7 +125,7 @@ class Scorer:
 
     def score(self, partition_id: int, server_round: int, sent: dict, rec: Share) -> dict[str, float]:
         data = self.truth.partition(partition_id)
-        labels = self.truth.workload.round_data(data, partition_id, server_round).y
+        labels = self.truth.offer(RoundData).round_data(data, partition_id, server_round).y
         share = float((labels == 1).float().mean())
         return {{"error": abs(rec.share - share), "prior_error": abs(1.0 / rec.classes - share)}}
 
@@ -131,8 +133,10 @@ class Scorer:
 @ATTACKS.register("{name}", "TODO: one line for `flowerbed list attacks`")
 class {cls}(Attack):
     @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)  # TODO: your knobs, each with a rule
+    class Params(ObservedParams):  # target_clients, rounds: whose replies, which rounds
+        pass  # TODO: your knobs, each with a rule (flowerbed.clients.core.params.param)
+
+    params: Params
 
     #: what the workload must offer: a classifier whose round data the scorer can rebuild
     needs = frozenset({{Capability.MODEL_LOSS}})
@@ -187,7 +191,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -235,19 +239,19 @@ class {cls}Strategy(FedAvg):
 
 
 @STRATEGIES.register("{name}", "TODO: one line for `flowerbed list strategies`")
-class {cls}:
+class {cls}(StrategyEntry):
     #: capabilities of the workload it needs (``flowerbed.clients.core.capabilities``), checked
-    #: when a config is resolved; its contract is reached through ``context.workload``
+    #: when a config is resolved; their Protocols are reached through ``self.ctx.offer(...)``
     needs = frozenset()
 
     @dataclass
     class Params:
         server_lr: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
 
-    @staticmethod
-    def build(params: {cls}.Params, context: StrategyContext) -> FedAvg:
-        """Its typed params and a narrow context (seed, rounds, client sampling, workload)."""
-        return {cls}Strategy(params.server_lr, **context.sampling.kwargs())
+    def strategy(self) -> FedAvg:
+        """The Flower strategy that runs, from ``self.params`` (its typed params) and
+        ``self.ctx`` (a narrow StrategyContext: seed, rounds, client sampling, workload)."""
+        return {cls}Strategy(self.params.server_lr, **self.ctx.sampling.kwargs())
 '''
 
 STRATEGY_TEST = '''\

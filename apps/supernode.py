@@ -72,7 +72,7 @@ class PollClock:
             if self._streak_start is None or now - self._last_idle_end > 1.0 + self.idle_max:
                 self._streak_start, self._streak_pulls = now, 0
             if now - self._streak_start >= self.backoff_s:
-                wait = FLOWER_IDLE_S
+                wait: float = FLOWER_IDLE_S
             else:
                 wait = min(self.idle_poll * 2**self._streak_pulls, self.idle_max)
             self._streak_pulls += 1
@@ -114,7 +114,7 @@ def install(clock: PollClock) -> bool:
     if reason is not None:
         log(WARNING, "flowerbed supernode: Flower's own 3 s / 0.5 s intervals kept: %s", reason)
         return False
-    loop.time = clock
+    loop.time = clock  # type: ignore[assignment]  # Flower's loop reads the clock off its module
     log(INFO, "flowerbed supernode: idle poll %.3g s doubling to %.3g s (3 s after %.0f s idle), "
         "reply poll %.3g s", clock.idle_poll, clock.idle_max, clock.backoff_s, clock.reply_poll)  # fmt: skip
     return True

@@ -4,12 +4,10 @@ workloads with ``linear-first-layer``; ``attacks.inversion.analytic``). What the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import ANALYTIC, ON_MODEL_LOSS, EngineSetting
+from flowerbed.attacks.common import ObservedParams
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import param
 
 
 @ATTACKS.register("analytic-fc", "Analytic input recovery through a fully connected first layer")
@@ -20,9 +18,4 @@ class AnalyticFirstLayer(EngineSetting):
     needs = ON_MODEL_LOSS | {Capability.LINEAR_FIRST_LAYER}
     settings = ANALYTIC
 
-    @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)
-        rounds: list[int] = param(
-            factory=list, ge=0
-        )  # attacked rounds (1..rounds: checked on resolve); empty = all
+    Params = ObservedParams  # no budget: the first layer is read in closed form

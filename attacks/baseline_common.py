@@ -33,17 +33,20 @@ same for all.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from flowerbed.attacks.common import (
-    DiffusionKnobs,
-    InversionAttack,
-    InversionSettings,
-    ModelLossKnobs,
-)
+from flowerbed.attacks.common import InversionAttack, ObservedParams
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion
 from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.types import (
+    DiffusionKnobs,
+    DiffusionReplay,
+    InversionSettings,
+    ModelLossKnobs,
+    ModelLossReplay,
+)
 from flowerbed.attacks.scoring import inversion_scorer
-from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.capabilities import Capability, Needs
 from flowerbed.clients.core.params import choices, param
 
 DLG = InversionSettings(
@@ -78,14 +81,10 @@ Latents = choices("Latents", ("fixed", "joint"))
 
 
 @dataclass
-class BaselineParams:
-    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+class BaselineParams(ObservedParams):
     restarts: int = param(1, ge=1)
     iterations: int = param(400, ge=1)
     latents: Latents = Latents("joint")  # tabular diffusion only: fixed | joint
-    rounds: list[int] = param(
-        factory=list, ge=0
-    )  # attacked rounds (1..rounds: checked on resolve); empty = all
 
 
 ON_DIFFUSION = frozenset({Capability.TABULAR_DIFFUSION})
@@ -96,11 +95,14 @@ class EngineSetting(InversionAttack):
     """A baseline: its ``settings`` in Goliath's engine on tabular diffusion, in
     ``attacks.inversion``'s loop on a model-loss workload."""
 
-    Params = BaselineParams
-    needs = (ON_DIFFUSION, ON_MODEL_LOSS)
+    Params: ClassVar[type] = BaselineParams
+    params: ObservedParams  # BaselineParams, or a subclass's own (analytic-fc: ObservedParams)
+    needs: ClassVar[Needs] = (ON_DIFFUSION, ON_MODEL_LOSS)
     scorer = staticmethod(inversion_scorer)
 
     def engine(self) -> TabularInversion | ModelLossAttack:
         if self.ctx.runs_on(Capability.TABULAR_DIFFUSION):
-            return TabularInversion(self.ctx.replay, self.budgeted())
-        return ModelLossAttack(self.ctx.replay, self.budgeted(), self.registry_name)
+            return TabularInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted())
+        return ModelLossAttack(
+            self.ctx.replay_as(ModelLossReplay), self.budgeted(), self.registry_name
+        )

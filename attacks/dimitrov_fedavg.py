@@ -34,18 +34,18 @@ from scipy.optimize import linear_sum_assignment
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import IG
-from flowerbed.attacks.common import (
-    InversionAttack,
+from flowerbed.attacks.common import InversionAttack, ObservedParams
+from flowerbed.attacks.estimate import Estimate
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.labels import recover_labels
+from flowerbed.attacks.inversion.simulate import distance, simulate_steps, total_variation
+from flowerbed.attacks.inversion.types import (
     InversionSettings,
     Knowledge,
     ModelLossReplay,
     Reconstruction,
     Tensors,
 )
-from flowerbed.attacks.estimate import Estimate
-from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.inversion.labels import recover_labels
-from flowerbed.attacks.inversion.simulate import distance, simulate_steps, total_variation
 from flowerbed.attacks.scoring import inversion_scorer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -73,7 +73,9 @@ def matched_mean(copies: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, l
 
 
 def invert_fedavg(
-    know: Knowledge, settings: InversionSettings = SETTINGS, invariance: float = INVARIANCE
+    know: Knowledge[ModelLossReplay],
+    settings: InversionSettings = SETTINGS,
+    invariance: float = INVARIANCE,
 ) -> Reconstruction:
     """Dimitrov et al.'s reconstruction of one FedAvg update (module docstring)."""
     torch.set_num_threads(1)
@@ -153,13 +155,13 @@ class DimitrovFedAvg(InversionAttack):
     scorer = staticmethod(inversion_scorer)
 
     @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)
+    class Params(ObservedParams):
         iterations: int = param(400, ge=1)
         invariance: float = param(INVARIANCE, ge=0.0)  # 0: the ablation (no invariance prior)
-        rounds: list[int] = param(
-            factory=list, ge=0
-        )  # attacked rounds (1..rounds: checked on resolve); empty = all
+
+    params: Params
 
     def engine(self) -> DimitrovEngine:
-        return DimitrovEngine(self.ctx.replay, self.budgeted(), self.params.invariance)
+        return DimitrovEngine(
+            self.ctx.replay_as(ModelLossReplay), self.budgeted(), self.params.invariance
+        )

@@ -15,30 +15,30 @@ benchmarks/filosofer.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.observer import AttackObserver, Hooks
 from flowerbed.attacks.prior import advantage
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.training import (
     accuracy,
     fisher_diagonal,
     load_state,
-    make_mlp,
     output_entropy,
 )
 from flowerbed.clients.workloads.filosofer import Split, digits_split, train_victim, unpack
@@ -169,7 +169,7 @@ ExtraAttack = Callable[..., dict[str, float]]
 
 
 def attack_release(
-    ctx: AttackContext, params: Any, state: dict[str, torch.Tensor],
+    ctx: AttackContext, params: ModelStealing.Params, state: dict[str, torch.Tensor],
     fisher: dict[str, torch.Tensor], extra: ExtraAttack | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Deploy the victim ``state`` under the configured defense and steal it; all metrics."""
@@ -205,32 +205,24 @@ def attack_release(
     return out
 
 
-class StealingObserver(StrategyWrapper):
-    """Captures the final round's global model and pooled Fisher, then attacks its release."""
+class Stealing(Hooks):
+    """The observer's hooks for model stealing: nothing per reply; after the final round's
+    aggregation, the global model sent that round and the clients' pooled Fisher of it are
+    released and stolen (``attack_release``), its metrics logged under ``attack``."""
 
-    def __init__(self, inner: Any, ctx: AttackContext, params: Any, writer: Any,
+    def __init__(self, ctx: AttackContext, params: ModelStealing.Params,
                  extra: ExtraAttack | None = None) -> None:  # fmt: skip
-        super().__init__(inner)
-        self.ctx, self.params, self.writer, self.extra = ctx, params, writer, extra
-        self.sent: ArrayRecord | None = None
+        self.ctx, self.params, self.extra = ctx, params, extra
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        if server_round == self.ctx.rounds:
-            self.sent = arrays
-        return self.inner.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        arrays, metrics = self.inner.aggregate_train(server_round, replies)
-        if server_round == self.ctx.rounds and self.sent is not None and arrays is not None:
-            state, _ = unpack(self.sent)
+    def aggregated(self, observer: AttackObserver, server_round: int,
+                   arrays: ArrayRecord | None) -> None:  # fmt: skip
+        if server_round == self.ctx.rounds and observer.sent is not None and arrays is not None:
+            state, _ = unpack(observer.sent)
             _, fisher = unpack(arrays)  # the clients' pooled Fisher of the model sent this round
             result = attack_release(self.ctx, self.params, state, fisher, self.extra)
-            self.writer.log(server_round, "attack", result)
+            observer.writer.log(server_round, "attack", result)
             for key, value in result.items():
-                self.writer.set_final(f"attack.{key}", value)
-        return arrays, metrics
+                observer.writer.set_final(f"attack.{key}", value)
 
 
 @ATTACKS.register(
@@ -251,5 +243,7 @@ class ModelStealing(Attack):
         lrs: list[float] = param(factory=lambda: [0.0, 1e-3, 1e-2], ge=0)
         steps: int = param(150, ge=1)
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StrategyWrapper:
-        return StealingObserver(strategy, self.ctx, self.params, writer)
+    params: Params
+
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+        return AttackObserver(strategy, writer, Stealing(self.ctx, self.params))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,8 @@ def rows_markdown(path: Path, title: str, shown: list[Shown], numeric: list[str]
     out = [f"# {title}", "", "Rows matched by TabLeak's Hungarian matching; ✓ = cell counted "
            f"correct (categorical: exact; numeric: within {tol} x the column's std).", ""]  # fmt: skip
     for item in shown:
-        true, rec = item.true.reset_index(drop=True), item.rec.reset_index(drop=True)
+        rows = cast(pd.DataFrame, item.true), cast(pd.DataFrame, item.rec)  # tables: rows
+        true, rec = rows[0].reset_index(drop=True), rows[1].reset_index(drop=True)
         cols = list(true.columns)
         out += [f"## {item.label}", "", item.note, "", "| row | " + " | ".join(cols) + " |",
                 "|---" * (len(cols) + 1) + "|"]  # fmt: skip
@@ -47,7 +49,10 @@ def rows_markdown(path: Path, title: str, shown: list[Shown], numeric: list[str]
             cells = []
             for c in cols:
                 a, b = true.at[i, c], rec.at[i, c]
-                ok = abs(float(a) - float(b)) <= tol * stds[c] if c in numeric else str(a) == str(b)
+                if c in numeric:  # a numeric column's cells are numbers
+                    ok = abs(float(cast(float, a)) - float(cast(float, b))) <= tol * stds[c]
+                else:
+                    ok = str(a) == str(b)
                 cells.append(_cell(b) + (" ✓" if ok else ""))
             out.append(f"| rec {i} | " + " | ".join(cells) + " |")
         out.append("")

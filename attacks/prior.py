@@ -2,7 +2,8 @@
 
 Two halves, shared by every inversion attack (Goliath, its baselines, the model-loss attacks):
 
-- **scoring** (``scored_beside_prior``: ``prior_scores``, ``with_prior``): the scorer also scores
+- **scoring** (``scored_beside_prior``: ``prior_scores``, ``with_prior``; the scorers' template
+  ``attacks.truth.BesidePrior``): the scorer also scores
   the *prior-only reconstruction* -- rows drawn from the public marginals, the public mean image, labels from the
   class prior -- on the same ground truth, the same way (same matching, same metrics), averaged
   over ``PRIOR_DRAWS`` draws seeded by (run seed, round, partition). It reports ``prior`` (the
@@ -27,11 +28,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-import torch
 
+from flowerbed.attacks.protocols import (
+    Answer,
+    InversionEngine,
+    Inverter,
+    Key,
+    Marked,
+    PriorGuessing,
+    Tensors,
+)
 from flowerbed.clients.core.seeding import client_seed
 
 #: prior draws averaged per attacked reply (the prior is an expectation; one draw is noisy)
@@ -39,14 +48,8 @@ PRIOR_DRAWS = 8
 PRIOR_SALT = 36  # seeds of the scorer's prior draws: (run seed, partition, round, salt)
 KEEPER_SALT = 37  # seeds of the prior-keeping attacker's own guess
 
-
-@runtime_checkable
-class PriorGuessing(Protocol):
-    """An attack that can guess from public knowledge alone and score a guess by its objective."""
-
-    def prior_guess(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor],
-                    num_examples: int, seed: int) -> Any: ...  # fmt: skip
-    def match(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], rec: Any) -> float: ...  # fmt: skip
+A = TypeVar("A", bound=Answer)
+M = TypeVar("M", bound=Marked)
 
 
 def advantage(success: float, prior: float) -> float:
@@ -57,13 +60,13 @@ def advantage(success: float, prior: float) -> float:
     return 0.0 if prior >= 1.0 else (success - prior) / (1.0 - prior)
 
 
-def prior_seed(seed: int, partition_id: Any, server_round: int, draw: int) -> int:
+def prior_seed(seed: int, partition_id: Key, server_round: int, draw: int) -> int:
     """The seed of prior draw ``draw`` for one attacked reply (a group: its first member)."""
     pid = partition_id[0] if isinstance(partition_id, tuple) else int(partition_id)
     return client_seed(seed, pid, server_round, salt=PRIOR_SALT * 1000 + draw)
 
 
-def prior_scores(score: Callable[[Any], dict[str, float]], guesses: list[Any]) -> dict[str, float]:
+def prior_scores(score: Callable[[A], dict[str, float]], guesses: list[A]) -> dict[str, float]:
     """Mean of ``score(guess)`` over the prior guesses, metric by metric."""
     runs = [score(g) for g in guesses]
     keys = [k for k in runs[0] if all(k in r for r in runs)]
@@ -81,8 +84,8 @@ def with_prior(scores: dict[str, float], prior: dict[str, float]) -> dict[str, f
     return out
 
 
-def scored_beside_prior(score: Callable[[Any], dict[str, float]], rec: Any, guesses: list[Any],
-                        partition_id: Any) -> dict[str, float]:  # fmt: skip
+def scored_beside_prior(score: Callable[[A], dict[str, float]], rec: A, guesses: list[A],
+                        partition_id: Key) -> dict[str, float]:  # fmt: skip
     """``score(rec)`` with the prior guesses' mean scores beside it (``with_prior``) and, for a
     secure-aggregation reply (``partition_id`` a tuple of members), the group's size."""
     prior = prior_scores(score, guesses)
@@ -92,22 +95,21 @@ def scored_beside_prior(score: Callable[[Any], dict[str, float]], rec: Any, gues
     return out
 
 
-class PriorKeeping:
+class PriorKeeping(Generic[M]):
     """Wraps an attack: keeps the better, by the attack's own objective, of its reconstruction and
     its prior guess (module docstring). ``enabled=False`` is the ablation (the attack as is)."""
 
-    def __init__(self, attack: Any, seed: int = 0, enabled: bool = True) -> None:
+    def __init__(self, attack: InversionEngine[M], seed: int = 0, enabled: bool = True) -> None:
         self.attack, self.seed, self.enabled = attack, int(seed), enabled
         self.calls = 0
 
     def __getattr__(self, name: str) -> Any:  # the wrapped attack's other knobs and state
         return getattr(self.attack, name)
 
-    def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Any:  # fmt: skip
+    def invert(self, sent: Tensors, reply: Tensors, num_examples: int) -> M:
         return self.keep(sent, reply, num_examples, self.attack.invert(sent, reply, num_examples))
 
-    def keep(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int,
-             rec: Any) -> Any:  # fmt: skip
+    def keep(self, sent: Tensors, reply: Tensors, num_examples: int, rec: M) -> M:
         """``rec`` or the prior guess, whichever matches the observed update better."""
         self.calls += 1
         rec.kept_prior = 0.0
@@ -125,12 +127,12 @@ class PriorKeeping:
         rec.seconds += spent
         return rec
 
-    def pool(self, sent: dict[str, torch.Tensor], recs: list[Any]) -> Any | None:
+    def pool(self, sent: Tensors, recs: list[M]) -> M | None:
         return self.attack.pool(sent, recs)
 
 
-def keep_prior(attack: Any, seed: int, enabled: bool = True) -> Any:
+def keep_prior(attack: Inverter[A], seed: int, enabled: bool = True) -> Inverter[A]:
     """``attack`` wrapped by ``PriorKeeping`` when it can guess from the prior (else as is)."""
     if isinstance(attack, PriorKeeping) or not isinstance(attack, PriorGuessing):
         return attack
-    return PriorKeeping(attack, seed, enabled)
+    return PriorKeeping(attack, seed, enabled)  # type: ignore[arg-type]  # (a PriorGuessing inverter)

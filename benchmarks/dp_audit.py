@@ -32,21 +32,21 @@ FLOWER_NOISE = "add_gaussian_noise_inplace"
 # path -> (defense for a strength and trials, audit route, [(module, function, no-noise stand-in)])
 PATHS: dict[str, tuple[Callable[[float, int], Any], str, list[tuple[str, str, Any]]]] = {
     "dp-sgd / privatize (tabdiff)": (
-        lambda s, t: DpSgd(CFG, {"noise_multiplier": s, "audit_trials": t}), PER_SAMPLE,
+        lambda s, t: DpSgd({"noise_multiplier": s, "audit_trials": t}, CFG), PER_SAMPLE,
         [("flowerbed.clients.defenses.dp_sgd", "gaussian_noise",
           lambda shape, std, generator, dtype: torch.zeros(shape, dtype=dtype))]),
     "dp-sgd / Opacus (tabular-mlp, digits)": (
-        lambda s, t: DpSgd(CFG, {"noise_multiplier": s, "audit_trials": t}), OPACUS,
+        lambda s, t: DpSgd({"noise_multiplier": s, "audit_trials": t}, CFG), OPACUS,
         [("opacus.optimizers.optimizer", "_generate_noise",
           lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference))]),
     "local-dp (LocalDpMod)": (
-        lambda e, t: LocalDp(CFG, {"epsilon": e, "audit_trials": t}), "",
+        lambda e, t: LocalDp({"epsilon": e, "audit_trials": t}, CFG), "",
         [("flwr.clientapp.mod.localdp_mod", FLOWER_NOISE, lambda arrays, std: None)]),
     "central-dp, client clipping": (
-        lambda s, t: CentralDp(CFG, {"noise_multiplier": s, "clipping": "client", "audit_trials": t}), "",
+        lambda s, t: CentralDp({"noise_multiplier": s, "clipping": "client", "audit_trials": t}, CFG), "",
         [("flwr.serverapp.strategy.dp_fixed_clipping", FLOWER_NOISE, lambda arrays, std: None)]),
     "central-dp, server clipping": (
-        lambda s, t: CentralDp(CFG, {"noise_multiplier": s, "clipping": "server", "audit_trials": t}), "",
+        lambda s, t: CentralDp({"noise_multiplier": s, "clipping": "server", "audit_trials": t}, CFG), "",
         [("flwr.serverapp.strategy.dp_fixed_clipping", FLOWER_NOISE, lambda arrays, std: None)]),
 }  # fmt: skip
 #: strengths: noise multiplier sigma, or local DP's per-update epsilon

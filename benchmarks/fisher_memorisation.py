@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads.fisher_memorisation import (
     InContextRegressor,
     Scores,
@@ -35,7 +36,6 @@ from flowerbed.clients.workloads.fisher_memorisation import (
     linear_check,
     linear_layers,
     make_cnn,
-    make_mlp,
     noisy_split,
     projection_sweep,
     random_relu_features,

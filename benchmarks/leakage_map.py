@@ -99,8 +99,8 @@ def _global(work, rounds: int, clients: int):  # noqa: ANN001, ANN202
 def cell(workload: str, seed: int, rows: int, epochs: int, optimizer: str, rnd: int,
          clients: int, attacked: int, iterations: int) -> list[dict]:  # fmt: skip
     """One grid cell at one seed: a record per attacked client (every attack's advantage)."""
-    from flowerbed.attacks.common import ModelLossReplay
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
+    from flowerbed.attacks.inversion.types import ModelLossReplay
     from flowerbed.clients.workloads import build_workload
     from flowerbed.server.wrappers import truth_source
 

@@ -21,8 +21,8 @@ from flwr.app import RecordDict
 
 def update(seed: int, batch: int = 8):  # noqa: ANN201 - (scorer, replay, sent, reply)
     """Client 0's round-1 FedSGD update, made by the client's own training code."""
-    from flowerbed.attacks.common import ModelLossReplay
     from flowerbed.attacks.inversion.scoring import ClassifierScorer
+    from flowerbed.attacks.inversion.types import ModelLossReplay
     from flowerbed.clients.workloads import build_workload, fit_classifier
     from flowerbed.server.experiment import load_experiment
     from flowerbed.server.wrappers import truth_source

@@ -17,7 +17,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -108,7 +108,7 @@ def _with_shipped_files(cfg: dict[str, Any], file_store: str) -> dict[str, Any]:
     import ray
 
     namespace, name = file_store.split("/", 1)
-    files = ray.get(ray.get_actor(name, namespace=namespace).files.remote())
+    files = cast(dict[str, bytes], ray.get(ray.get_actor(name, namespace=namespace).files.remote()))
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
@@ -213,23 +213,23 @@ def _train(msg: Message, context: Context) -> Message:
             f"injected failure (client {config[PARTITION_KEY]}, round {server_round})"
         )
     try:
-        arrays, metrics = malicious.train(experiment, workload, msg.content["arrays"], data,
-                                          config, context.state)  # fmt: skip
+        arrays, metrics = malicious.train(experiment, workload, msg.content.array_records["arrays"],
+                                          data, config, context.state)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
         raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
-    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(dict(metrics))})
     return Message(content=content, reply_to=msg)
 
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     _, workload, config, data = _setup(msg, context)
     try:
-        metrics = workload.evaluate(msg.content["arrays"], data, config)
+        metrics = workload.evaluate(msg.content.array_records["arrays"], data, config)
     except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
         raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+    return Message(content=RecordDict({"metrics": MetricRecord(dict(metrics))}), reply_to=msg)
 
 
 def handle_query(msg: Message, context: Context) -> Message:

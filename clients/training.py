@@ -12,34 +12,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from flowerbed.clients.nn import make_mlp
+
 __all__ = [
     "accuracy", "fisher_diagonal", "fisher_per_sample", "hidden_sizes", "linear_layers",
-    "load_state", "make_mlp", "output_entropy", "predict",
+    "load_state", "output_entropy", "predict",
 ]  # fmt: skip
 
 
 # -- model ----------------------------------------------------------------------------------------
-def make_mlp(in_dim: int = 64, hidden: list[int] | None = None, classes: int = 10) -> nn.Sequential:
-    """Linear-ReLU stack with widths ``hidden`` (default 128-128) and a linear output layer."""
-    layers: list[nn.Module] = []
-    for width in hidden if hidden is not None else [128, 128]:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, classes))
-    return nn.Sequential(*layers)
-
-
 def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
     return [m for m in model if isinstance(m, nn.Linear)]
 
 
 def hidden_sizes(model: nn.Sequential) -> list[int]:
-    """The hidden widths of an MLP built by ``make_mlp``."""
+    """The hidden widths of an MLP built by ``clients.nn.make_mlp``."""
     return [m.out_features for m in linear_layers(model)[:-1]]
 
 
 def load_state(state: dict[str, torch.Tensor], hidden: list[int] | None = None) -> nn.Sequential:
-    """A ``make_mlp`` model holding (a copy of) ``state``."""
+    """A ``clients.nn.make_mlp`` model holding (a copy of) ``state``."""
     model = make_mlp(hidden=hidden)
     model.load_state_dict({k: v.clone() for k, v in state.items()})
     return model

@@ -25,8 +25,8 @@ def check_combinations(experiment: Experiment) -> None:
         return
     ctx = DefenseContext.of(experiment)
     for i, defense in enumerate(experiment.defenses):
-        cls = DEFENSES.get(defense.name)
-        for mechanism in cls(ctx, defense.params).mechanism():
+        cls = DEFENSES.get(defense.name or "")
+        for mechanism in cls(defense.params, ctx).mechanism():
             if isinstance(mechanism, Aggregation):
                 _check_aggregation(experiment, i, defense.name, mechanism, ctx)
 

@@ -25,7 +25,7 @@ from flwr.supercore.date import now
 _INDEX = "_flowerbed_by_destination"
 
 
-def install(cls: type = InMemoryLinkState) -> None:
+def install(cls: type[InMemoryLinkState] = InMemoryLinkState) -> None:
     """Index ``cls``'s undelivered messages by destination (idempotent, this process only)."""
     if cls.__dict__.get(_INDEX + "_installed"):
         return
@@ -39,8 +39,8 @@ def install(cls: type = InMemoryLinkState) -> None:
         return message_id
 
     store_message_ins.__doc__ = store.__doc__
-    cls.store_message_ins = store_message_ins
-    cls.get_message_ins = get_message_ins
+    cls.store_message_ins = store_message_ins  # type: ignore[method-assign]  # Flower's class, patched
+    cls.get_message_ins = get_message_ins  # type: ignore[method-assign]
     setattr(cls, _INDEX + "_installed", True)
 
 

@@ -363,7 +363,8 @@ def probe_superlink(address: str, ca_file: str | None, timeout: float = 5.0) -> 
         sock = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError) as exc:
         return (
-            f"could not connect to the SuperLink at {address} ({exc.strerror or exc}): is it "
+            f"could not connect to the SuperLink at {address} "
+            f"({(exc.strerror if isinstance(exc, OSError) else None) or exc}): is it "
             "running and is HOST:PORT right? (`flowerbed deploy up` starts one)"
         )
     if not ca_file:

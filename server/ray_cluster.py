@@ -235,7 +235,7 @@ def main(address: str) -> int:
         paths = json.loads(line)["files"]
         name = f"files-{uuid.uuid4().hex[:12]}"
         store = actor.options(name=name).remote({p: Path(p).read_bytes() for p in paths})
-        ray.get(store.__ray_ready__.remote())
+        ray.get(store.__ray_ready__.remote())  # type: ignore[union-attr]  # Ray: handle | class
         _emit({"store": name})
     del store
     ray.shutdown()

@@ -27,6 +27,7 @@ dispatch) is cancelled (its worker killed) and recorded as failed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -98,8 +99,9 @@ def plugin_packages(todo: list[tuple[Cell, Experiment]]) -> dict[str, Path]:
             if is_path(spec) or top == "flowerbed" or top in packages:
                 continue
             module = importlib.import_module(top)
-            if getattr(module, "__path__", None) is not None and getattr(module, "__file__", None):
-                packages[top] = Path(module.__file__).parent  # a single-file module stays put
+            file = getattr(module, "__file__", None)
+            if getattr(module, "__path__", None) is not None and file:
+                packages[top] = Path(file).parent  # a single-file module stays put
     return packages
 
 
@@ -205,11 +207,12 @@ def ray_session(options: RayOptions) -> Iterator[None]:
     # GPUs stay hidden from cells that asked for none (Ray's future default; silences its warning)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    common = {
-        "log_to_driver": options.verbose,
-        "logging_level": logging.INFO if options.verbose else logging.WARNING,
-        "runtime_env": _runtime_env(),
-    }
+    init = functools.partial(
+        ray.init,
+        log_to_driver=options.verbose,
+        logging_level=logging.INFO if options.verbose else logging.WARNING,
+        runtime_env=_runtime_env(),
+    )
     reaper = None
     temp = None
     try:
@@ -219,13 +222,13 @@ def ray_session(options: RayOptions) -> Iterator[None]:
             reaper = Reaper.start([temp])
             # workers at the driver's priority (Ray's default adds 15: on a busy machine a cell
             # would get a third of the CPU share a sequential sweep gets)
-            ray.init(
+            init(
                 address="local", num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False,
-                _temp_dir=str(temp), _system_config={"worker_niceness": 0}, **common,
+                _temp_dir=str(temp), _system_config={"worker_niceness": 0},
             )  # fmt: skip
         else:
             try:
-                ray.init(address=options.address, **common)
+                init(address=options.address)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise ConfigError(f"could not connect to Ray at '{options.address}': {first}") from None  # fmt: skip

@@ -15,7 +15,7 @@ publishes no selection (FedAvg, median, trimmed mean combine every reply).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import Message
 
@@ -41,7 +41,7 @@ class DetectionTap(StrategyWrapper):
             return arrays, metrics
         kept = {int(p) for p in metrics[KEPT]}  # type: ignore[union-attr]
         received = [
-            int(r.content["metrics"][PARTITION_KEY]) for r in replies
+            int(cast(int, r.content["metrics"][PARTITION_KEY])) for r in replies
             if not r.has_error() and "metrics" in r.content
             and PARTITION_KEY in r.content["metrics"]
         ]  # fmt: skip

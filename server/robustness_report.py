@@ -8,6 +8,8 @@ its report names ``rows: malicious.name`` and ``value: central.accuracy``. From 
   accuracy over the malicious fractions and splits, with the 95 % bootstrap interval over seeds of
   that worst setting; per defense the worst over every attack. ``heatmap.png``: attack x defense,
   one panel per dataset, one colour scale;
+- **clean accuracy**: fraction 0, one value per (seed, split): a clean run is the same run under
+  every attack's name, counted once;
 - **backdoor ASR**: ``central.backdoor_asr`` per (dataset, defense) x fraction, mean over seeds
   and splits with its interval;
 - **detection**: ``detection.tpr`` / ``detection.fpr`` of the selecting defenses, mean over cells.
@@ -88,6 +90,10 @@ def robustness_md(ok: pd.DataFrame, table: Callable[[pd.DataFrame], str]) -> lis
         lines += [f"### {dataset}", "", table(frame_of), ""]
     if FRACTION in frame:
         clean = frame[frame[FRACTION].astype(float) == 0]
+        # a clean run is the same run under every attack's name: count it once per seed and split
+        clean = clean.drop_duplicates(
+            ["dataset", "defense", *(c for c in (SEED_KEY, SPLIT) if c in clean)]
+        )
         if len(clean):
             est = clean.groupby(["dataset", "defense"])[ACCURACY].apply(lambda v: bootstrap(v.to_numpy()).text())  # fmt: skip
             lines += ["## Clean accuracy (no malicious client)", "", table(_by_arm(est).rename(columns={ACCURACY: "accuracy"})), ""]  # fmt: skip

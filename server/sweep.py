@@ -141,7 +141,7 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
 
 def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost."""
-    axes = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
+    axes: dict[str, list[object]] = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
     axes.update(sweep.grid)
     if sweep.seeds is not None:
         axes[SEED_KEY] = list(sweep.seeds)

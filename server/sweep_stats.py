@@ -208,7 +208,8 @@ def keyed(frame: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, floa
     """``column`` by the tuple of ``keys`` (mean over duplicates; NaN values dropped)."""
     if column not in frame:
         return {}
-    cols = [frame[k].astype(str).tolist() for k in keys] or [list(range(len(frame)))]
+    cols: list[Sequence[object]] = [frame[k].astype(str).tolist() for k in keys]
+    cols = cols or [list(range(len(frame)))]
     sums: dict[tuple, list[float]] = {}
     for key, value in zip(zip(*cols, strict=True), frame[column].astype(float), strict=True):
         if not math.isnan(value):

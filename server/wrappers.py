@@ -13,12 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import strategy_utils
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import (
-    Attack,
-    AttackContext,
-    DiffusionReplay,
-    ModelLossReplay,
-)
+from flowerbed.attacks.common import Attack, AttackContext
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability, alternatives, offered
 from flowerbed.clients.core.config import Experiment
@@ -34,6 +29,8 @@ from flowerbed.clients.defenses import (
 )
 from flowerbed.clients.defenses.canaries import RunAudit
 from flowerbed.clients.runtime import PARTITION_KEY
+from flowerbed.clients.workloads import Workload
+from flowerbed.server.model_views import model_view
 from flowerbed.server.results import ResultsWriter
 from flowerbed.server.robustness import detection_tap
 from flowerbed.strategies.context import build_strategy as base_strategy
@@ -130,7 +127,7 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
-def attack_capabilities(experiment: Experiment, workload: Any, needs: Any) -> frozenset[Capability]:
+def attack_capabilities(experiment: Experiment, workload: Workload, needs: Any) -> frozenset[Capability]:  # fmt: skip
     """What the workload offers (under its params) of the first alternative of ``needs`` it fits
     (resolution checked that one does)."""
     available, _ = offered(type(workload), experiment.workload.params)
@@ -139,33 +136,24 @@ def attack_capabilities(experiment: Experiment, workload: Any, needs: Any) -> fr
 
 
 def attack_context(
-    experiment: Experiment, workload: Any, needs: Any, defenses: list[Defense] | None = None
-) -> AttackContext:
+    experiment: Experiment, workload: Workload, needs: Any,
+    defenses: list[Defense] | None = None,
+) -> AttackContext:  # fmt: skip
     """What the configured attack may know: the run's seed, rounds, clients and name, the public
     knowledge of the capability it runs on (the server's ``workload``'s model for a replay, or its
-    model-release setup and the release defense's deployment) and the defenses' published
-    mechanisms."""
+    model-release setup and the release defense's deployment: ``server/model_views.py``, a table
+    keyed by capability) and the defenses' published mechanisms."""
     defenses = build_defenses(experiment) if defenses is None else defenses
     capabilities = attack_capabilities(experiment, workload, needs)
-    replay = None
-    if Capability.TABULAR_DIFFUSION in capabilities:
-        replay = DiffusionReplay.of(workload)
-    elif Capability.MODEL_LOSS in capabilities:
-        replay = ModelLossReplay(workload.model_loss())
-    release = deploy = None
-    if Capability.MODEL_RELEASE in capabilities:
-        release = workload.release_setup()
-        deploy = next((d.release for d in defenses if hasattr(d, "release")), None)
     return AttackContext(
         seed=experiment.seed, rounds=experiment.rounds, num_clients=experiment.clients.num,
         experiment=experiment.experiment, capabilities=capabilities,
-        mechanisms=tuple(mechanisms_of(defenses)), replay=replay,
-        release=release, deploy=deploy,
+        mechanisms=tuple(mechanisms_of(defenses)), **model_view(capabilities, workload, defenses),
     )  # fmt: skip
 
 
 def truth_source(
-    experiment: Experiment, workload: Any, capabilities: frozenset[Capability] = frozenset()
+    experiment: Experiment, workload: Workload, capabilities: frozenset[Capability] = frozenset()
 ) -> TruthSource:
     """Ground truth for the attack's scorer: the server's ``workload`` (it rebuilds a client's
     round data from (seed, partition, round)) and, where the workload reads one, the dataset's
@@ -176,7 +164,7 @@ def truth_source(
 
 
 def build_attack(
-    experiment: Experiment, workload: Any, defenses: list[Defense] | None = None
+    experiment: Experiment, workload: Workload, defenses: list[Defense] | None = None
 ) -> tuple[Attack, Any]:
     """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
     its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
@@ -189,7 +177,7 @@ def build_attack(
     return attack, scorer
 
 
-def build_strategy(experiment: Experiment, writer: ResultsWriter, workload: Any) -> Any:
+def build_strategy(experiment: Experiment, writer: ResultsWriter, workload: Workload) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = detection_tap(experiment, base_strategy(experiment, workload), writer)

@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import Bulyan
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
@@ -18,7 +18,7 @@ from flowerbed.strategies.robust_common import selection_metrics
 @STRATEGIES.register(
     "bulyan", "Flower Bulyan: MultiKrum selection, then a trimmed mean around the median"
 )
-class BulyanEntry:
+class BulyanEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -35,10 +35,9 @@ class BulyanEntry:
             else f"Bulyan needs n >= 4f+3 = {need} inputs"
         )
 
-    @staticmethod
-    def build(params: BulyanEntry.Params, context: StrategyContext) -> Any:
+    def strategy(self) -> Any:
         strategy = Bulyan(
-            num_malicious_nodes=params.num_malicious, train_metrics_aggr_fn=selection_metrics,
-            **context.sampling.kwargs(),
+            num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
+            **self.ctx.sampling.kwargs(),
         )  # fmt: skip
-        return pre_aggregated(strategy, params, context.seed)
+        return pre_aggregated(strategy, self.params, self.ctx.seed)

@@ -17,14 +17,14 @@ from flwr.app import RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.preaggregation import PreAggregationParams, pre_aggregated
 from flowerbed.strategies.robust_common import Combined, RobustFedAvg, clip_rows, norms
 
 
 class CenteredClipping(RobustFedAvg):
-    def __init__(self, tau: float, iterations: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, tau: float, iterations: int, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.tau = tau
         self.iterations = iterations
         self.centre: np.ndarray | None = None  # the previous round's aggregate update
@@ -43,7 +43,7 @@ class CenteredClipping(RobustFedAvg):
     "centered-clipping",
     "centered clipping of updates around the last aggregate (Karimireddy et al. 2021)",
 )
-class CenteredClippingEntry:
+class CenteredClippingEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -51,9 +51,11 @@ class CenteredClippingEntry:
         tau: float = param(1.0, gt=0)  # clipping radius around the centre
         iterations: int = param(3, ge=1)  # L, clipping iterations per round
 
-    @staticmethod
-    def build(params: CenteredClippingEntry.Params, context: StrategyContext) -> Any:
+    def strategy(self) -> Any:
         strategy = CenteredClipping(
-            params.tau, params.iterations, seed=context.seed, **context.sampling.kwargs()
+            self.params.tau,
+            self.params.iterations,
+            seed=self.ctx.seed,
+            **self.ctx.sampling.kwargs(),
         )
-        return pre_aggregated(strategy, params, context.seed)
+        return pre_aggregated(strategy, self.params, self.ctx.seed)

@@ -1,24 +1,35 @@
 """What a strategy receives: its typed ``Params`` and a narrow :class:`StrategyContext`.
 
-A strategy never reads the experiment config. ``build(params, context)`` gets its own params
-(an instance of its ``Params`` dataclass) and the context: the seed, the number of rounds,
-Flower's client-sampling arguments (from the shared ``clients`` section) and the server's
-workload instance, through which it reaches the capability contract it ``needs`` (checked when
-the config is resolved: ``fcm`` needs ``concept-registry``, ``fed-kmeans`` ``kmeans-statistics``).
+A registered strategy subclasses :class:`StrategyEntry`: ``StrategyEntry(params, ctx)``, the
+contract of every component kind, and ``strategy()`` returns the Flower strategy that runs. It
+never reads the experiment config: it gets its own params (an instance of its ``Params``
+dataclass) and the context: the seed, the number of rounds, Flower's client-sampling arguments
+(from the shared ``clients`` section) and the server's workload instance, through which it
+reaches the capability contract it ``needs`` (checked when the config is resolved: ``fcm`` needs
+``concept-registry``, ``fed-kmeans`` ``kmeans-statistics``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
+from flowerbed.clients.contracts import offer
+from flowerbed.clients.core.capabilities import Needs
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import ClientsConfig, Experiment
 from flowerbed.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from flowerbed.clients.malicious import AggregationRule
+    from flowerbed.clients.workloads import Workload
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -54,13 +65,50 @@ class StrategyContext:
     """The narrow view of a run a strategy gets.
 
     ``workload`` is the server's instance of the configured workload; a strategy uses only the
-    contract of a capability it declares in ``needs`` (``Workload.contract`` for the method's
-    shared config, or the attribute the capability documents)."""
+    contract of a capability it declares in ``needs``: its Protocol (:meth:`offer`), or
+    ``Workload.contract`` for the method's shared config."""
 
     seed: int
     rounds: int
     sampling: Sampling
-    workload: Any = None
+    workload: Workload | None = None
+
+    def offer(self, protocol: type[P]) -> P:
+        """The server's workload as the Protocol of a capability the strategy needs
+        (``flowerbed.clients.contracts``: ``ctx.offer(TabularDiffusionOffer).spec``)."""
+        return offer(self.workload, protocol)
+
+
+class StrategyEntry(Component[StrategyContext]):
+    """Base class of a registered strategy: typed ``Params``, ``needs``, and ``strategy()``.
+
+    ``StrategyEntry(params, ctx)`` keeps ``self.params`` (its ``Params``, or its fields as a
+    mapping) and ``self.ctx`` (the :class:`StrategyContext`); ``strategy()`` returns the Flower
+    strategy that runs (Flower's own, an adapter over one, or a ``FedAvg`` subclass). Two class
+    level hooks are read when the config is resolved, before anything is built:
+    ``fits_clients(params, sampled)`` (why a round's ``sampled`` replies are too few, or None)
+    and ``aggregation_rule(params)`` (the published rule malicious clients may read, or None).
+    """
+
+    Context = StrategyContext
+    built_by = "build_strategy(experiment) builds one from an experiment"
+    #: workload capabilities the strategy depends on, checked when the config is resolved
+    needs: ClassVar[Needs] = frozenset()
+
+    def strategy(self) -> Strategy:
+        """The Flower strategy this entry runs, from ``self.params`` and ``self.ctx``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def fits_clients(params: Any, sampled: int) -> str | None:
+        """Why ``sampled`` replies a round are too few for the rule (None: they suffice)."""
+        return None
+
+    @staticmethod
+    def aggregation_rule(params: Any) -> AggregationRule | None:
+        """The published aggregation rule (``flowerbed.clients.malicious.AggregationRule``), or
+        None when the strategy publishes none."""
+        return None
 
 
 def strategy_context(experiment: Experiment, workload: Any = None) -> StrategyContext:
@@ -70,9 +118,9 @@ def strategy_context(experiment: Experiment, workload: Any = None) -> StrategyCo
 
 
 def build_strategy(experiment: Experiment, workload: Any = None) -> Any:
-    """The configured base strategy: ``build(typed params, narrow context)``."""
+    """The configured base strategy: ``cls(typed params, narrow context).strategy()``."""
     cls = STRATEGIES.get(experiment.strategy.name or "")
-    return cls.build(experiment.strategy.params, strategy_context(experiment, workload))
+    return cls(experiment.strategy.params, strategy_context(experiment, workload)).strategy()
 
 
 def published_rule(experiment: Experiment) -> Any:

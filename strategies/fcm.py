@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -25,11 +25,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flowerbed.clients.contracts import ConceptRegistryOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 if TYPE_CHECKING:
     from flowerbed.clients.workloads.fcm import ModelSpec
@@ -200,11 +201,12 @@ class FCMStrategy(FedAvg):
         parsed: list[Reply] = []
         for msg in valid:
             arrays = next(iter(msg.content.array_records.values()))
-            metrics = dict(next(iter(msg.content.metric_records.values())))
+            # F-CMs clients report scalar metrics only
+            metrics = cast(dict[str, float], dict(next(iter(msg.content.metric_records.values()))))
             parsed.append(({k: v.numpy() for k, v in arrays.items()}, metrics))
         params, metrics = self.aggregate_replies(server_round, parsed)
         arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in params.items()})
-        return arrays, MetricRecord(metrics)
+        return arrays, MetricRecord(dict(metrics))
 
     def aggregate_replies(
         self, server_round: int, parsed: list[Reply]
@@ -233,13 +235,14 @@ class FCMStrategy(FedAvg):
         valid, _ = self._check_and_log_replies(replies, is_train=False, validate=False)
         if not valid:
             return None
+        records = [next(iter(m.content.metric_records.values())) for m in valid]
         return MetricRecord(
-            weighted_metrics([dict(next(iter(m.content.metric_records.values()))) for m in valid])
+            dict(weighted_metrics([cast(dict[str, float], dict(r)) for r in records]))
         )
 
 
 @STRATEGIES.register("fcm", "F-CMs: per-concept aggregation with a growing concept registry")
-class FCMEntry:
+class FCMEntry(StrategyEntry):
     #: the concept model (``workload.spec``) and ``nc.<name>`` announcements in the replies
     needs = frozenset({Capability.CONCEPT_REGISTRY})
 
@@ -254,10 +257,9 @@ class FCMEntry:
         server_lr: float = param(1.0, gt=0)
         server_momentum: float = param(0.0, ge=0, lt=1)
 
-    @staticmethod
-    def build(params: FCMEntry.Params, context: StrategyContext) -> FCMStrategy:
+    def strategy(self) -> FCMStrategy:
         return FCMStrategy(
-            context.workload.spec, context.seed, aggregation=params.aggregation,
-            expansion=params.expansion, warmup=params.warmup, server_lr=params.server_lr,
-            server_momentum=params.server_momentum, **context.sampling.kwargs(),
+            self.ctx.offer(ConceptRegistryOffer).spec, self.ctx.seed, aggregation=self.params.aggregation,
+            expansion=self.params.expansion, warmup=self.params.warmup, server_lr=self.params.server_lr,
+            server_momentum=self.params.server_momentum, **self.ctx.sampling.kwargs(),
         )  # fmt: skip

@@ -20,7 +20,7 @@ from flowerbed.clients.workloads.routing.kmeans import (
     server_kmeans_init,
 )
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.routing import as_numpy, as_record, scalar_metrics, valid_replies
 
 
@@ -99,7 +99,7 @@ class FedRouterKMeans(FedAvg):
 @STRATEGIES.register(
     "fed-kmeans", "Federated K-means router: exact federated Lloyd + shrunk cluster tables"
 )
-class FedKMeansEntry:
+class FedKMeansEntry(StrategyEntry):
     #: init and Lloyd statistics in the replies, and the method's tables config (``KMeansConfig``,
     #: which the workload's params extend): ``routing-kmeans``
     needs = frozenset({Capability.KMEANS_STATISTICS})
@@ -108,11 +108,10 @@ class FedKMeansEntry:
     class Params:
         init_iters: int = param(20, ge=1)
 
-    @staticmethod
-    def build(params: FedKMeansEntry.Params, context: StrategyContext) -> FedRouterKMeans:
+    def strategy(self) -> FedRouterKMeans:
         return FedRouterKMeans(
-            tables=context.workload.contract(KMeansConfig),
-            init_iters=params.init_iters,
-            seed=context.seed,
-            **context.sampling.kwargs(),
+            tables=self.ctx.workload.contract(KMeansConfig),
+            init_iters=self.params.init_iters,
+            seed=self.ctx.seed,
+            **self.ctx.sampling.kwargs(),
         )

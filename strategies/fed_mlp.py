@@ -4,7 +4,7 @@ evaluators only; see ``strategies/routing.py``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -12,10 +12,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.workloads.routing.mlp import HEAD_PREFIXES
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.routing import (
     EVALS_KEY,
     as_numpy,
@@ -78,8 +77,8 @@ class FedRouterMLP(FedAvg):
         states = [as_numpy(next(iter(r.content.array_records.values()))) for r in valid]
         merged = aggregate_router_mlp(
             states,
-            [float(m["num-examples"]) for m in records],
-            [list(m[EVALS_KEY]) for m in records],
+            [float(cast(int, m["num-examples"])) for m in records],
+            [list(cast(list[float], m[EVALS_KEY])) for m in records],
             self._global,
         )
         return as_record(merged), scalar_metrics(valid)
@@ -88,10 +87,9 @@ class FedRouterMLP(FedAvg):
 @STRATEGIES.register(
     "fed-mlp", "Federated MLP router: trunk FedAvg, per-model heads over their evaluators only"
 )
-class FedMLPEntry:
+class FedMLPEntry(StrategyEntry):
     #: replies carry per-model head rows and ``n-evals-per-model`` (``routing-mlp``)
     needs = frozenset({Capability.ROUTER_HEADS})
 
-    @staticmethod
-    def build(params: NoParams, context: StrategyContext) -> FedRouterMLP:
-        return FedRouterMLP(**context.sampling.kwargs())
+    def strategy(self) -> FedRouterMLP:
+        return FedRouterMLP(**self.ctx.sampling.kwargs())

@@ -8,11 +8,11 @@ from flwr.serverapp.strategy import FedAdam
 
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 @STRATEGIES.register("fedadam", "Flower FedAdam: server-side Adam on the mean update")
-class FedAdamEntry:
+class FedAdamEntry(StrategyEntry):
     @dataclass
     class Params:
         eta: float = param(0.01, gt=0)
@@ -21,6 +21,5 @@ class FedAdamEntry:
         beta_2: float = param(0.99, ge=0, lt=1)
         tau: float = param(0.001, gt=0)
 
-    @staticmethod
-    def build(params: FedAdamEntry.Params, context: StrategyContext) -> FedAdam:
-        return FedAdam(**asdict(params), **context.sampling.kwargs())
+    def strategy(self) -> FedAdam:
+        return FedAdam(**asdict(self.params), **self.ctx.sampling.kwargs())

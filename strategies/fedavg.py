@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from flwr.serverapp.strategy import FedAvg
 
-from flowerbed.clients.core.registry import NoParams
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 @STRATEGIES.register("fedavg", "Flower FedAvg: example-weighted mean of client models")
-class FedAvgEntry:
-    @staticmethod
-    def build(params: NoParams, context: StrategyContext) -> FedAvg:
-        return FedAvg(**context.sampling.kwargs())
+class FedAvgEntry(StrategyEntry):
+    def strategy(self) -> FedAvg:
+        return FedAvg(**self.ctx.sampling.kwargs())

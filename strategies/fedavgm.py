@@ -8,16 +8,15 @@ from flwr.serverapp.strategy import FedAvgM
 
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 @STRATEGIES.register("fedavgm", "Flower FedAvgM: FedAvg with server momentum")
-class FedAvgMEntry:
+class FedAvgMEntry(StrategyEntry):
     @dataclass
     class Params:
         server_learning_rate: float = param(1.0, gt=0)
         server_momentum: float = param(0.9, ge=0, lt=1)
 
-    @staticmethod
-    def build(params: FedAvgMEntry.Params, context: StrategyContext) -> FedAvgM:
-        return FedAvgM(**asdict(params), **context.sampling.kwargs())
+    def strategy(self) -> FedAvgM:
+        return FedAvgM(**asdict(self.params), **self.ctx.sampling.kwargs())

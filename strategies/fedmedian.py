@@ -8,16 +8,15 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 @STRATEGIES.register("fedmedian", "Flower FedMedian: coordinate-wise median (robust)")
-class FedMedianEntry:
+class FedMedianEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})  # a robust rule reads each reply
 
-    @staticmethod
-    def build(params: NoParams, context: StrategyContext) -> FedMedian:
-        return FedMedian(**context.sampling.kwargs())
+    def strategy(self) -> FedMedian:
+        return FedMedian(**self.ctx.sampling.kwargs())
 
     @staticmethod
     def aggregation_rule(params: NoParams) -> AggregationRule:

@@ -10,20 +10,19 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 
 
 @STRATEGIES.register("fedtrimmedavg", "Flower FedTrimmedAvg: trimmed mean, cut fraction beta")
-class FedTrimmedAvgEntry:
+class FedTrimmedAvgEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})  # a robust rule reads each reply
 
     @dataclass
     class Params:
         beta: float = param(0.2, ge=0, lt=0.5)
 
-    @staticmethod
-    def build(params: FedTrimmedAvgEntry.Params, context: StrategyContext) -> FedTrimmedAvg:
-        return FedTrimmedAvg(beta=params.beta, **context.sampling.kwargs())
+    def strategy(self) -> FedTrimmedAvg:
+        return FedTrimmedAvg(beta=self.params.beta, **self.ctx.sampling.kwargs())
 
     @staticmethod
     def aggregation_rule(params: FedTrimmedAvgEntry.Params) -> AggregationRule:

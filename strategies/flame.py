@@ -25,7 +25,7 @@ from sklearn.cluster import HDBSCAN
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.robust_common import (
     Combined,
     RobustFedAvg,
@@ -57,8 +57,8 @@ def majority_cluster(updates: np.ndarray) -> list[int]:
 
 
 class Flame(RobustFedAvg):
-    def __init__(self, noise_factor: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, noise_factor: float, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.noise_factor = noise_factor
 
     def combine(self, server_round: int, updates: np.ndarray, contents: list[RecordDict]) -> Combined:  # fmt: skip
@@ -75,13 +75,12 @@ class Flame(RobustFedAvg):
     "flame",
     "FLAME: HDBSCAN filter of cosine outliers, median-norm clipping, noise (Nguyen et al. 2022)",
 )
-class FlameEntry:
+class FlameEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
     class Params:
         noise_factor: float = param(0.001, ge=0)  # lambda: noise std = lambda × median norm
 
-    @staticmethod
-    def build(params: FlameEntry.Params, context: StrategyContext) -> Flame:
-        return Flame(params.noise_factor, seed=context.seed, **context.sampling.kwargs())
+    def strategy(self) -> Flame:
+        return Flame(self.params.noise_factor, seed=self.ctx.seed, **self.ctx.sampling.kwargs())

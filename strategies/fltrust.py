@@ -14,15 +14,15 @@ holds even with a malicious majority as long as the root data is clean and repre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
 
+from flowerbed.clients.contracts import RootDataOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.robust_common import (
     Combined,
     Layout,
@@ -43,8 +43,10 @@ def trust_weighted(updates: np.ndarray, server_update: np.ndarray) -> tuple[np.n
 
 
 class FLTrust(RobustFedAvg):
-    def __init__(self, workload: Any, root_size: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, workload: RootDataOffer, root_size: int, *, seed: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.workload = workload
         self.root_size = root_size
 
@@ -65,15 +67,17 @@ class FLTrust(RobustFedAvg):
     "fltrust",
     "FLTrust: trust by cosine to the server's root-data update, norms rescaled (Cao et al. 2021)",
 )
-class FLTrustEntry:
+class FLTrustEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES, Capability.ROOT_DATA})
 
     @dataclass
     class Params:
         root_size: int = param(100, ge=1)  # examples in the server's root dataset (paper: 100)
 
-    @staticmethod
-    def build(params: FLTrustEntry.Params, context: StrategyContext) -> FLTrust:
+    def strategy(self) -> FLTrust:
         return FLTrust(
-            context.workload, params.root_size, seed=context.seed, **context.sampling.kwargs()
+            self.ctx.offer(RootDataOffer),
+            self.params.root_size,
+            seed=self.ctx.seed,
+            **self.ctx.sampling.kwargs(),
         )

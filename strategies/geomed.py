@@ -17,7 +17,7 @@ from flwr.app import RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.preaggregation import PreAggregationParams, pre_aggregated
 from flowerbed.strategies.robust_common import Combined, RobustFedAvg, norms
 
@@ -37,8 +37,8 @@ def smoothed_weiszfeld(points: np.ndarray, iterations: int, nu: float) -> tuple[
 
 
 class GeometricMedian(RobustFedAvg):
-    def __init__(self, iterations: int, nu: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, iterations: int, nu: float, *, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.iterations = iterations
         self.nu = nu
 
@@ -48,7 +48,7 @@ class GeometricMedian(RobustFedAvg):
 
 
 @STRATEGIES.register("geomed", "geometric median of updates by smoothed Weiszfeld (RFA, Pillutla et al. 2022)")  # fmt: skip
-class GeomedEntry:
+class GeomedEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -56,9 +56,8 @@ class GeomedEntry:
         iterations: int = param(10, ge=1)  # R, Weiszfeld steps at most
         nu: float = param(1e-6, gt=0)  # smoothing: distances below nu count as nu
 
-    @staticmethod
-    def build(params: GeomedEntry.Params, context: StrategyContext) -> Any:
+    def strategy(self) -> Any:
         strategy = GeometricMedian(
-            params.iterations, params.nu, seed=context.seed, **context.sampling.kwargs()
+            self.params.iterations, self.params.nu, seed=self.ctx.seed, **self.ctx.sampling.kwargs()
         )
-        return pre_aggregated(strategy, params, context.seed)
+        return pre_aggregated(strategy, self.params, self.ctx.seed)

@@ -11,13 +11,13 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
 
 @STRATEGIES.register("krum", "Flower Krum: the one reply closest to its n-f-2 neighbours")
-class KrumEntry:
+class KrumEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -33,13 +33,12 @@ class KrumEntry:
             else f"Krum needs n >= 2f+3 = {need} inputs"
         )
 
-    @staticmethod
-    def build(params: KrumEntry.Params, context: StrategyContext) -> Any:
+    def strategy(self) -> Any:
         strategy = Krum(
-            num_malicious_nodes=params.num_malicious, train_metrics_aggr_fn=selection_metrics,
-            **context.sampling.kwargs(),
+            num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
+            **self.ctx.sampling.kwargs(),
         )  # fmt: skip
-        return pre_aggregated(strategy, params, context.seed)
+        return pre_aggregated(strategy, self.params, self.ctx.seed)
 
     @staticmethod
     def aggregation_rule(params: KrumEntry.Params) -> AggregationRule:

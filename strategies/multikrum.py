@@ -11,13 +11,13 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
 
 @STRATEGIES.register("multikrum", "Flower MultiKrum: mean of the m replies with the best Krum score")  # fmt: skip
-class MultiKrumEntry:
+class MultiKrumEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -30,13 +30,12 @@ class MultiKrumEntry:
         need = max(2 * params.num_malicious + 3, params.num_selected)
         return None if inputs_after(params, sampled) >= need else f"MultiKrum needs n >= max(2f+3, m) = {need} inputs"  # fmt: skip
 
-    @staticmethod
-    def build(params: MultiKrumEntry.Params, context: StrategyContext) -> Any:
+    def strategy(self) -> Any:
         strategy = MultiKrum(
-            num_malicious_nodes=params.num_malicious, num_nodes_to_select=params.num_selected,
-            train_metrics_aggr_fn=selection_metrics, **context.sampling.kwargs(),
+            num_malicious_nodes=self.params.num_malicious, num_nodes_to_select=self.params.num_selected,
+            train_metrics_aggr_fn=selection_metrics, **self.ctx.sampling.kwargs(),
         )  # fmt: skip
-        return pre_aggregated(strategy, params, context.seed)
+        return pre_aggregated(strategy, self.params, self.ctx.seed)
 
     @staticmethod
     def aggregation_rule(params: MultiKrumEntry.Params) -> AggregationRule:

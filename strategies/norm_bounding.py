@@ -17,7 +17,7 @@ from flwr.app import RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyContext
+from flowerbed.strategies.context import StrategyEntry
 from flowerbed.strategies.robust_common import (
     Combined,
     RobustFedAvg,
@@ -30,8 +30,10 @@ NOISE_SALT = 53_001
 
 
 class NormBoundedFedAvg(RobustFedAvg):
-    def __init__(self, norm_bound: float, noise_std: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, norm_bound: float, noise_std: float, *, seed: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(seed=seed, **kwargs)
         self.norm_bound = norm_bound
         self.noise_std = noise_std
 
@@ -49,7 +51,7 @@ class NormBoundedFedAvg(RobustFedAvg):
     "norm-bounding",
     "FedAvg of updates clipped to L2 norm M, optional Gaussian noise (Sun et al. 2019)",
 )
-class NormBoundingEntry:
+class NormBoundingEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
@@ -57,8 +59,10 @@ class NormBoundingEntry:
         norm_bound: float = param(1.0, gt=0)  # M, the largest update norm that passes unscaled
         noise_std: float = param(0.0, ge=0)  # sigma of the Gaussian noise on the aggregate
 
-    @staticmethod
-    def build(params: NormBoundingEntry.Params, context: StrategyContext) -> NormBoundedFedAvg:
+    def strategy(self) -> NormBoundedFedAvg:
         return NormBoundedFedAvg(
-            params.norm_bound, params.noise_std, seed=context.seed, **context.sampling.kwargs()
+            self.params.norm_bound,
+            self.params.noise_std,
+            seed=self.ctx.seed,
+            **self.ctx.sampling.kwargs(),
         )

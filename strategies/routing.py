@@ -19,7 +19,7 @@ The math is in pure numpy functions over ``dict[str, ndarray]`` so tests call it
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
@@ -38,12 +38,12 @@ def as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 def scalar_metrics(replies: list[Message]) -> MetricRecord:
     """Example-weighted mean of the scalar metrics (list-valued ones are per-client data)."""
     records = [next(iter(r.content.metric_records.values())) for r in replies]
-    weights = np.array([float(r["num-examples"]) for r in records])
+    weights = np.array([float(cast(int, r["num-examples"])) for r in records])
     out: dict[str, Any] = {"num-examples": int(weights.sum())}
     keys = set.intersection(*(set(r.keys()) for r in records)) - {"num-examples", "partition-id"}
     for key in sorted(keys):
         if all(isinstance(r[key], int | float) for r in records):
-            values = np.array([float(r[key]) for r in records])
+            values = np.array([float(cast(float, r[key])) for r in records])
             out[key] = float((values * weights).sum() / max(weights.sum(), 1e-12))
     return MetricRecord(out)
 

@@ -9,17 +9,17 @@ move the schedule.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
+from flowerbed.clients.contracts import TabularDiffusionOffer
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.registry import NoParams
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import RemembersSent, StrategyContext
+from flowerbed.strategies.context import RemembersSent, StrategyEntry
 
 K_KEY = "k_raw"
 
@@ -38,13 +38,17 @@ class TabDiffFedAvg(RemembersSent):
             return arrays, metrics
         if self.learnable_k:
             ok = [r for r in replies if not r.has_error()]
-            weights = np.array([float(r.content["metrics"]["num-examples"]) for r in ok])
+            weights = np.array([float(cast(int, r.content["metrics"]["num-examples"])) for r in ok])
             ks = torch.stack(
-                [k_from_raw(torch.from_numpy(r.content["arrays"][K_KEY].numpy())) for r in ok]
+                [
+                    k_from_raw(torch.from_numpy(cast(Array, r.content["arrays"][K_KEY]).numpy()))
+                    for r in ok
+                ]
             )
             w = torch.from_numpy(weights / weights.sum()).float()[:, None]
             raw = k_to_raw((w * ks).sum(0))
         else:
+            assert self._sent is not None  # configure_train sent it
             raw = torch.from_numpy(self._sent[K_KEY].numpy().copy())
         arrays[K_KEY] = Array(raw.float().numpy())
         if metrics is not None:
@@ -55,11 +59,10 @@ class TabDiffFedAvg(RemembersSent):
 @STRATEGIES.register(
     "tabdiff", "FedAvg for tabular diffusion (schedule params averaged in k-space)"
 )
-class TabDiffEntry:
+class TabDiffEntry(StrategyEntry):
     #: the diffusion model's spec (``workload.spec``: whether k is learnable)
     needs = frozenset({Capability.TABULAR_DIFFUSION})
 
-    @staticmethod
-    def build(params: NoParams, context: StrategyContext) -> TabDiffFedAvg:
-        learnable = bool(context.workload.spec.learnable_k)
-        return TabDiffFedAvg(learnable_k=learnable, **context.sampling.kwargs())
+    def strategy(self) -> TabDiffFedAvg:
+        learnable = bool(self.ctx.offer(TabularDiffusionOffer).spec.learnable_k)
+        return TabDiffFedAvg(learnable_k=learnable, **self.ctx.sampling.kwargs())

@@ -5,6 +5,9 @@
   ``cfg[...]`` subscript, a ``cfg.get`` or a ``.cfg`` attribute. Components get their ``Params``
   and a typed context; the factories that read a config (``build_workload``, ``build_defenses``,
   ``strategies.context``, the runner) live in modules that register nothing.
+- Every kind of component (a field of ``Components``: workloads, datasets, strategies, attacks,
+  defenses, malicious clients) has one base class, every built-in entry subclasses it, and its
+  constructor is ``(self, params, ctx)``: the typed ``Params`` and the kind's context.
 - No attack or strategy tests a defense's or a workload's name (``if defense == "topk"``,
   ``name in ("tabdiff", ...)``): what a component may rely on is a declared capability
   (``needs``) or a published mechanism, never which other component is running.
@@ -17,19 +20,36 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import typing
 from pathlib import Path
 
 import grimp
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.clients.defenses import DEFENSES
-from flowerbed.clients.workloads import WORKLOADS
+from flowerbed.attacks.common import Attack, AttackContext
+from flowerbed.clients.core.config import Components
+from flowerbed.clients.datasets import DATASETS, Dataset, DatasetContext
+from flowerbed.clients.defenses import DEFENSES, Defense, DefenseContext
+from flowerbed.clients.malicious import MALICIOUS, Malicious, MaliciousContext
+from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 from flowerbed.strategies import STRATEGIES
+from flowerbed.strategies.context import StrategyContext, StrategyEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOTS = [f"flowerbed.{top}" for top in ("apps", "server", "strategies", "attacks", "clients")]
-REGISTRIES = {"workload": WORKLOADS, "attack": ATTACKS, "defense": DEFENSES, "strategy": STRATEGIES}
+REGISTRIES = {"workload": WORKLOADS, "attack": ATTACKS, "defense": DEFENSES, "strategy": STRATEGIES,
+              "dataset": DATASETS, "malicious": MALICIOUS}  # fmt: skip
+#: each kind (a field of ``Components``): its registry, its base class and its context
+KINDS = {
+    "workloads": (WORKLOADS, Workload, WorkloadContext),
+    "datasets": (DATASETS, Dataset, DatasetContext),
+    "strategies": (STRATEGIES, StrategyEntry, StrategyContext),
+    "attacks": (ATTACKS, Attack, AttackContext),
+    "defenses": (DEFENSES, Defense, DefenseContext),
+    "malicious": (MALICIOUS, Malicious, MaliciousContext),
+}
 
 
 def config_reads(source: str) -> list[int]:
@@ -64,6 +84,23 @@ def test_no_registered_component_reads_the_experiment_config() -> None:
             lines = config_reads(path.read_text())
             if lines:
                 offending[f"{kind} {name} ({path.name})"] = lines
+    assert not offending, offending
+
+
+def test_every_kind_has_one_base_with_one_constructor_signature() -> None:
+    assert set(KINDS) == {f.name for f in dataclasses.fields(Components)}, "a kind without a base"
+    offending = []
+    for kind, (registry, base, context) in KINDS.items():
+        assert list(inspect.signature(base.__init__).parameters) == ["self", "params", "ctx"], kind
+        declared = getattr(base, "Context", None) or typing.get_type_hints(base.__init__)["ctx"]
+        assert declared is context, kind
+        for name, cls in registry.items():
+            if not registry.is_builtin(name):
+                continue  # outside code (a test's plug-in) is its author's
+            if not issubclass(cls, base):
+                offending.append(f"{kind} {name}: not a {base.__name__}")
+            elif list(inspect.signature(cls.__init__).parameters) != ["self", "params", "ctx"]:
+                offending.append(f"{kind} {name}: __init__{inspect.signature(cls.__init__)}")
     assert not offending, offending
 
 

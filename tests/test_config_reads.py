@@ -34,6 +34,7 @@ BOUNDARY: dict[str, tuple[int, str]] = {
     "clients/datasets/__init__.py": (1, "the dataset section in a table cache key's JSON"),
     "server/sweep.py": (1, "a sweep file's grid value for defenses (raw overrides)"),
     "server/runner.py": (1, "a finished run's config.yaml: its plugins, before it is typed"),
+    "server/defense_axes.py": (2, "a sweep file's raw overrides and base: an arm's strategy"),
 }
 LIMIT = 10
 

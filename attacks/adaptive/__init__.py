@@ -34,14 +34,14 @@ from flowerbed.attacks.adaptive import (  # noqa: F401  (each registers its atta
     tableak_adaptive,
 )
 from flowerbed.attacks.adaptive.goliath_adaptive import GoliathAdaptive
-from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
+from flowerbed.attacks.adaptive.inversion import DefenseAware, DefenseAwareInversion
 from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss, ModelLossAdaptive
 from flowerbed.attacks.adaptive.model_stealing_adaptive import ModelStealingAdaptive
 
 __all__ = [
+    "DefenseAware",
     "DefenseAwareInversion",
     "DefenseAwareModelLoss",
-    "DefenseAwareObserver",
     "GoliathAdaptive",
     "ModelLossAdaptive",
     "ModelStealingAdaptive",

@@ -11,11 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flwr.serverapp.strategy import Strategy
+
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
+from flowerbed.attacks.adaptive.inversion import DefenseAware, DefenseAwareInversion
 from flowerbed.attacks.common import InversionAttack
-from flowerbed.attacks.goliath import GOLIATH, TabularInversion, TruthScorer
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.goliath import GOLIATH, GoliathParams, TabularInversion, TruthScorer
+from flowerbed.attacks.inversion.types import DiffusionReplay
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
@@ -31,22 +35,20 @@ class GoliathAdaptive(InversionAttack):
     scorer = TruthScorer
 
     @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)
-        restarts: int = param(4, ge=1)
-        iterations: int = param(400, ge=0)
-        cycles: int = param(4, ge=1)
-        rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
+    class Params(GoliathParams):  # Goliath's budget, and:
         average_rounds: int = param(4, ge=1)  # noisy updates of one client averaged (DP); 1 = none
         compare_unaware: bool = True  # also run the unaware Goliath on the same replies
 
+    params: Params
+
     def engine(self) -> DefenseAwareInversion:
         """Goliath reading the update through the published mechanisms the context holds."""
-        return DefenseAwareInversion(self.ctx.replay, self.budgeted(), self.ctx.mechanisms,
+        return DefenseAwareInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted(), self.ctx.mechanisms,
                                      self.params.average_rounds)  # fmt: skip
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         p = self.params
-        unaware = TabularInversion(self.ctx.replay, self.budgeted()) if p.compare_unaware else None
-        return DefenseAwareObserver(strategy, writer, self.engine(), scorer, p.target_clients,
-                                    p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip
+        replay = self.ctx.replay_as(DiffusionReplay)
+        unaware = TabularInversion(replay, self.budgeted()) if p.compare_unaware else None
+        hooks = DefenseAware(self.engine(), unaware, seed=self.ctx.seed)
+        return AttackObserver(strategy, writer, hooks, scorer, p.target_clients, p.rounds)

@@ -22,7 +22,7 @@ it matches to the mechanism, whichever defense publishes it; everything else is 
 - ``Aggregation`` (secure aggregation): the aggregate of N clients is the FedSGD gradient of their N x B rows; it is
   inverted as one batch of N x B rows (the union of the group's rows is what can leak).
 
-The observer hands this attack the group members of a secure-aggregation reply (public to the
+The observer (with the ``DefenseAware`` hooks below) hands this attack the group members of a secure-aggregation reply (public to the
 server) and answers with the candidate ``attacks.adaptive.selection`` picks (the unaware
 reconstruction, the prior guess or this attack's); ground truth stays in the scorer
 (``attacks.goliath.scoring``: a group's reply against the union of its members' rows).
@@ -34,10 +34,8 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord
 
 from flowerbed.attacks.adaptive.selection import (
     carries_evidence,
@@ -46,23 +44,23 @@ from flowerbed.attacks.adaptive.selection import (
     choose,
     noise_sd_per_lr,
 )
-from flowerbed.attacks.common import (
+from flowerbed.attacks.goliath.attack import TabularInversion
+from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
+from flowerbed.attacks.goliath.knowledge import GOLIATH, local_steps
+from flowerbed.attacks.goliath.objective import match_loss, simulate
+from flowerbed.attacks.goliath.optimisation import invert, rows_score
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
     Knowledge,
     Reading,
     Reconstruction,
 )
-from flowerbed.attacks.goliath.attack import TabularInversion
-from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
-from flowerbed.attacks.goliath.knowledge import GOLIATH, local_steps
-from flowerbed.attacks.goliath.objective import match_loss, simulate
-from flowerbed.attacks.goliath.optimisation import invert, rows_score
-from flowerbed.attacks.observer import AttackObserver, Scorer, as_tensors
+from flowerbed.attacks.observer import AttackObserver, Hooks
 from flowerbed.attacks.prior import KEEPER_SALT, keep_prior
+from flowerbed.attacks.protocols import AdaptiveEngine, Inverter, Key, Tensors
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
-from flowerbed.clients.defenses.secagg import MEMBERS_RECORD
 from flowerbed.clients.tabdiff.model import Latents, Rows
 from flowerbed.clients.tabdiff.training import Protocol
 
@@ -186,7 +184,7 @@ class DefenseAwareInversion(TabularInversion):
         self.mechanisms = list(mechanisms)
         self.average_rounds = average_rounds
         #: the latest observed updates of each target (one client, or a secure-aggregation group)
-        self.history: dict[tuple[int, ...], list[Knowledge]] = {}
+        self.history: dict[tuple[int, ...], list[Knowledge[DiffusionReplay]]] = {}
 
     @property
     def averages_noise(self) -> bool:
@@ -211,7 +209,7 @@ class DefenseAwareInversion(TabularInversion):
         seen.append(self.knowledge(sent, reply, examples))
         del seen[: -max(self.average_rounds, 1)]
 
-    def _averaged(self, members: tuple[int, ...]) -> list[Knowledge]:
+    def _averaged(self, members: tuple[int, ...]) -> list[Knowledge[DiffusionReplay]]:
         """The observations the attack inverts together: the latest alone, or (DP noise, FedSGD)
         every recorded one of the same batch size, averaged."""
         seen = self.history[members]
@@ -277,7 +275,7 @@ class DefenseAwareInversion(TabularInversion):
             return score
         return min(score, rows_score(aware, rec.num, rec.cat, self.settings, seed, rec))
 
-    def aware(self, know: Knowledge) -> Knowledge:
+    def aware(self, know: Knowledge[DiffusionReplay]) -> Knowledge[DiffusionReplay]:
         """``know`` read through the defenses' published mechanisms (``view_for``)."""
         return replace(know, reading=self.view_for(know.update))
 
@@ -307,7 +305,7 @@ class DefenseAwareInversion(TabularInversion):
         return any(isinstance(m, Sparsification) for m in self.mechanisms)
 
     def _closed_form_on_completion(
-        self, seen: Knowledge, aware: Knowledge
+        self, seen: Knowledge[DiffusionReplay], aware: Knowledge[DiffusionReplay]
     ) -> Reconstruction | None:
         """Goliath's closed forms on the low-rank completion of a top-k update, scored by how well
         their rows explain the *kept* coordinates (the top-k view of their update)."""
@@ -333,7 +331,7 @@ class DefenseAwareInversion(TabularInversion):
             best.seconds = time.perf_counter() - start
         return best
 
-    def _invert_average(self, seen: list[Knowledge]) -> Reconstruction:
+    def _invert_average(self, seen: list[Knowledge[DiffusionReplay]]) -> Reconstruction:
         """R noisy FedSGD gradients of the same rows: their sum is R steps of local SGD on them."""
         latest = seen[-1]
         steps = Protocol("fedavg", latest.batch, AVERAGE_LR, len(seen), "sgd")
@@ -342,76 +340,49 @@ class DefenseAwareInversion(TabularInversion):
                                 latest.batch), self.settings)  # fmt: skip
 
 
-def members_of(reply: Message) -> tuple[int, ...]:
-    """Who contributed to a reply: its secure-aggregation group, else its own partition id."""
-    if MEMBERS_RECORD in reply.content.config_records:
-        return tuple(int(p) for p in reply.content[MEMBERS_RECORD]["members"])
-    return (int(reply.content["metrics"]["partition-id"]),)
+class DefenseAware(Hooks):
+    """The observer's hooks for a defense-aware attack, the unaware one beside it on the same
+    replies.
 
-
-class DefenseAwareObserver(AttackObserver):
-    """Runs the defense-aware attack and, beside it, the unaware one on the same replies.
-
-    Every round it records the targets' updates (the averaging attacker needs earlier rounds); in
-    the attacked rounds it scores the unaware attack's reconstruction under ``attack.unaware_*``
-    (only for individual updates: under secure aggregation the unaware attacker has nothing to
-    invert) and the defense-aware attacker's answer under ``attack.*``: the one of (prior guess,
-    unaware, aware) that ``selection.choose`` picks, without ground truth, with the choice in
-    ``attack.chosen_*``. A secure-aggregation reply is attacked when its group holds a target
-    client, and scored against the union of the group's rows.
-
-    ``attack`` offers ``observe``, ``invert_latest``, ``identity``, ``evidence``, ``objective``
-    and ``prior_guess`` (``DefenseAwareInversion``, ``model_loss.DefenseAwareModelLoss``).
+    Every round it records the targets' updates (``observe``: the averaging attacker needs earlier
+    rounds); in the attacked rounds it scores the unaware attack's reconstruction under
+    ``attack.unaware_*`` (only for individual updates: under secure aggregation the unaware
+    attacker has nothing to invert) and the defense-aware attacker's answer under ``attack.*``:
+    the one of (prior guess, unaware, aware) that ``selection.choose`` picks, without ground
+    truth, with the choice in ``attack.chosen_*``. A secure-aggregation reply is attacked when its
+    group holds a target client, and scored against the union of the group's rows.
     """
 
-    def __init__(
-        self, inner: Any, writer: Any, attack: Any, scorer: Scorer, targets: list[int],
-        rounds: list[int] | None, unaware: Any | None, seed: int = 0,
-    ) -> None:  # fmt: skip
+    every_round = True
+
+    def __init__(self, adaptive: AdaptiveEngine[Reconstruction],
+                 unaware: Inverter[Reconstruction] | None, seed: int = 0) -> None:  # fmt: skip
         """``seed``: the run's (the prior guesses are seeded from it, per reply)."""
-        super().__init__(inner, writer, attack, scorer, targets, aggregate=False, rounds=rounds,
-                         keep_prior_guess=False, seed=seed)  # fmt: skip
-        self.adaptive = attack
+        self.adaptive = adaptive
         self.seed = seed
         self.unaware = None if unaware is None else keep_prior(unaware, seed)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        sent = as_tensors(self._sent)
-        attacked = not self.rounds or server_round in self.rounds
-        shown: list[tuple[Any, dict, Any]] = []
-        for reply in replies:
-            if reply.has_error():
-                continue
-            members = members_of(reply)
-            if not self.targets.intersection(members):
-                continue
-            observed = as_tensors(reply.content["arrays"])
-            examples = int(reply.content["metrics"]["num-examples"])
-            self.adaptive.observe(members, server_round, sent, observed, examples)
-            if not attacked:
-                continue
-            key: Any = members[0] if len(members) == 1 else members
-            record: dict[str, float] = {}
-            candidates: dict[str, Any] = {}
-            if self.unaware is not None and len(members) == 1:
-                candidates["unaware"] = self.unaware.invert(sent, observed, examples)
-                record |= self._score(server_round, key, sent, candidates["unaware"], "unaware_")
-            rec = self.answer(members, server_round, sent, observed, examples, candidates)
-            record = self._score(server_round, key, sent, rec, "") | record
-            shown.append((key, sent, rec))
-            self._record(server_round, key, record)
-        self._illustrate(server_round, shown)
-        return self.inner.aggregate_train(server_round, replies)
+    def observe(self, members: tuple[int, ...], server_round: int, sent: Tensors,
+                received: Tensors, examples: int) -> None:  # fmt: skip
+        self.adaptive.observe(members, server_round, sent, received, examples)
 
-    def answer(
-        self, members: tuple[int, ...], server_round: int, sent: dict[str, torch.Tensor],
-        observed: dict[str, torch.Tensor], examples: int, candidates: dict[str, Any],
-    ) -> Any:  # fmt: skip
+    def answer(self, observer: AttackObserver, server_round: int, key: Key,
+               members: tuple[int, ...], sent: Tensors, received: Tensors,
+               examples: int) -> tuple[Reconstruction, dict[str, float]]:  # fmt: skip
+        record: dict[str, float] = {}
+        candidates: dict[str, Reconstruction] = {}
+        if self.unaware is not None and len(members) == 1:
+            candidates["unaware"] = self.unaware.invert(sent, received, examples)
+            record |= observer.score(server_round, key, sent, candidates["unaware"], "unaware_")
+        rec = self.select(members, server_round, sent, received, examples, candidates)
+        return rec, observer.score(server_round, key, sent, rec, "") | record
+
+    def select(
+        self, members: tuple[int, ...], server_round: int, sent: Tensors, observed: Tensors,
+        examples: int, candidates: dict[str, Reconstruction],
+    ) -> Reconstruction:  # fmt: skip
         """The defense-aware attacker's answer (``selection.choose``), its choice attached as
-        ``rec.choice`` (the metrics ``_score`` records)."""
+        ``rec.choice`` (the metrics the observer records beside its scores)."""
         identity = self.adaptive.identity
         evidence = None if identity else self.adaptive.evidence(members)
         if not identity:  # the prior guess: public knowledge, seeded per reply
@@ -423,18 +394,6 @@ class DefenseAwareObserver(AttackObserver):
             candidates["aware"] = self.adaptive.invert_latest(members, candidates.get("unaware"))
         choice = choose(candidates, lambda r: self.adaptive.objective(members, r), identity,
                         evidence)  # fmt: skip
-        rec = choice.rec
+        rec: Reconstruction = choice.rec
         rec.choice = choice_metrics(choice, evidence)
         return rec
-
-    def _score(self, rnd: int, pid: Any, sent: dict, rec: Any, prefix: str) -> dict[str, float]:
-        scores = super()._score(rnd, pid, sent, rec, prefix)
-        extra = getattr(rec, "choice", None) if not prefix else None
-        if extra:  # the choice's counts, kept in the summary as fractions of attacked replies
-            self.scores[-1] |= extra
-            self.writer.log(rnd, "attack", extra)
-            for key in extra:
-                values = [s[key] for s in self.scores if key in s]
-                self.writer.set_final(f"attack.{key}", sum(values) / len(values))
-            scores |= extra
-        return scores

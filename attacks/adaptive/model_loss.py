@@ -23,7 +23,7 @@ from their names: the attacker changes how it *reads* an update, the attack itse
   rows (``ClassifierScorer`` with a group of members).
 
 Without a mechanism to adapt to, the defense-aware attacker is the unaware one (same inversion,
-run once). ``DefenseAwareObserver`` runs both on the same replies (``attack.*`` / ``attack.unaware_*``).
+run once). The observer's ``DefenseAware`` hooks run both on the same replies (``attack.*`` / ``attack.unaware_*``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.attacks.adaptive.inversion import (
-    DefenseAwareObserver,
+    DefenseAware,
     complete_low_rank,
     compose,
     grid_view,
@@ -48,19 +49,21 @@ from flowerbed.attacks.adaptive.selection import (
     rounding_nll,
 )
 from flowerbed.attacks.baseline_common import ON_MODEL_LOSS
-from flowerbed.attacks.common import (
-    InversionAttack,
-    InversionSettings,
-    Knowledge,
-    ModelLossReplay,
-    Reconstruction,
-)
+from flowerbed.attacks.common import InversionAttack, ObservedParams
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.optimisation import invert_optimised
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.simulate import observed
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.inversion.types import (
+    InversionSettings,
+    Knowledge,
+    ModelLossReplay,
+    Reading,
+    Reconstruction,
+)
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
 from flowerbed.clients.model_loss import ModelLoss
@@ -86,8 +89,8 @@ def update_noise_std(mechanism: GaussianNoise, contract: ModelLoss, batch: int) 
 class RememberingAttack(ModelLossAttack):
     """The unaware model-loss attack, remembering its last (reply, reconstruction)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, replay: ModelLossReplay, settings: InversionSettings, name: str = "") -> None:  # fmt: skip
+        super().__init__(replay, settings, name)
         self.last: tuple[dict, Reconstruction] | None = None
 
     def invert(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Reconstruction:  # fmt: skip
@@ -149,12 +152,12 @@ class DefenseAwareModelLoss(ModelLossAttack):
             return self.match(sent, reply, rec)
         plain = replace(self.knowledge(sent, reply, examples), reading=None)
         with torch.enable_grad():
-            sim = observed(plain, rec.x.to(plain.dtype), rec.y, create_graph=False)
+            sim = observed(plain, rec.inputs.to(plain.dtype), rec.labels, create_graph=False)
         return rounding_nll(sim, plain.update, min(bits))
 
-    def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge:  # fmt: skip
+    def knowledge(self, sent: dict[str, torch.Tensor], reply: dict[str, torch.Tensor], num_examples: int) -> Knowledge[ModelLossReplay]:  # fmt: skip
         base = super().knowledge(sent, reply, num_examples)
-        readings: list[Any] = []
+        readings: list[Reading] = []
         absent_at: float | None = 0.0
         first = self.contract.first_linear[0] if self.contract.first_linear else None
         for mechanism in self.mechanisms:
@@ -179,7 +182,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
             return invert_optimised(know, self.settings, self.name)
         return super().invert(sent, reply, num_examples)
 
-    # -- the observer's interface (``attacks.adaptive.inversion.DefenseAwareObserver``) ----------
+    # -- the observer's interface (``attacks.adaptive.inversion.DefenseAware``) ------------------
     def observe(self, members: tuple[int, ...], server_round: int, sent: dict[str, torch.Tensor],
                 reply: dict[str, torch.Tensor], examples: int) -> None:  # fmt: skip
         self.latest[members] = (sent, reply, examples)
@@ -197,7 +200,7 @@ class DefenseAwareModelLoss(ModelLossAttack):
         return self.invert(sent, reply, examples)
 
 
-def completed_first_layer(know: Knowledge) -> dict[str, torch.Tensor]:
+def completed_first_layer(know: Knowledge[ModelLossReplay]) -> dict[str, torch.Tensor]:
     """The update with its first layer's dropped entries filled by low-rank completion (rank at
     most the batch size: ``[dW | db] = sum_i delta_i [x_i, 1]^T``)."""
     update = know.update
@@ -222,11 +225,9 @@ DESCRIPTION = (
 
 
 @dataclass
-class ModelLossAdaptiveParams:
-    target_clients: list[int] = param(factory=lambda: [0], ge=0)
+class ModelLossAdaptiveParams(ObservedParams):
     restarts: int = param(0, ge=0)  # 0 = the attack's own default
     iterations: int = param(0, ge=0)  # 0 = the attack's own default (optimisation attacks)
-    rounds: list[int] = param(factory=list, ge=1)  # attacked rounds; empty = every round
     compare_unaware: bool = True  # also run the unaware attack on the same replies
 
 
@@ -237,6 +238,7 @@ class ModelLossAdaptive(InversionAttack):
     reads_aggregates = True  # secure-aggregation groups are attacked as their union
 
     Params = ModelLossAdaptiveParams
+    params: ModelLossAdaptiveParams
     needs = ON_MODEL_LOSS
     scorer = ClassifierScorer
     base: ClassVar[str]  # the unaware attack's registered name
@@ -244,12 +246,13 @@ class ModelLossAdaptive(InversionAttack):
     def engine(self) -> DefenseAwareModelLoss:
         """The aware attack with its unaware companion (``plain``: reused where nothing adapts)."""
         settings = self.budgeted()  # a budget of 0: the attack's own
-        plain = RememberingAttack(self.ctx.replay, settings, self.base)
-        return DefenseAwareModelLoss(self.ctx.replay, settings, self.registry_name,
+        replay = self.ctx.replay_as(ModelLossReplay)
+        plain = RememberingAttack(replay, settings, self.base)
+        return DefenseAwareModelLoss(replay, settings, self.registry_name,
                                      self.ctx.mechanisms, plain)  # fmt: skip
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> DefenseAwareObserver:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         p, adaptive = self.params, self.engine()
         unaware = adaptive.plain if p.compare_unaware else None
-        return DefenseAwareObserver(strategy, writer, adaptive, scorer, p.target_clients,
-                                    p.rounds, unaware, seed=self.ctx.seed)  # fmt: skip
+        hooks = DefenseAware(adaptive, unaware, seed=self.ctx.seed)
+        return AttackObserver(strategy, writer, hooks, scorer, p.target_clients, p.rounds)

@@ -20,15 +20,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.model_stealing import ModelStealing, StealingObserver, steal
-from flowerbed.attacks.observer import Scorer
+from flowerbed.attacks.model_stealing import ModelStealing, Stealing, steal
+from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.protocols import Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import WeightFlipping
-from flowerbed.clients.defenses.filosofer import DEFAULT_RHO
+from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release
 from flowerbed.clients.training import load_state
 
 DETECTORS = ("extremes", "magnitude", "saliency")
@@ -62,6 +64,7 @@ def flag(
     if detector == "saliency":
         model = load_state(exposed, hidden)
         params = dict(model.named_parameters())
+        assert y is not None  # the saliency detector is given the attacker's data
         loss = nn.functional.cross_entropy(model(x), y)
         grads = torch.autograd.grad(loss, [params[n] for n in names])
         scores = {n: (exposed[n] * g).detach() for n, g in zip(names, grads, strict=True)}
@@ -106,16 +109,19 @@ class ModelStealingAdaptive(ModelStealing):
         rho: float = param(0.0, ge=0, lt=1)  # the release's flip fraction; 0 = the defense's
         fractions: list[float] = param(factory=lambda: [1.0, 2.5], gt=0)  # flagged, x rho
 
-    def wrap(self, strategy: Any, writer: Any, scorer: Scorer | None) -> StealingObserver:
+    params: Params
+
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
         params = self.params
         if not params.rho:  # the release's published flip fraction
             rhos = [m.rho for m in self.ctx.mechanisms if isinstance(m, WeightFlipping)]
             params = replace(params, rho=rhos[0] if rhos else DEFAULT_RHO)
-        return StealingObserver(strategy, self.ctx, params, writer, adaptive_metrics)
+        return AttackObserver(strategy, writer, Stealing(self.ctx, params, adaptive_metrics))
 
 
-def adaptive_metrics(rel: Any, attacker: tuple, test: tuple, seed: int, hidden: list[int],
-                     params: Any, plain: dict[str, float]) -> dict[str, float]:  # fmt: skip
+def adaptive_metrics(rel: Release, attacker: tuple[torch.Tensor, torch.Tensor],
+                     test: tuple[torch.Tensor, torch.Tensor], seed: int, hidden: list[int],
+                     params: ModelStealingAdaptive.Params, plain: dict[str, float]) -> dict[str, float]:  # fmt: skip
     """The adaptive attacker on the same release, data and budget as the plain one (which it may
     also just run: its surrogate is the best of the detectors and the plain attack)."""
     out: dict[str, float] = {}

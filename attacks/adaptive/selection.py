@@ -30,7 +30,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import torch
 
@@ -113,22 +113,25 @@ def rounding_nll(
     return total
 
 
+R = TypeVar("R")  # a candidate reconstruction
+
+
 @dataclass(frozen=True)
-class Choice:
+class Choice(Generic[R]):
     """The answer and why: ``candidate`` in ``CANDIDATES``, ``rule`` in identity | noise | objective."""
 
     candidate: str
     rule: str
-    rec: Any
+    rec: R
     scores: dict[str, float]
 
 
 def choose(
-    candidates: Mapping[str, Any],
-    objective: Callable[[Any], float],
+    candidates: Mapping[str, R],
+    objective: Callable[[R], float],
     identity: bool,
     evidence: bool | None,
-) -> Choice:
+) -> Choice[R]:
     """The selection rule (module docstring) over ``candidates`` (names from ``CANDIDATES``: those
     the attacker has; ``unaware`` is not run under secure aggregation, ``aware`` need not be
     where the noise test already says prior). ``objective(rec)``: the attack's defense-aware objective on the received
@@ -150,7 +153,7 @@ def choose(
     return Choice(best, "objective", copy.copy(candidates[best]), scores)
 
 
-def choice_metrics(choice: Choice, evidence: bool | None) -> dict[str, float]:
+def choice_metrics(choice: Choice[R], evidence: bool | None) -> dict[str, float]:
     """``chosen_<candidate>`` (1 for the answer, 0 for the others) and ``noise_evidence``."""
     out = {f"chosen_{name}": float(choice.candidate == name) for name in CANDIDATES}
     if evidence is not None:

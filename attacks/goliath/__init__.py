@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import InversionAttack
+from flowerbed.attacks.common import InversionAttack, ObservedParams
 from flowerbed.attacks.goliath.aggregation import aggregate_rounds, align_and_vote
 from flowerbed.attacks.goliath.attack import TabularInversion
 from flowerbed.attacks.goliath.closed_forms import (
@@ -33,14 +33,25 @@ from flowerbed.attacks.goliath.closed_forms import (
 from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
 from flowerbed.attacks.goliath.optimisation import invert
 from flowerbed.attacks.goliath.scoring import TruthScorer
+from flowerbed.attacks.inversion.types import DiffusionReplay
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
 __all__ = [
-    "GOLIATH", "TabularInversion", "TruthScorer", "aggregate_rounds", "align_and_vote",
+    "GOLIATH", "GoliathParams", "TabularInversion", "TruthScorer", "aggregate_rounds", "align_and_vote",
     "analytic_b1", "analytic_mixed", "analytic_time", "closed_form", "closed_form_local_sgd",
     "invert", "prior_rows", "timesteps_from_embedding",
 ]  # fmt: skip
+
+
+@dataclass
+class GoliathParams(ObservedParams):
+    """Goliath's budget (``goliath``, ``goliath-adaptive``): restarts, optimiser steps per
+    restart, cycles of the latent/row loop."""
+
+    restarts: int = param(4, ge=1)
+    iterations: int = param(400, ge=1)
+    cycles: int = param(4, ge=1)
 
 
 @ATTACKS.register("goliath", "Goliath: cyclic gradient inversion of federated tabular diffusion")
@@ -50,15 +61,10 @@ class Goliath(InversionAttack):
     scorer = TruthScorer
 
     @dataclass
-    class Params:
-        target_clients: list[int] = param(factory=lambda: [0], ge=0)
-        restarts: int = param(4, ge=1)
-        iterations: int = param(400, ge=1)
-        cycles: int = param(4, ge=1)
-        aggregate_rounds: bool = True
-        rounds: list[int] = param(
-            factory=list, ge=0
-        )  # attacked rounds (1..rounds: checked on resolve); empty = all
+    class Params(GoliathParams):  # Goliath's budget, and:
+        aggregate_rounds: bool = True  # pool each client's rounds (FedAvg: the same rows again)
+
+    params: Params
 
     def engine(self) -> TabularInversion:
-        return TabularInversion(self.ctx.replay, self.budgeted())
+        return TabularInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted())

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import DiffusionReplay, Reconstruction
+from flowerbed.attacks.inversion.types import DiffusionReplay, Reconstruction
 from flowerbed.attacks.metrics import cell_entropy
 from flowerbed.clients.tabdiff.model import Rows
 
@@ -31,7 +31,8 @@ def align_and_vote(nums: list[np.ndarray], cats: list[np.ndarray], scores: list[
     ref = int(np.argmin(scores))
     split = lambda c: np.split(c, np.cumsum(cat_sizes)[:-1], axis=1)  # noqa: E731
     ref_num, ref_cat = nums[ref], split(cats[ref])
-    aligned_n, aligned_c = [], []
+    aligned_n: list[np.ndarray] = []
+    aligned_c: list[np.ndarray] = []
     for _ in range(2):  # re-align to the consensus
         aligned_n, aligned_c = [], []
         for n_, c_ in zip(nums, cats, strict=True):

@@ -10,18 +10,18 @@ import math
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.estimate import Estimate, timed
+from flowerbed.attacks.goliath.aggregation import aggregate_rounds
+from flowerbed.attacks.goliath.knowledge import local_steps, prior_rows, sign_surrogate
+from flowerbed.attacks.goliath.objective import Variables
+from flowerbed.attacks.goliath.optimisation import evaluate, invert, rows_score
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
     Knowledge,
     Reconstruction,
     Tensors,
 )
-from flowerbed.attacks.estimate import Estimate, timed
-from flowerbed.attacks.goliath.aggregation import aggregate_rounds
-from flowerbed.attacks.goliath.knowledge import local_steps, prior_rows, sign_surrogate
-from flowerbed.attacks.goliath.objective import Variables
-from flowerbed.attacks.goliath.optimisation import evaluate, invert, rows_score
 
 
 class TabularInversion:
@@ -31,7 +31,9 @@ class TabularInversion:
     def __init__(self, replay: DiffusionReplay, settings: InversionSettings) -> None:
         self.replay, self.settings = replay, settings
 
-    def knowledge(self, sent: Tensors, reply: Tensors, num_examples: int) -> Knowledge:
+    def knowledge(
+        self, sent: Tensors, reply: Tensors, num_examples: int
+    ) -> Knowledge[DiffusionReplay]:
         return Knowledge.observe(self.replay, sent, reply, num_examples)
 
     def invert(self, sent: Tensors, reply: Tensors, num_examples: int) -> Reconstruction:

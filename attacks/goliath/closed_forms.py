@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 from torch.func import functional_call
 
-from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.goliath.aggregation import soft_cost
 from flowerbed.attacks.goliath.knowledge import BOUND, GOLIATH, local_steps
 from flowerbed.attacks.goliath.objective import argmax_onehot, match_loss, simulate
+from flowerbed.attacks.inversion.types import DiffusionReplay, Knowledge
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
     DiffusionSpec,
@@ -34,6 +34,9 @@ from flowerbed.clients.tabdiff.model import (
     split_blocks,
 )
 
+#: a closed form's rows with their latents: (rows, timesteps, [MASK] pattern or None, noise)
+ClosedForm = tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor]
+
 
 def _gaussian_rows(spec: DiffusionSpec, x_t: torch.Tensor, eps: torch.Tensor,
                    t: torch.Tensor) -> Rows:  # fmt: skip
@@ -44,7 +47,7 @@ def _gaussian_rows(spec: DiffusionSpec, x_t: torch.Tensor, eps: torch.Tensor,
     return Rows(x0[:, :n].float().clamp(-BOUND, BOUND), argmax_onehot(x0[:, n:], spec.cat_sizes))
 
 
-def _time_activations(know: Knowledge, t: torch.Tensor) -> torch.Tensor:
+def _time_activations(know: Knowledge[DiffusionReplay], t: torch.Tensor) -> torch.Tensor:
     """silu(W0 sinusoid(t) + b0) in float64: the first time layer's output for each t."""
     w0 = know.params["time_embed.0.weight"].to(torch.float64)
     b0 = know.params["time_embed.0.bias"].to(torch.float64)
@@ -57,7 +60,9 @@ def _ratio(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
     return (g_b @ g_w) / (g_b @ g_b).clamp_min(1e-30)
 
 
-def analytic_b1(know: Knowledge) -> tuple[Rows, float, torch.Tensor | None, torch.Tensor]:
+def analytic_b1(
+    know: Knowledge[DiffusionReplay],
+) -> tuple[Rows, float, torch.Tensor | None, torch.Tensor]:
     """Exact single-row inversion (FedSGD): x_t from the input projection, t from the time
     embedding, eps (Gaussian) or x (mixed) from the head biases, masked categories from the
     categorical head bias (iDLG-like)."""
@@ -141,7 +146,9 @@ def _signatures(cols: torch.Tensor, gb: torch.Tensor, groups: list[list[int]], b
     return sigs, ys, basis
 
 
-def analytic_mixed(know: Knowledge) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def analytic_mixed(
+    know: Knowledge[DiffusionReplay],
+) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Closed-form inversion of a FedSGD update in the mixed regime, any small B.
 
     One-hot inputs are exactly 0/1, so each input column of the projection gradient is a sum of a
@@ -198,7 +205,7 @@ def analytic_mixed(know: Knowledge) -> tuple[Rows, torch.Tensor, torch.Tensor, t
 
 
 def _forward64(
-    know: Knowledge, x_in: torch.Tensor, t: torch.Tensor
+    know: Knowledge[DiffusionReplay], x_in: torch.Tensor, t: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The denoiser in float64: (last hidden layer, numeric head, categorical head)."""
     spec = know.replay.spec
@@ -224,7 +231,7 @@ def _head_residuals(target: dict[str, torch.Tensor], head: str, hidden: torch.Te
 
 
 def _mixed_rows(
-    know: Knowledge, x_in: torch.Tensor, t: torch.Tensor, norm: int | None = None
+    know: Knowledge[DiffusionReplay], x_in: torch.Tensor, t: torch.Tensor, norm: int | None = None
 ) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of the mixed regime from the recovered inputs [c_in x_t, masked one-hot] and t: x from
     the numeric head's per-row residuals, masked categories from the categorical head's (iDLG)."""
@@ -319,9 +326,7 @@ def _refine_timesteps(g: torch.Tensor, t0: torch.Tensor, hidden: int) -> torch.T
     return t.detach().clamp(T_MIN, 1)
 
 
-def analytic_time(
-    know: Knowledge, norm: int | None = None
-) -> tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+def analytic_time(know: Knowledge[DiffusionReplay], norm: int | None = None) -> ClosedForm | None:
     """Closed-form inversion of a FedSGD update through the time embedding, both regimes, B <= h.
 
     (1) t_i from the first time layer (``timesteps_from_embedding``); (2) with t_i known, the
@@ -371,10 +376,11 @@ def analytic_time(
 
 
 def closed_form(
-    know: Knowledge,
-) -> tuple[tuple[Rows, torch.Tensor, torch.Tensor | None, torch.Tensor] | None, float]:
+    know: Knowledge[DiffusionReplay],
+) -> tuple[ClosedForm | None, float]:
     """The best closed-form candidate (FedSGD) and its gradient-match score: the single-row
     ratio for B = 1, else the time-embedding route and (mixed) the one-hot signature route."""
+    candidates: list[ClosedForm | None]
     if know.batch == 1:
         rows, t1, m1, e1 = analytic_b1(know)
         candidates = [(rows, torch.tensor([t1]), m1, e1.float())]
@@ -400,7 +406,7 @@ def closed_form(
     return best, best_score
 
 
-def closed_form_local_sgd(know: Knowledge) -> tuple[Rows, float] | None:
+def closed_form_local_sgd(know: Knowledge[DiffusionReplay]) -> tuple[Rows, float] | None:
     """FedAvg with plain local SGD: delta / lr is the sum of the local steps' minibatch-mean
     gradients, and at FL learning rates lr x curvature stays below the float32 rounding of the
     update, so all of them can be taken at the global model. That is a FedSGD update of E x B row

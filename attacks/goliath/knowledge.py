@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.inversion.types import (
     DiffusionKnobs,
     DiffusionReplay,
     InversionSettings,
@@ -35,7 +35,7 @@ GOLIATH = InversionSettings(objective="goliath", restarts=4, sign=False, decay=F
                             diffusion=DiffusionKnobs())  # fmt: skip
 
 
-def sign_surrogate(know: Knowledge) -> Knowledge:
+def sign_surrogate(know: Knowledge[DiffusionReplay]) -> Knowledge[DiffusionReplay]:
     """FedAvg with Adam read as one FedSGD gradient of the batch, sign-compressed.
 
     Adam's first step is ``lr * m_hat / (sqrt(v_hat) + eps) = lr * g / (|g| + eps)``, i.e.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flowerbed.attacks.common import InversionSettings, Knowledge
 from flowerbed.attacks.goliath.knowledge import BOUND, GROUPS
+from flowerbed.attacks.inversion.types import DiffusionReplay, InversionSettings, Knowledge
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
     DiffusionSpec,
@@ -60,7 +60,7 @@ def match_loss(
 
 
 # -- variables ---------------------------------------------------------------------------------
-def category_support(know: Knowledge) -> torch.Tensor | None:
+def category_support(know: Knowledge[DiffusionReplay]) -> torch.Tensor | None:
     """Categories present in the batch (mixed regime, FedSGD): an unmasked cell makes its one-hot
     input column of the projection gradient nonzero; a masked cell makes its category's entry of
     the categorical-head-bias gradient negative (iDLG-like). Absent categories leave neither."""
@@ -149,7 +149,7 @@ class Variables:
 
 
 def simulate(
-    know: Knowledge, rows: Rows, lats: list[Latents], create_graph: bool
+    know: Knowledge[DiffusionReplay], rows: Rows, lats: list[Latents], create_graph: bool
 ) -> dict[str, torch.Tensor]:
     """What the client would send for these rows and latents: grad (FedSGD) or delta (FedAvg),
     seen through ``know.reading`` when the attacker models a defense."""

@@ -6,15 +6,18 @@ by the closed forms, scored by gradient match and pooled.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.goliath.aggregation import align_and_vote
-from flowerbed.attacks.goliath.closed_forms import analytic_b1, closed_form, closed_form_local_sgd
+from flowerbed.attacks.goliath.closed_forms import (
+    ClosedForm,
+    analytic_b1,
+    closed_form,
+    closed_form_local_sgd,
+)
 from flowerbed.attacks.goliath.knowledge import (
     CLOSED_FORM_ACCEPT,
     LOCAL_SGD_ACCEPT,
@@ -28,10 +31,16 @@ from flowerbed.attacks.goliath.objective import (
     match_loss,
     simulate,
 )
+from flowerbed.attacks.inversion.types import (
+    DiffusionReplay,
+    InversionSettings,
+    Knowledge,
+    Reconstruction,
+)
 from flowerbed.clients.tabdiff.model import T_MIN, Latents, Rows, k_from_raw, move_chance
 
 
-def evaluate(know: Knowledge, v: Variables, cfg: InversionSettings, create_graph: bool = True) -> torch.Tensor:  # fmt: skip
+def evaluate(know: Knowledge[DiffusionReplay], v: Variables, cfg: InversionSettings, create_graph: bool = True) -> torch.Tensor:  # fmt: skip
     """The engine's objective for the variables ``v`` (one evaluation of its loop)."""
     rows, lats = v.rows(), v.latents()
     sim = simulate(know, rows, lats, create_graph)
@@ -61,7 +70,7 @@ def _step(
     opt.step()
 
 
-def _hard_score(know: Knowledge, v: Variables, cfg: InversionSettings) -> float:
+def _hard_score(know: Knowledge[DiffusionReplay], v: Variables, cfg: InversionSettings) -> float:
     """Gradient match with hard projections (one-hot categoricals, binary masks)."""
     with torch.no_grad():
         rows = v.rows()
@@ -74,7 +83,7 @@ def _hard_score(know: Knowledge, v: Variables, cfg: InversionSettings) -> float:
     return float(match_loss(sim, know.update, know.replay.spec, cfg))
 
 
-def _t_grid_search(know: Knowledge, v: Variables, cfg: InversionSettings) -> None:
+def _t_grid_search(know: Knowledge[DiffusionReplay], v: Variables, cfg: InversionSettings) -> None:
     """Per-row coordinate search of t over a grid (the sinusoidal embedding makes t multimodal)."""
     grid = torch.linspace(0.02, 0.98, cfg.diffusion.t_grid)
     with torch.no_grad():
@@ -90,7 +99,7 @@ def _t_grid_search(know: Knowledge, v: Variables, cfg: InversionSettings) -> Non
                 v.a[s, i] = best_a
 
 
-def _project_masks(know: Knowledge, v: Variables) -> None:
+def _project_masks(know: Knowledge[DiffusionReplay], v: Variables) -> None:
     """Density projection: row i keeps its round(c * mean_j move_chance_j(t_i)) most likely masks."""
     with torch.no_grad():
         k = k_from_raw(know.params["k_raw"])
@@ -101,8 +110,9 @@ def _project_masks(know: Knowledge, v: Variables) -> None:
         v.l.copy_(torch.where(rank < r[..., None].clamp(0, c), 3.0, -3.0))
 
 
-def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: Any = None,
-                closed: Any = None) -> tuple[Variables, float]:  # fmt: skip
+def invert_once(know: Knowledge[DiffusionReplay], cfg: InversionSettings, restart: int,
+                oracle: list[Latents] | None = None,
+                closed: ClosedForm | None = None) -> tuple[Variables, float]:  # fmt: skip
     """One restart of the configured inversion; returns its variables and hard-projected score."""
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + restart)
     knobs, batch = cfg.diffusion, know.batch
@@ -169,7 +179,7 @@ def invert_once(know: Knowledge, cfg: InversionSettings, restart: int, oracle: A
     return v, _hard_score(know, v, cfg)
 
 
-def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] | None:
+def warm_start(know: Knowledge[DiffusionReplay], rec: Reconstruction | None) -> ClosedForm | None:
     """``rec``'s rows and fitted latents as a restart's start (``invert_once``'s ``closed``):
     its t, mask and noise where it has them; None without fitted timesteps (prior rows)."""
     if rec is None or rec.t is None or len(rec.t) != len(rec.num):
@@ -187,7 +197,7 @@ def warm_start(know: Knowledge, rec: Reconstruction | None) -> tuple[Any, ...] |
     return Rows(rec.num.float(), rec.cat.float()), t, mask, eps.float()
 
 
-def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
+def _rows_variables(know: Knowledge[DiffusionReplay], num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
                     seed: int, latents: Reconstruction | None) -> tuple[Variables, bool]:  # fmt: skip
     """Variables holding given rows (no category support), their latents from ``latents``'s fit
     where it has one (``warm_start``), else the seed's draw; and whether they came from a fit."""
@@ -206,13 +216,15 @@ def _rows_variables(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: 
     return v, warm is not None
 
 
-def start_score(know: Knowledge, rec: Reconstruction, cfg: InversionSettings) -> float:
+def start_score(
+    know: Knowledge[DiffusionReplay], rec: Reconstruction, cfg: InversionSettings
+) -> float:
     """The hard-projected match of ``rec``'s rows at its own fitted latents (inf without any)."""
     v, fitted = _rows_variables(know, rec.num, rec.cat, cfg, cfg.seed, rec)
     return _hard_score(know, v, cfg) if fitted else float("inf")
 
 
-def invert(know: Knowledge, cfg: InversionSettings, oracle: Any = None,
+def invert(know: Knowledge[DiffusionReplay], cfg: InversionSettings, oracle: list[Latents] | None = None,
            start: Reconstruction | None = None) -> Reconstruction:  # fmt: skip
     """Run ``cfg.restarts`` restarts on ``know.update``; keep the best (or pool them, TabLeak);
     decode. ``oracle``: the true latents (the upper bound of ``latents="oracle"``; never an attack's).
@@ -276,14 +288,14 @@ def invert(know: Knowledge, cfg: InversionSettings, oracle: Any = None,
     return _finish(know, rec, began)
 
 
-def _finish(know: Knowledge, rec: Reconstruction, start: float) -> Reconstruction:
+def _finish(know: Knowledge[DiffusionReplay], rec: Reconstruction, start: float) -> Reconstruction:
     """Decode to original units and stamp the wall time since ``start``."""
     rec.decoded = know.replay.decode(rec.num, rec.cat)
     rec.seconds = time.perf_counter() - start
     return rec
 
 
-def rows_score(know: Knowledge, num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
+def rows_score(know: Knowledge[DiffusionReplay], num: torch.Tensor, cat: torch.Tensor, cfg: InversionSettings,
                seed: int = 0, latents: Reconstruction | None = None) -> float:  # fmt: skip
     """The engine's own objective for given rows (no ground truth): the hard-projected gradient
     match with the latents fitted to these rows (timesteps by grid search where the engine's loop

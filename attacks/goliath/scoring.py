@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import torch
 
-from flowerbed.attacks.common import DiffusionReplay, Reconstruction
 from flowerbed.attacks.goliath.knowledge import prior_rows
+from flowerbed.attacks.inversion.types import DiffusionReplay, Reconstruction
 from flowerbed.attacks.metrics import TOLERANCE, mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.attacks.pictures import Shown, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
-from flowerbed.attacks.truth import TruthSource
-from flowerbed.clients.tabdiff.model import onehot_rows
+from flowerbed.attacks.protocols import Key, Tensors
+from flowerbed.attacks.truth import BesidePrior, TruthSource
+from flowerbed.clients.contracts import TabularDiffusionOffer
+from flowerbed.clients.tabdiff.model import Latents, onehot_rows
 from flowerbed.clients.workloads.tabdiff import round_plan
 
 
@@ -32,7 +33,7 @@ class Truth:
     mask: np.ndarray | None
     num: torch.Tensor
     cat: torch.Tensor
-    latents: list[Any]
+    latents: list[Latents]  # each step's (the client's own draws)
 
 
 def union(truths: list[Truth]) -> Truth:
@@ -41,7 +42,9 @@ def union(truths: list[Truth]) -> Truth:
     return Truth(
         rows=pd.concat([t.rows for t in truths], ignore_index=True),
         t=np.concatenate([t.t for t in truths]),
-        mask=None if any(m is None for m in masks) else np.concatenate(masks),
+        mask=None
+        if any(m is None for m in masks)
+        else np.concatenate([m for m in masks if m is not None]),
         num=torch.cat([t.num for t in truths]),
         cat=torch.cat([t.cat for t in truths]),
         latents=[lat for t in truths for lat in t.latents],
@@ -65,12 +68,12 @@ def first_visits(plan: list[np.ndarray]) -> tuple[np.ndarray, list[int], list[in
     return np.asarray(rows, dtype=np.int64), step, slot
 
 
-class TruthScorer:
+class TruthScorer(BesidePrior[Truth]):
     """Rebuilds the rows behind an attacked reply and scores a reconstruction against them."""
 
     def __init__(self, truth: TruthSource) -> None:
-        self.source, workload = truth, truth.workload
-        self.replay = DiffusionReplay.of(workload)
+        self.source = truth
+        self.replay = DiffusionReplay.of(truth.offer(TabularDiffusionOffer))
         prep, train = self.replay.prep, truth.table.train
         self.numeric, self.categorical = list(prep.numeric), list(prep.categorical)
         self.stds = {c: float(train[c].std()) for c in self.numeric}
@@ -88,34 +91,23 @@ class TruthScorer:
         t = np.array([float(latents[s].t[j]) for s, j in zip(step, slot, strict=True)])
         mask = None  # the mixed regime's [MASK] pattern (every step has one, or none has)
         if latents[0].mask is not None:
-            mask = np.stack([latents[s].mask[j].numpy() for s, j in zip(step, slot, strict=True)])
+            masks = [cast(torch.Tensor, latents[s].mask) for s in step]  # every step has one
+            mask = np.stack([m[j].numpy() for m, j in zip(masks, slot, strict=True)])
         oh = onehot_rows(num, codes, replay.spec.cat_sizes)
         return Truth(decoded, t, mask, oh.num, oh.cat, latents)
 
-    def truth_of(
-        self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor]
-    ) -> Truth:
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> Truth:
         """The rows behind an attacked reply: one client's, or the union of a group's."""
         if isinstance(partition_id, tuple):
             return union([self.truth(p, server_round, sent) for p in partition_id])
         return self.truth(partition_id, server_round, sent)
 
-    def prior_guesses(self, partition_id: Any, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
-        """The prior-only reconstructions: rows from public knowledge alone (the attacker's own
-        ``prior_rows`` on the agreed preprocessing), seeded per reply."""
-        seed = self.source.seed
-        return [prior_rows(self.replay, batch, prior_seed(seed, partition_id, server_round, d))
-                for d in range(PRIOR_DRAWS)]  # fmt: skip
+    def prior_guess(self, batch: int, seed: int) -> Reconstruction:
+        """A prior-only reconstruction: rows from public knowledge alone (the attacker's own
+        ``prior_rows`` on the agreed preprocessing)."""
+        return prior_rows(self.replay, batch, seed)
 
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Any) -> dict[str, float]:  # fmt: skip
-        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
-        group's size."""
-        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
-        truth = self.truth_of(partition_id, server_round, sent)
-        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
-                                   partition_id)  # fmt: skip
-
-    def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Any]],
+    def illustrate(self, server_round: int, items: list[tuple[Key, Tensors, Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip
         """``attack_r<round>.md``: a few true vs reconstructed rows per attacked reply."""
         shown = []
@@ -130,7 +122,7 @@ class TruthScorer:
                       f"{self.source.experiment}: round {server_round}, true vs reconstructed rows",
                       shown, self.numeric, self.stds, TOLERANCE)  # fmt: skip
 
-    def score_against(self, truth: Truth, rec: Any) -> dict[str, float]:
+    def score_against(self, truth: Truth, rec: Reconstruction) -> dict[str, float]:
         """TabLeak accuracy + timestep MAE + mask F1 + mean confidence of a Reconstruction."""
         res = tableak_accuracy(truth.rows, rec.decoded, self.numeric, self.categorical, self.stds)
         out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from flowerbed.attacks.common import Knowledge, Reconstruction
 from flowerbed.attacks.inversion.labels import assign_labels, recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay, Reconstruction
 
 ACTIVE = 1e-6  # a neuron counts when |dL/db_i| exceeds this fraction of the largest
 AGREE = 1e-2  # candidates closer than this (RMS, in units of the input box) are the same input
@@ -32,7 +32,7 @@ def single_input(g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
     return (g_b @ g_w) / (g_b @ g_b).clamp_min(1e-300)
 
 
-def candidates(know: Knowledge) -> torch.Tensor | None:
+def candidates(know: Knowledge[ModelLossReplay]) -> torch.Tensor | None:
     """Per-neuron ratios ``(dL/dW)_i / (dL/db)_i`` that lie in the input box (None without bias)."""
     contract = know.replay.contract
     if contract.first_linear is None:
@@ -65,7 +65,9 @@ def group(cands: torch.Tensor, width: torch.Tensor, batch: int) -> list[torch.Te
     return [cands[labels == c].median(0).values for c in order]
 
 
-def invert_analytic(know: Knowledge, seed: int = 0, assign: bool = True) -> Reconstruction:
+def invert_analytic(
+    know: Knowledge[ModelLossReplay], seed: int = 0, assign: bool = True
+) -> Reconstruction:
     """Recover the batch from the first layer; rows not found are prior draws (not recovered).
     ``assign``: give each row its label by update matching (``assign_labels``, B^2 replays; off
     where only the rows are wanted, e.g. as an optimisation's start)."""

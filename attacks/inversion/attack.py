@@ -11,17 +11,17 @@ import time
 
 import torch
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.estimate import Estimate, timed
+from flowerbed.attacks.inversion.analytic import invert_analytic
+from flowerbed.attacks.inversion.optimisation import invert_optimised
+from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import (
     InversionSettings,
     Knowledge,
     ModelLossReplay,
     Reconstruction,
     Tensors,
 )
-from flowerbed.attacks.estimate import Estimate, timed
-from flowerbed.attacks.inversion.analytic import invert_analytic
-from flowerbed.attacks.inversion.optimisation import invert_optimised
-from flowerbed.attacks.inversion.simulate import distance, observed
 from flowerbed.clients.model_loss import ModelLoss, prior_guess_inputs, prior_guess_labels
 
 METHODS = ("optimised", "analytic", "prior")
@@ -72,7 +72,9 @@ class ModelLossAttack:
         evaluations = cfg.restarts * cfg.iterations + 2 if cfg.method == "optimised" else 2
         return Estimate(self.name, num_examples, epochs, visits, len(plan), 0, evaluations, seconds)
 
-    def knowledge(self, sent: Tensors, reply: Tensors, num_examples: int) -> Knowledge:
+    def knowledge(
+        self, sent: Tensors, reply: Tensors, num_examples: int
+    ) -> Knowledge[ModelLossReplay]:
         """What the attacker reads from a reply (the defense-aware attacker reads it through the
         defenses' public mechanisms: ``attacks.adaptive.model_loss``)."""
         return Knowledge.observe(self.replay, sent, reply, num_examples)
@@ -85,7 +87,7 @@ class ModelLossAttack:
         """The attack's objective (its update distance, no prior term) for ``rec``."""
         know = self.knowledge(sent, reply, rec.batch)
         with torch.enable_grad():
-            sim = observed(know, rec.x.to(know.dtype), rec.y, create_graph=False)
+            sim = observed(know, rec.inputs.to(know.dtype), rec.labels, create_graph=False)
         return float(distance(sim, know.update, self.settings.objective).detach())
 
     def pool(self, sent: Tensors, recs: list[Reconstruction]) -> Reconstruction | None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flowerbed.attacks.common import Knowledge
 from flowerbed.attacks.inversion.simulate import distance, observed
+from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 
 PRIOR_DRAWS = 256
 
 
-def sgd_scale(know: Knowledge) -> float:
+def sgd_scale(know: Knowledge[ModelLossReplay]) -> float:
     """How many mean-gradient units the SGD update ``(sent - reply) / lr`` holds (first order):
     each step adds its momentum buffer, sum_k (1 - m^k) / (1 - m)."""
     training = know.replay.contract.training
@@ -29,14 +29,14 @@ def sgd_scale(know: Knowledge) -> float:
     return float(sum((1 - m**k) / (1 - m) if m else 1.0 for k in range(1, steps + 1)))
 
 
-def _mean_prediction(know: Knowledge, generator: torch.Generator) -> torch.Tensor:
+def _mean_prediction(know: Knowledge[ModelLossReplay], generator: torch.Generator) -> torch.Tensor:
     contract = know.replay.contract
     x = contract.draw(PRIOR_DRAWS, generator).to(know.dtype)
     with torch.no_grad():
         return torch.softmax(contract.logits(know.params, x), 1).mean(0)
 
 
-def label_counts(know: Knowledge, seed: int = 0) -> np.ndarray:
+def label_counts(know: Knowledge[ModelLossReplay], seed: int = 0) -> np.ndarray:
     """The recovered number of examples per class (sums to the batch size)."""
     contract, batch = know.replay.contract, know.batch
     name = contract.last_bias
@@ -71,13 +71,13 @@ def label_counts(know: Knowledge, seed: int = 0) -> np.ndarray:
     return counts
 
 
-def recover_labels(know: Knowledge, seed: int = 0) -> torch.Tensor:
+def recover_labels(know: Knowledge[ModelLossReplay], seed: int = 0) -> torch.Tensor:
     """iDLG labels of the batch (sorted by class; order is irrelevant to the update)."""
     counts = label_counts(know, seed)
     return torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).long()
 
 
-def assign_labels(know: Knowledge, x: torch.Tensor, y: torch.Tensor, objective: str = "cosine",
+def assign_labels(know: Knowledge[ModelLossReplay], x: torch.Tensor, y: torch.Tensor, objective: str = "cosine",
                   sweeps: int = 2) -> torch.Tensor:  # fmt: skip
     """Give each recovered input its label: local search over label swaps between two inputs
     (keeps the recovered counts) and single relabels, keeping the assignment whose simulated

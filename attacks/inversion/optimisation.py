@@ -21,7 +21,6 @@ import time
 
 import torch
 
-from flowerbed.attacks.common import InversionSettings, Knowledge, Reconstruction
 from flowerbed.attacks.inversion.analytic import invert_analytic
 from flowerbed.attacks.inversion.labels import recover_labels
 from flowerbed.attacks.inversion.simulate import distance, observed, total_variation
@@ -32,9 +31,15 @@ from flowerbed.attacks.inversion.tabular import (
     present_columns,
     structured,
 )
+from flowerbed.attacks.inversion.types import (
+    InversionSettings,
+    Knowledge,
+    ModelLossReplay,
+    Reconstruction,
+)
 
 
-def _objective(know: Knowledge, x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _objective(know: Knowledge[ModelLossReplay], x: torch.Tensor, y: torch.Tensor, cfg: InversionSettings) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(objective with the prior, the distance alone)."""
     sim = observed(know, x, y, create_graph=True)
     d = distance(sim, know.update, cfg.objective)
@@ -44,7 +49,7 @@ def _objective(know: Knowledge, x: torch.Tensor, y: torch.Tensor, cfg: Inversion
     return d, d
 
 
-def allowed_columns(know: Knowledge, cfg: InversionSettings) -> torch.Tensor:
+def allowed_columns(know: Knowledge[ModelLossReplay], cfg: InversionSettings) -> torch.Tensor:
     """(dim,) bool: the input columns the search may use (``support``: the categories present in
     the update, when the attacker reads zero columns as absent)."""
     dim = know.replay.contract.schema.dim
@@ -55,7 +60,7 @@ def allowed_columns(know: Knowledge, cfg: InversionSettings) -> torch.Tensor:
     return torch.ones(dim, dtype=torch.bool)
 
 
-def invert_once(know: Knowledge, cfg: InversionSettings, restart: int,
+def invert_once(know: Knowledge[ModelLossReplay], cfg: InversionSettings, restart: int,
                 start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:  # fmt: skip
     """One restart from ``start`` (default: prior draws): returns (inputs, labels, distance)."""
     contract, batch, knobs = know.replay.contract, know.batch, cfg.model_loss
@@ -119,13 +124,17 @@ def invert_once(know: Knowledge, cfg: InversionSettings, restart: int,
     return x_final, y_final, score_of(know, x_final, y_final, cfg.objective)
 
 
-def score_of(know: Knowledge, x: torch.Tensor, y: torch.Tensor, objective: str) -> float:
+def score_of(
+    know: Knowledge[ModelLossReplay], x: torch.Tensor, y: torch.Tensor, objective: str
+) -> float:
     """The distance of the update ``x``, ``y`` would give to the observed one."""
     sim = observed(know, x, y, create_graph=False)
     return float(distance(sim, know.update, objective).detach())
 
 
-def invert_optimised(know: Knowledge, cfg: InversionSettings, method: str = "") -> Reconstruction:
+def invert_optimised(
+    know: Knowledge[ModelLossReplay], cfg: InversionSettings, method: str = ""
+) -> Reconstruction:
     """Run the restarts, keep the best match, decode."""
     torch.set_num_threads(1)
     start = time.perf_counter()

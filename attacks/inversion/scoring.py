@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import Reconstruction
 from flowerbed.attacks.inversion.attack import guess_from_prior
+from flowerbed.attacks.inversion.types import Reconstruction
 from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
-from flowerbed.attacks.prior import PRIOR_DRAWS, prior_seed, scored_beside_prior
-from flowerbed.attacks.truth import TruthSource
+from flowerbed.attacks.protocols import Key, Tensors
+from flowerbed.attacks.truth import BesidePrior, TruthSource
+from flowerbed.clients.contracts import ModelLossOffer
 from flowerbed.clients.workloads import Examples
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
@@ -52,11 +53,12 @@ def image_scores(truth: torch.Tensor, rec: torch.Tensor, peak: float = 1.0) -> d
     }
 
 
-class ClassifierScorer:
-    """Rebuilds the examples behind an attacked reply and scores a reconstruction against them."""
+class ClassifierScorer(BesidePrior[Examples]):
+    """Rebuilds the examples behind an attacked reply and scores a reconstruction against them
+    (and the prior guesses beside it: ``BesidePrior``)."""
 
     def __init__(self, truth: TruthSource) -> None:
-        self.source, self.workload = truth, truth.workload
+        self.source, self.workload = truth, truth.offer(ModelLossOffer)
         self.contract = self.workload.model_loss()
         self.kind = self.contract.schema.kind
         self._pool: torch.Tensor | None = None
@@ -65,7 +67,7 @@ class ClassifierScorer:
             self.numeric, self.categorical = list(schema.numeric), list(schema.categorical)
             self.stds = {c: float(train[c].std()) for c in self.numeric}
 
-    def truth(self, partition_id: Any, server_round: int) -> Examples:
+    def truth(self, partition_id: Key, server_round: int) -> Examples:
         """A client's examples of a round, or the union of a group's (a tuple of members)."""
         if isinstance(partition_id, tuple):
             parts = [self.truth(p, server_round) for p in partition_id]
@@ -80,22 +82,15 @@ class ClassifierScorer:
             self._pool = torch.cat(parts).reshape(sum(len(p) for p in parts), -1).double()
         return self._pool
 
-    def prior_guesses(self, partition_id: Any, server_round: int, batch: int) -> list[Reconstruction]:  # fmt: skip
-        """The prior-only reconstructions (the attacker's ``guess_from_prior`` on the public
-        contract), seeded per reply."""
-        seed = self.source.seed
-        return [guess_from_prior(self.contract, batch, prior_seed(seed, partition_id, server_round, d))
-                for d in range(PRIOR_DRAWS)]  # fmt: skip
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> Examples:
+        """The examples behind an attacked reply (``BesidePrior``; ``sent`` is not needed)."""
+        return self.truth(partition_id, server_round)
 
-    def score(self, partition_id: Any, server_round: int, sent: dict[str, torch.Tensor], rec: Reconstruction) -> dict[str, float]:  # fmt: skip
-        """The reconstruction's scores, the prior's beside them (``prior``, ``advantage``), and a
-        group's size."""
-        guesses = self.prior_guesses(partition_id, server_round, rec.batch)
-        truth = self.truth(partition_id, server_round)
-        return scored_beside_prior(lambda r: self.score_against(truth, r), rec, guesses,
-                                   partition_id)  # fmt: skip
+    def prior_guess(self, batch: int, seed: int) -> Reconstruction:
+        """A prior-only reconstruction: the attacker's ``guess_from_prior`` on the public contract."""
+        return guess_from_prior(self.contract, batch, seed)
 
-    def illustrate(self, server_round: int, items: list[tuple[Any, dict[str, torch.Tensor], Reconstruction]],
+    def illustrate(self, server_round: int, items: list[tuple[Key, Tensors, Reconstruction]],
                    run_dir: Path) -> None:  # fmt: skip
         """``attack_r<round>.png`` (images) or ``.md`` (rows): truth vs matched reconstruction."""
         shown = []
@@ -103,10 +98,10 @@ class ClassifierScorer:
         for pid, _, rec in items:
             truth = self.truth(pid, server_round)
             if self.kind == "image":
-                res = image_scores(truth.x, rec.x)
-                found = self.identified(truth.x, rec.x[res["perm"]])
+                res = image_scores(truth.x, rec.inputs)
+                found = self.identified(truth.x, rec.inputs[res["perm"]])
                 note = f"PSNR {res['psnr']:.1f} dB, identified {found:.2f}"
-                shown.append(Shown(f"partition {pid}", _planes(truth.x), _planes(rec.x[res["perm"]]),
+                shown.append(Shown(f"partition {pid}", _planes(truth.x), _planes(rec.inputs[res["perm"]]),
                                    note))  # fmt: skip
             else:
                 rows = self.contract.decode(truth.x)
@@ -125,11 +120,11 @@ class ClassifierScorer:
         cell accuracy; label accuracy. ``identify=False``: images without the lineup (``success`` =
         the PSNR-recovered share)."""
         if self.kind == "image":
-            res = image_scores(truth.x, rec.x)
+            res = image_scores(truth.x, rec.inputs)
             perm = res.pop("perm")
             out = {k: float(v) for k, v in res.items()} | {"success": res["recovered"]}
             if identify:
-                out["identified"] = self.identified(truth.x, rec.x[perm])
+                out["identified"] = self.identified(truth.x, rec.inputs[perm])
                 out["success"] = out["identified"]
         else:
             truth_rows = self.contract.decode(truth.x)
@@ -138,7 +133,7 @@ class ClassifierScorer:
             perm = res["perm"]
             out = {k: float(v) for k, v in res.items() if k not in ("per_column", "perm")}
             out["success"] = out["accuracy"]
-        out["label_accuracy"] = float((rec.y[perm].cpu() == truth.y).double().mean())
+        out["label_accuracy"] = float((rec.labels[perm].cpu() == truth.y).double().mean())
         return out
 
     def identified(self, truth: torch.Tensor, matched: torch.Tensor) -> float:

@@ -11,7 +11,7 @@ import torch
 from flowerbed.clients.model_loss import ModelLoss
 
 if TYPE_CHECKING:
-    from flowerbed.attacks.common import Knowledge
+    from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
 
@@ -68,7 +68,7 @@ def simulate_steps(
     return {k: (params[k] - state[k]) / training.lr for k in names}
 
 
-def observed(know: Knowledge, x: torch.Tensor, y: torch.Tensor, create_graph: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+def observed(know: Knowledge[ModelLossReplay], x: torch.Tensor, y: torch.Tensor, create_graph: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
     """The update the server would observe for candidate inputs ``x`` and labels ``y``: the
     client's local steps replayed (``simulate``; under secure aggregation the example-weighted
     mean of ``know.members`` equal chunks, one per client), read through ``know.reading`` (the

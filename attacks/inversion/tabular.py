@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from flowerbed.attacks.common import Knowledge
+from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 
 MISMATCH = 1e6  # Hungarian cost of pairing two rows with different labels
 
 
-def present_columns(know: Knowledge) -> torch.Tensor | None:
+def present_columns(know: Knowledge[ModelLossReplay]) -> torch.Tensor | None:
     """Which input columns the observed first-layer weight update says some row holds: a column
     with an entry beyond ``know.absent_at`` (exact zeros: nonzero); None when there is no first
     layer to read or no rule. A categorical group whose columns all read absent keeps all of them

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 
 class Capability(StrEnum):
@@ -68,7 +68,7 @@ def alternatives(needs: Needs | Iterable[str]) -> tuple[frozenset[str], ...]:
     """The capability sets a component can run on (any one of them fits)."""
     if isinstance(needs, tuple) and all(isinstance(n, frozenset) for n in needs) and needs:
         return tuple(frozenset(n) for n in needs)
-    return (frozenset(needs),)
+    return (frozenset(cast(Iterable[str], needs)),)  # one set of names
 
 
 def fits(needs: Needs | Iterable[str], offers: Iterable[str]) -> bool:

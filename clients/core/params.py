@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,7 +131,8 @@ def defaults(**values: Any) -> Callable[[type], type]:
             base_field = inherited[name]
             if isinstance(value, list | dict):
                 field = dataclasses.field(
-                    default_factory=lambda v=value: copy.deepcopy(v), metadata=base_field.metadata
+                    default_factory=functools.partial(copy.deepcopy, value),
+                    metadata=base_field.metadata,
                 )
             else:
                 field = dataclasses.field(default=value, metadata=base_field.metadata)

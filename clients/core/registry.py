@@ -24,11 +24,12 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from flowerbed.clients.core.errors import ConfigError
 
-T = TypeVar("T")
+T = TypeVar("T")  # the kind's base class (``Registry[Workload]``)
+S = TypeVar("S")  # a class being registered
 
 #: origin of the registrations made while a plugin or an entry point is being imported
 _LOADING: contextvars.ContextVar[str | None] = contextvars.ContextVar("loading", default=None)
@@ -55,23 +56,32 @@ def _same_class(a: type, b: type) -> bool:
     return a is b or (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
-class Registry:
-    """Maps a name to a class with a one-line description and a typed ``Params`` dataclass."""
+class Registry(Generic[T]):
+    """Maps a name to a class of the kind (a subclass of ``T``, the kind's base) with a one-line
+    description and a typed ``Params`` dataclass.
 
-    def __init__(self, kind: str, packages: tuple[str, ...], group: str | None = None) -> None:
+    ``check(name, cls)``, when given, runs at registration: a class that breaks its kind's
+    contract (a workload offering a capability without its Protocol's members) is refused there.
+    """
+
+    def __init__(
+        self, kind: str, packages: tuple[str, ...], group: str | None = None,
+        check: Callable[[str, type], None] | None = None,
+    ) -> None:  # fmt: skip
         self.kind = kind
         #: the entry-point group installed packages register this kind under
         self.group = group or f"flowerbed.{kind}s"
+        self.check = check
         self._packages = packages
-        self._entries: dict[str, type] = {}
+        self._entries: dict[str, type[T]] = {}
         self._origins: dict[str, str] = {}
         self._discovered = False
         self._loaded_points: set[tuple[str, str]] = set()
 
-    def register(self, name: str, description: str) -> Callable[[type[T]], type[T]]:
+    def register(self, name: str, description: str) -> Callable[[type[S]], type[S]]:
         """Class decorator: ``@WORKLOADS.register("tabular-mlp", "MLP classifier on a table")``."""
 
-        def decorate(cls: type[T]) -> type[T]:
+        def decorate(cls: type[S]) -> type[S]:
             origin = self._origin_of(cls)
             if origin != BUILTIN:  # a name flowerbed or an installed package has is caught here
                 if name not in self._entries:
@@ -92,11 +102,13 @@ class Registry:
                     f"{self.kind} '{name}' registered twice: by {self._origins[name]} and by "
                     f"{origin} (rename one)"
                 )
+            if self.check is not None:
+                self.check(name, cls)
             cls.registry_name = name  # type: ignore[attr-defined]
             cls.description = description  # type: ignore[attr-defined]
             if not hasattr(cls, "Params"):
                 cls.Params = NoParams  # type: ignore[attr-defined]
-            self._entries[name] = cls
+            self._entries[name] = cls  # type: ignore[assignment]
             self._origins[name] = origin
             return cls
 
@@ -173,11 +185,11 @@ class Registry:
         self._discover()
         return sorted(self._entries)
 
-    def items(self) -> list[tuple[str, type]]:
+    def items(self) -> list[tuple[str, type[T]]]:
         self._discover()
         return sorted(self._entries.items())
 
-    def get(self, name: str) -> type:
+    def get(self, name: str) -> type[T]:
         if name not in self._entries and not self._discovered:
             self._import_named(name)
         if name not in self._entries:

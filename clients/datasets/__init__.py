@@ -5,6 +5,11 @@ saying which columns are numeric, which categorical (with their vocabularies) an
 Each dataset is registered in a module named after it (``adult.py``, ``german.py``, ``csv.py``,
 ``breast_cancer.py``, ``wine.py``, ``iris.py``); this module holds the registry, the table types
 and what they share (cleaning, the fixed stratified split, the scikit-learn loader, the cache).
+
+One contract, as every component kind: a dataset subclasses :class:`Dataset`, built as
+``cls(params, ctx)`` from its typed ``Params`` (the ``dataset.*`` keys it reads, each field with a
+rule) and a :class:`DatasetContext`; ``load()`` returns the :class:`Table`. It never sees the
+experiment config: :func:`build_dataset` makes both from the config's ``dataset`` section.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import functools
 import json
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -21,12 +27,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import content_key
+from flowerbed.clients.core.params import check_rules, param
 from flowerbed.clients.core.registry import Registry
 
-DATASETS = Registry("dataset", (__name__,))
+DATASETS: Registry[Dataset] = Registry("dataset", (__name__,))
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,68 @@ class Table:
     train: pd.DataFrame
     test: pd.DataFrame
     schema: TableSchema
+
+
+@dataclass(frozen=True)
+class DatasetContext:
+    """What a dataset knows besides its ``Params``: its registered ``name`` (what its errors
+    call the table when no file names it) and ``data_dir``, where bundled data files live."""
+
+    name: str
+    data_dir: Path
+
+
+#: the keys of the config's ``dataset`` section a dataset's ``Params`` may declare
+SECTION_KEYS = frozenset(f.name for f in dataclasses.fields(DatasetConfig)) - {"name"}
+
+
+class Dataset(Component[DatasetContext]):
+    """Base class of a registered dataset: ``Dataset(params, ctx)`` and ``load() -> Table``.
+
+    ``Params`` declares the ``dataset.*`` keys the dataset reads (a subset of the section's:
+    ``path``, ``label``, ``numeric``, ``categorical``, ``test_fraction``), each with a rule;
+    ``max_rows`` and ``resample_rows`` apply to every dataset after ``load`` (:func:`load_table`).
+    """
+
+    Context = DatasetContext
+    built_by = "build_dataset(section) builds one from a config"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params = cls.__dict__.get("Params")
+        if params is not None and dataclasses.is_dataclass(params):
+            unknown = sorted({f.name for f in dataclasses.fields(params)} - SECTION_KEYS)
+            if unknown:
+                raise TypeError(
+                    f"{cls.__name__}.Params field '{unknown[0]}' is not a key of the dataset "
+                    f"section (allowed: {', '.join(sorted(SECTION_KEYS))})"
+                )
+
+    def __init__(self, params: Any, ctx: DatasetContext) -> None:
+        """``params``: this dataset's ``Params``, or its fields as a mapping (rules checked here);
+        ``ctx``: its context (``build_dataset(section)`` makes both from a config)."""
+        super().__init__(params, ctx)
+        check_rules(self.params, "dataset")
+
+    def load(self) -> Table:
+        """The table: train and test frames with their schema."""
+        raise NotImplementedError
+
+
+@dataclass
+class SplitParams:
+    """A dataset split by :func:`split_table`: the share of rows held out for testing."""
+
+    test_fraction: float = param(0.2, gt=0, lt=1)
+
+
+def build_dataset(section: Mapping[str, Any]) -> Dataset:
+    """The dataset of a resolved config's ``dataset`` section: its registered class, built from
+    the section's keys its ``Params`` declares and its context."""
+    cls = DATASETS.get(section["name"])
+    keys = [f.name for f in dataclasses.fields(cls.Params)]
+    params = cls.Params(**{k: section[k] for k in keys if k in section})
+    return cls(params, DatasetContext(section["name"], data_dir()))
 
 
 def data_dir() -> Path:
@@ -88,16 +158,16 @@ def clean_frame(frame: pd.DataFrame, schema_cols: list[str], numeric: list[str],
     return frame.loc[~bad].reset_index(drop=True), int(bad.sum())
 
 
-def split_table(data: tuple[pd.DataFrame, TableSchema], cfg: dict[str, Any]) -> Table:
-    """A fixed (seed 0) stratified train/test split: the test set never depends on the run seed."""
+def split_table(data: tuple[pd.DataFrame, TableSchema], test_fraction: float, source: str) -> Table:  # fmt: skip
+    """A fixed (seed 0) stratified train/test split: the test set never depends on the run seed.
+    ``source`` names the table in errors (the file, else the dataset)."""
     from sklearn.model_selection import train_test_split
 
     frame, schema = data
-    source = Path(cfg["path"]).name if cfg.get("path") else cfg.get("name", "dataset")
     check_classes(frame[schema.label], schema.label, source)
     try:
         train, test = train_test_split(
-            frame, test_size=cfg.get("test_fraction", 0.2), random_state=0,
+            frame, test_size=test_fraction, random_state=0,
             stratify=frame[schema.label],
         )  # fmt: skip
     except ValueError as exc:  # too few rows for the test fraction and the classes
@@ -191,7 +261,7 @@ def table_from_key(key: str) -> Table:
 def _load_cached(key: str) -> Table:
     section = key_section(key)
     dataset = DatasetConfig(**section)
-    table = DATASETS.get(dataset.name).load(section)
+    table = build_dataset(section).load()
     if dataset.max_rows:
         n = int(dataset.max_rows)
         table = Table(table.train.iloc[:n].reset_index(drop=True), table.test, table.schema)

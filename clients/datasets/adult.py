@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from pathlib import Path
 
 import pandas as pd
 
 from flowerbed.clients.datasets import (
     DATASETS,
+    Dataset,
     Table,
     clean_frame,
-    data_dir,
     infer_schema,
 )
 
@@ -24,17 +24,18 @@ ADULT_NUMERIC = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss
 
 
 @DATASETS.register("adult", "UCI Adult census income (32,561 train / 16,281 test rows), bundled")
-class AdultDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return _adult()
+class AdultDataset(Dataset):
+    """Its own published train/test split: it reads no ``dataset.*`` key."""
+
+    def load(self) -> Table:
+        return _adult(self.ctx.data_dir)
 
 
 @functools.lru_cache(maxsize=1)
-def _adult() -> Table:
+def _adult(directory: Path) -> Table:
     def read(name: str, skip: int) -> pd.DataFrame:
         frame = pd.read_csv(
-            data_dir() / name, header=None, names=ADULT_COLUMNS, skiprows=skip,
+            directory / name, header=None, names=ADULT_COLUMNS, skiprows=skip,
             skipinitialspace=True, na_values="?", dtype=str,
         )  # fmt: skip
         frame["income"] = frame["income"].str.rstrip(".")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flowerbed.clients.datasets import (
     DATASETS,
+    Dataset,
+    SplitParams,
     Table,
     sklearn_table,
     split_table,
@@ -13,7 +13,10 @@ from flowerbed.clients.datasets import (
 
 
 @DATASETS.register("breast-cancer", "scikit-learn breast cancer (569 rows, 30 numeric)")
-class BreastCancerDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return split_table(sklearn_table("load_breast_cancer"), cfg)
+class BreastCancerDataset(Dataset):
+    Params = SplitParams
+
+    def load(self) -> Table:
+        return split_table(
+            sklearn_table("load_breast_cancer"), self.params.test_fraction, self.ctx.name
+        )

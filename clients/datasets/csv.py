@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.params import param
 from flowerbed.clients.datasets import (
     DATASETS,
+    Dataset,
+    SplitParams,
     Table,
     infer_schema,
     read_csv_table,
@@ -30,17 +33,38 @@ def _check_columns_once(label: str, numeric: list[str], categorical: list[str]) 
             )
 
 
+def _named(value: str) -> str | None:
+    """A file or column name is not blank."""
+    return None if value.strip() else "a blank name (allowed: a file path or a column name)"
+
+
+def _column_names(values: list[str]) -> str | None:
+    """Every listed column has a name."""
+    blank = [i for i, v in enumerate(values) if not str(v).strip()]
+    return f"entry {blank[0]} is blank (allowed: the CSV header's column names)" if blank else None
+
+
 @DATASETS.register("csv", "any CSV file with a declared schema (dataset.path/label/numeric/...)")
-class CsvDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        path = cfg.get("path")
+class CsvDataset(Dataset):
+    @dataclass
+    class Params(SplitParams):
+        path: str | None = param(None, check=_named)  # the CSV file (a header row, then rows)
+        label: str | None = param(None, check=_named)  # the label column
+        numeric: list[str] = param(factory=list, check=_column_names)
+        categorical: list[str] = param(factory=list, check=_column_names)
+
+    def load(self) -> Table:
+        path = self.params.path
         if not path:
             raise ConfigError("dataset 'csv' needs dataset.path (a CSV file with a header row)")
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"dataset file not found: {path}")
-        label, numeric, categorical = cfg.get("label"), cfg.get("numeric"), cfg.get("categorical")
+        label, numeric, categorical = (
+            self.params.label,
+            self.params.numeric,
+            self.params.categorical,
+        )
         if not label:
             raise ConfigError("dataset 'csv' needs dataset.label (the name of the label column)")
         _check_columns_once(label, list(numeric), list(categorical))
@@ -64,6 +88,5 @@ class CsvDataset:
                 f"{path.name}: empty value in categorical column '{col}' (line {row})"
             )
         frame = frame[columns]
-        return split_table(
-            (frame, infer_schema(frame, label, list(numeric), list(categorical))), cfg
-        )
+        schema = infer_schema(frame, label, list(numeric), list(categorical))
+        return split_table((frame, schema), self.params.test_fraction, path.name)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from pathlib import Path
 
 import pandas as pd
 
 from flowerbed.clients.datasets import (
     DATASETS,
+    Dataset,
+    SplitParams,
     Table,
     TableSchema,
     clean_frame,
-    data_dir,
     infer_schema,
     split_table,
 )
@@ -30,16 +31,17 @@ GERMAN_NUMERIC = [
 
 
 @DATASETS.register("german", "UCI Statlog German Credit (1,000 rows, 7 numeric + 13 categorical)")
-class GermanDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return split_table(_german(), cfg)
+class GermanDataset(Dataset):
+    Params = SplitParams
+
+    def load(self) -> Table:
+        return split_table(_german(self.ctx.data_dir), self.params.test_fraction, self.ctx.name)
 
 
 @functools.lru_cache(maxsize=1)
-def _german() -> tuple[pd.DataFrame, TableSchema]:
+def _german(directory: Path) -> tuple[pd.DataFrame, TableSchema]:
     frame = pd.read_csv(
-        data_dir() / "german.data.gz", header=None, names=GERMAN_COLUMNS, sep=r"\s+", dtype=str
+        directory / "german.data.gz", header=None, names=GERMAN_COLUMNS, sep=r"\s+", dtype=str
     )
     frame["credit"] = frame["credit"].map({"1": "good", "2": "bad"})
     frame = clean_frame(frame, GERMAN_COLUMNS, GERMAN_NUMERIC, "german")[0]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flowerbed.clients.datasets import (
     DATASETS,
+    Dataset,
+    SplitParams,
     Table,
     sklearn_table,
     split_table,
@@ -13,7 +13,8 @@ from flowerbed.clients.datasets import (
 
 
 @DATASETS.register("iris", "scikit-learn iris (150 rows, 4 numeric, 3 classes)")
-class IrisDataset:
-    @staticmethod
-    def load(cfg: dict[str, Any]) -> Table:
-        return split_table(sklearn_table("load_iris"), cfg)
+class IrisDataset(Dataset):
+    Params = SplitParams
+
+    def load(self) -> Table:
+        return split_table(sklearn_table("load_iris"), self.params.test_fraction, self.ctx.name)

@@ -42,10 +42,11 @@ from typing import Any, ClassVar
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import Experiment
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.registry import Registry
 
-DEFENSES = Registry("defense", (__name__,))
+DEFENSES: Registry[Defense] = Registry("defense", (__name__,))
 
 __all__ = [
     "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "DefenseContext", "GaussianNoise", "Mechanism",
@@ -147,22 +148,16 @@ class DefenseContext:
         )
 
 
-class Defense:
-    """Base class: every hook is the identity."""
+class Defense(Component[DefenseContext]):
+    """Base class: ``Defense(params, ctx)``; every hook is the identity."""
 
-    Params: ClassVar[type] = NoParams
+    Context = DefenseContext
+    built_by = "build_defenses(experiment) builds the defenses of an experiment"
     needs: ClassVar[frozenset[Capability]] = frozenset()
     #: run capabilities the defense takes from the server (secure aggregation: the individual
     #: updates); a strategy needing one is refused beside it when the config is resolved
     withholds: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
-
-    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
-        """``params``: this defense's ``Params``, or its fields as a mapping (validated here)."""
-        if not isinstance(ctx, DefenseContext):
-            raise TypeError(f"{type(self).__name__} takes a DefenseContext, not {type(ctx).__name__}")  # fmt: skip
-        self.ctx = ctx
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
 
     def mods(self) -> list[Any]:
         """Flower client mods, innermost first."""
@@ -211,13 +206,15 @@ def update_mod(
             return reply
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         config["partition-id"] = int(context.node_config["partition-id"])
-        out = transform(msg.content["arrays"], reply.content["arrays"], config)
+        out = transform(
+            msg.content.array_records["arrays"], reply.content.array_records["arrays"], config
+        )
         measured = None
         if isinstance(out, tuple):  # (arrays, bytes of the encoding the client sent)
             out, measured = out
         reply.content["arrays"] = out
         if measured is None and wire_size is not None:
-            measured = wire_size(msg.content["arrays"], out)
+            measured = wire_size(msg.content.array_records["arrays"], out)
         if measured is not None:
             reply.content["metrics"][WIRE_BYTES] = measured
         return reply
@@ -230,7 +227,7 @@ def build_defenses(experiment: Experiment) -> list[Defense]:
     if not experiment.defenses:
         return []
     ctx = DefenseContext.of(experiment)
-    return [DEFENSES.get(d.name)(ctx, d.params) for d in experiment.defenses]
+    return [DEFENSES.get(d.name or "")(d.params, ctx) for d in experiment.defenses]
 
 
 def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:

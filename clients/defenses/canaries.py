@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -216,7 +216,7 @@ class DpSgdCanaries(CanaryAudit):
         base = flat(before, self.layout)
         ok = [r for r in replies if not r.has_error() and "arrays" in r.content
               and "metrics" in r.content and PARTITION_KEY in r.content["metrics"]]  # fmt: skip
-        updates = {int(r.content["metrics"][PARTITION_KEY]): flat(_numpy(r.content["arrays"]), self.layout) - base
+        updates = {int(cast(int, r.content["metrics"][PARTITION_KEY])): flat(_numpy(r.content.array_records["arrays"]), self.layout) - base
                    for r in ok}  # fmt: skip
         total = sum(updates.values())
         for unit, update in updates.items():
@@ -342,7 +342,7 @@ class LocalDpCanaries(CanaryAudit):
                 vec = (sign * half * dirs[i] + np.sqrt(1 - half**2) * other) * CANARY * p.clipping_norm  # fmt: skip
                 msg = train_message(sent, ConfigRecord(), i + 1)
                 reply = through_mods(mods, msg, _plus(before, unflat(vec, self.layout)), 1.0, i + 1)
-                got[i] = flat(_numpy(reply.content["arrays"]), self.layout) - base
+                got[i] = flat(_numpy(reply.content.array_records["arrays"]), self.layout) - base
         unit.observe(got, dirs)
 
     def final_change(self, initial: ArrayRecord, final: ArrayRecord) -> np.ndarray | None:
@@ -374,7 +374,7 @@ class CentralDpCanaries(CanaryAudit):
         dirs = directions(self.seed, CANARY_CLIENTS, server_round, self.count, self.layout)
         rate = ctx.sampled_clients / ctx.num_clients
         sampled = np.random.default_rng([self.seed, SAMPLING, server_round]).random(self.count) < rate  # fmt: skip
-        weights = [float(r.content["metrics"].get("num-examples", 1)) for r in ok]
+        weights = [float(cast(int, r.content["metrics"].get("num-examples", 1))) for r in ok]
         weight = float(np.mean(weights))
         n = len(ok) + self.count
         shadow = self.rebuild(n)
@@ -403,8 +403,10 @@ class CentralDpCanaries(CanaryAudit):
 
 def _copy_reply(reply: Message, to: Message) -> Message:
     """A copy of a real reply (the wrapper clips in place; the run's reply stays as received)."""
-    arrays = ArrayRecord({k: Array(np.array(reply.content["arrays"][k].numpy())) for k in reply.content["arrays"]})  # fmt: skip
-    metrics = MetricRecord({"num-examples": reply.content["metrics"].get("num-examples", 1)})
+    arrays = ArrayRecord({k: Array(np.array(reply.content.array_records["arrays"][k].numpy())) for k in reply.content["arrays"]})  # fmt: skip
+    metrics = MetricRecord(
+        {"num-examples": cast(int, reply.content["metrics"].get("num-examples", 1))}
+    )
     return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=to)
 
 

@@ -53,6 +53,8 @@ class CentralDp(Defense):
         # run audit: canary clients in a second release of every round; 0 = off (adaptive: off)
         canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         if self.params.clipping != Clipping.client:
             return []
@@ -72,7 +74,7 @@ class CentralDp(Defense):
         """This defense with ``sampled`` clients per round, the extra ones added to the
         federation (the run audit's second release: the real clients plus the canary clients)."""
         total = self.ctx.num_clients + sampled - self.ctx.sampled_clients
-        return type(self)(dataclasses.replace(self.ctx, sampled_clients=sampled, num_clients=total), self.params)  # fmt: skip
+        return type(self)(self.params, dataclasses.replace(self.ctx, sampled_clients=sampled, num_clients=total))  # fmt: skip
 
     def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
         n, params = self.ctx.sampled_clients, dataclasses.asdict(self.params)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -99,8 +99,10 @@ class DpSgd(Defense):
         # run audit: canary examples per client, in its training loop; 0 = off
         canaries: int = param(CANARIES, ge=0)
 
-    def __init__(self, ctx: DefenseContext, params: Any = None) -> None:
-        super().__init__(ctx, params)
+    params: Params
+
+    def __init__(self, params: Any, ctx: DefenseContext) -> None:
+        super().__init__(params, ctx)
         # one accountant per experiment (a sweep's cells share a client's Context)
         self.namespace = ctx.run_key
         self._engine: PrivacyEngine | None = None
@@ -113,8 +115,8 @@ class DpSgd(Defense):
         return [self._training_mod] if self.params.canaries else []
 
     def _training_mod(self, msg: Message, context: Context, call_next: Any) -> Message:
-        config = msg.content["config"] if "config" in msg.content else {}
-        self._training = (int(context.node_config["partition-id"]), int(config.get("server-round", 0)))  # fmt: skip
+        config = msg.content.config_records.get("config", ConfigRecord())
+        self._training = (int(context.node_config["partition-id"]), int(cast(int, config.get("server-round", 0))))  # fmt: skip
         try:
             return call_next(msg, context)
         finally:
@@ -168,7 +170,9 @@ class DpSgd(Defense):
         if self.params.canaries and self._training is not None and sample_rate is not None:
             per_sample = self._with_canaries(per_sample, sample_rate)
         rows = next(iter(per_sample.values())).shape[0]
-        norms = torch.sqrt(sum(g.reshape(rows, -1).pow(2).sum(1) for g in per_sample.values()))
+        norms = torch.sqrt(
+            cast(torch.Tensor, sum(g.reshape(rows, -1).pow(2).sum(1) for g in per_sample.values()))
+        )
         scale = clip_scale(norms, self.params.max_grad_norm)
         std = self.params.noise_multiplier * self.params.max_grad_norm
         out = {}

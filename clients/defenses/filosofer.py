@@ -335,6 +335,8 @@ class Filosofer(ModelRelease):
         # sampled flips draw magnitudes between this quantile of the other sign's and its maximum
         flip_low: float = param(0.5, ge=0, lt=1)
 
+    params: Params
+
     def mechanism(self) -> list[Mechanism]:
         return [WeightFlipping(self.params.rho)]
 

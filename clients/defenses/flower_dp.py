@@ -55,7 +55,7 @@ def through_mods(mods: list[Any], msg: Message, context: Context, update: np.nda
     as ``clients.runtime.handle_train`` chains a client's defenses."""
 
     def train(m: Message, _: Context) -> Message:
-        sent = m.content["arrays"][AUDIT_KEY].numpy()
+        sent = m.content.array_records["arrays"][AUDIT_KEY].numpy()
         content = RecordDict({
             "arrays": audit_arrays(sent + update),
             "metrics": MetricRecord({"num-examples": 1, "partition-id": 0}),
@@ -143,9 +143,9 @@ def flower_wrapper(strategy: Any, params: dict[str, Any], n: int) -> Any:
         wrapper = (DifferentialPrivacyClientSideAdaptiveClipping if client
                    else DifferentialPrivacyServerSideAdaptiveClipping)  # fmt: skip
         return wrapper(strategy, noise, n, initial_clipping_norm=params["clipping_norm"])
-    wrapper = (DifferentialPrivacyClientSideFixedClipping if client
+    fixed = (DifferentialPrivacyClientSideFixedClipping if client
                else DifferentialPrivacyServerSideFixedClipping)  # fmt: skip
-    return wrapper(strategy, noise, params["clipping_norm"], n)
+    return fixed(strategy, noise, params["clipping_norm"], n)
 
 
 def _clip_inputs_inplace(input_arrays: list[np.ndarray], clipping_norm: float) -> None:

@@ -41,6 +41,8 @@ class LocalDp(Defense):
         # run audit: canary clients sending through these mods every round; 0 = off
         canaries: int = param(CANARY_CLIENT_COUNT, ge=0)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         p = self.params
         return [LocalDpMod(p.clipping_norm, p.sensitivity, p.epsilon, p.delta)]
@@ -76,7 +78,7 @@ class LocalDp(Defense):
                                               "config": ConfigRecord()}),
                                   dst_node_id=1, message_type="train")  # fmt: skip
                     reply = through_mods(mods, msg, audit_context(1), update)
-                    value = float(reply.content["arrays"][AUDIT_KEY].numpy()[0])
+                    value = float(reply.content.array_records["arrays"][AUDIT_KEY].numpy()[0])
                     scores[canary].append(value / shift + 0.5)
         result = epsilon_lower_bound(np.array(scores[True]), np.array(scores[False]), p.delta)
         return {**result.metrics(), **reported}

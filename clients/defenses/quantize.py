@@ -30,6 +30,8 @@ class Quantize(Defense):
     class Params:
         bits: int = param(4, ge=1, le=16)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         return [update_mod(self.sent_and_size)]
 

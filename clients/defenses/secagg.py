@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
@@ -40,6 +40,8 @@ class SecAgg(Defense):
     class Params:
         min_clients: int = param(2, ge=1)
         group_size: int = param(0, ge=0)  # clients per aggregate (0 = all sampled clients)
+
+    params: Params
 
     def mechanism(self) -> list[Mechanism]:
         return [Aggregation(self.params.group_size, self.params.min_clients)]
@@ -66,17 +68,17 @@ def aggregate_message(replies: list[Message]) -> Message:
     """One reply: the example-weighted mean of arrays and metrics, and who contributed."""
     arrays: ArrayRecord = aggregate_arrayrecords([r.content for r in replies], "num-examples")
     metric_keys = {k for r in replies for k in r.content["metrics"]}
-    total = sum(float(r.content["metrics"]["num-examples"]) for r in replies)
+    total = sum(float(cast(int, r.content["metrics"]["num-examples"])) for r in replies)
     metrics = {
-        k: sum(float(r.content["metrics"].get(k, 0.0)) * float(r.content["metrics"]["num-examples"]) for r in replies) / total
+        k: sum(float(cast(float, r.content["metrics"].get(k, 0.0))) * float(cast(int, r.content["metrics"]["num-examples"])) for r in replies) / total
         for k in metric_keys if k not in ("num-examples", "partition-id")
     }  # fmt: skip
     metrics.update({"num-examples": total, "partition-id": -1, "secagg-clients": len(replies)})
-    members = [int(r.content["metrics"]["partition-id"]) for r in replies]
+    members = [int(cast(int, r.content["metrics"]["partition-id"])) for r in replies]
     content = RecordDict(
         {
             "arrays": arrays,
-            "metrics": MetricRecord(metrics),
+            "metrics": MetricRecord(dict(metrics)),
             MEMBERS_RECORD: ConfigRecord({"members": members}),
         }
     )
@@ -96,7 +98,11 @@ class AggregateOnlyView(StrategyWrapper):
         self.writer = writer
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        ok = {int(r.content["metrics"]["partition-id"]): r for r in replies if not r.has_error()}
+        ok = {
+            int(cast(int, r.content["metrics"]["partition-id"])): r
+            for r in replies
+            if not r.has_error()
+        }
         if len(ok) < self.min_clients:  # SecAgg cannot unmask below its threshold: drop the round
             if self.writer is not None:
                 self.writer.drop_round(

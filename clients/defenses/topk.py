@@ -24,6 +24,8 @@ class TopK(Defense):
     class Params:
         fraction: float = param(0.1, gt=0, le=1)
 
+    params: Params
+
     def mods(self) -> list[Any]:
         return [update_mod(self.transform, topk_wire_bytes)]
 

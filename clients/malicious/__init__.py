@@ -40,17 +40,23 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from flowerbed.clients.contracts import ModelLossOffer, offer
 from flowerbed.clients.core.capabilities import Capability, alternatives
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import Experiment
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
 
-MALICIOUS = Registry("malicious", (__name__,), group="flowerbed.malicious")
+if TYPE_CHECKING:
+    from flowerbed.clients.model_loss import InputSchema
+    from flowerbed.clients.workloads import Workload
+
+MALICIOUS: Registry[Malicious] = Registry("malicious", (__name__,), group="flowerbed.malicious")
 
 __all__ = [
     "AGGREGATION_KEY", "MALICIOUS", "AggregationRule", "DataPoisoning", "Malicious",
@@ -102,15 +108,15 @@ class MaliciousContext:
     num_clients: int
     sampled_clients: int
     colluders: tuple[int, ...]
-    schema: Any = None
+    schema: InputSchema | None = None
 
     @classmethod
-    def of(cls, experiment: Experiment, workload: Any = None) -> MaliciousContext:
+    def of(cls, experiment: Experiment, workload: Workload | None = None) -> MaliciousContext:
         attack = MALICIOUS.get(experiment.malicious.name or "")
         clients = experiment.clients
-        offers = getattr(workload, "offers", frozenset())
+        offers: frozenset[Capability] = getattr(workload, "offers", frozenset())
         wants_schema = any(Capability.MODEL_LOSS in alt for alt in alternatives(attack.needs))
-        schema = workload.model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
+        schema = offer(workload, ModelLossOffer).model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
         return cls(
             experiment.seed, experiment.rounds, clients.num, clients.sampled(),
             chosen(experiment), schema,
@@ -138,24 +144,15 @@ class View:
     aggregation: AggregationRule | None
 
 
-class Malicious:
-    """Base class: a client that behaves honestly (both hooks are the identity)."""
+class Malicious(Component[MaliciousContext]):
+    """Base class: ``Malicious(params, ctx)``, a client that behaves honestly (both hooks are the
+    identity)."""
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = MaliciousContext
+    built_by = "build_malicious(experiment, workload) builds one from an experiment"
     needs: ClassVar[Any] = frozenset()
     #: ``craft`` reads the colluders' benign updates (``View.benign``)
     colluding: ClassVar[bool] = False
-
-    def __init__(self, params: Any, ctx: MaliciousContext) -> None:
-        if not isinstance(ctx, MaliciousContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a MaliciousContext, not "
-                f"{type(ctx).__name__} (build_malicious(experiment, workload) builds one from an experiment)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
 
     def poison(self, data: Any, partition_id: int, server_round: int) -> Any:
         """The partition the client trains on this round (default: its own, untouched)."""

@@ -38,6 +38,8 @@ class ALIE(Malicious):
         #: standard deviations of the shift (unset: Baruch et al.'s z from n and m)
         z: float | None = param(None, ge=0)
 
+    params: Params
+
     def z(self) -> float:
         if self.params.z is not None:
             return self.params.z

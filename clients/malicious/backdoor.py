@@ -47,6 +47,8 @@ class Backdoor(DataPoisoning):
         patch: int = param(2, ge=1)
         patch_value: float = param(1.0, ge=0, le=1)  # images are in [0, 1] in model space
 
+    params: Params
+
     def __init__(self, params: Any, ctx: Any) -> None:
         super().__init__(params, ctx)
         p, schema = self.params, self.ctx.schema

@@ -7,11 +7,17 @@ tailored to the server's published aggregation rule (never its name).
   (``w_min > 0``) or ``[b * w_min, w_min]`` (``w_min <= 0``); for ``s_j <= 0`` a draw in
   ``[w_max, b * w_max]`` (``w_max > 0``) or ``[w_max, w_max / b]`` (``w_max <= 0``); ``b = 2``.
 - **distance selection** (Krum): every colluder sends ``-lambda * s``, with ``lambda`` halved from
-  the paper's upper bound until Krum, run on the benign updates the colluders know plus their
-  copies, selects a crafted one (or ``lambda`` falls below ``threshold``).
+  the paper's upper bound until Krum, run on the round as the colluders estimate it (their copies
+  and ``n - c`` honest stand-ins), selects a crafted one (or ``lambda`` falls below ``threshold``).
 
-Partial knowledge (the paper's variant): the benign updates are the colluders' own (see
-``flowerbed.clients.malicious``).
+Partial knowledge (the paper's variant): ``s`` and the honest updates are estimated from the
+colluders' own benign updates (see ``flowerbed.clients.malicious``). The colluders know ``n`` (the
+round's sampled clients) and the rule's ``f``, but only ``c`` benign updates: Krum run on those
+``c`` and ``c`` identical copies scores each copy by its ``n' - f - 2 = c - 2`` nearest, all other
+copies at distance 0, so it "selects" a copy at any ``lambda`` and the search stops at the upper
+bound, which the round's real Krum rejects. The search therefore runs on ``n - c`` stand-ins drawn
+from the Gaussian the colluders' benign updates fit (coordinate-wise mean and unbiased variance;
+the colluders' shared draws, so every colluder crafts the same update) beside the ``c`` copies.
 """
 
 from __future__ import annotations
@@ -48,9 +54,22 @@ def coordinate_wise(benign: np.ndarray, rng: np.random.Generator, b: float = 2.0
     return np.where(s > 0, below, above)
 
 
-def distance_selection(benign: np.ndarray, copies: int, f: int, threshold: float) -> np.ndarray:
-    """Fang's attack on Krum: ``-lambda * s`` with the largest ``lambda`` (halved) Krum picks."""
+def stand_ins(benign: np.ndarray, honest: int, rng: np.random.Generator) -> np.ndarray:
+    """``honest`` updates drawn from the Gaussian fitted to ``benign`` (coordinate-wise mean and
+    unbiased variance): the round's honest updates as colluders who hold only ``benign`` estimate
+    them (``benign`` itself when fewer than two rows or ``honest`` rows are known)."""
+    if len(benign) < 2 or honest <= len(benign):
+        return benign
+    return benign.mean(0) + benign.std(0, ddof=1) * rng.standard_normal((honest, benign.shape[1]))
+
+
+def distance_selection(benign: np.ndarray, copies: int, f: int, threshold: float,
+                       honest: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Fang's attack on Krum: ``-lambda * s`` (``s`` the sign of ``benign``'s mean) with the largest
+    ``lambda`` (halved) that Krum picks among ``copies`` crafted updates and ``honest`` (the round's
+    honest updates, or their stand-ins; default ``benign``)."""
     s, d = np.sign(benign.mean(0)), benign.shape[1]
+    benign = benign if honest is None else honest
     norms = np.linalg.norm(benign, axis=1)
     n = len(benign) + copies
     lam = float(norms.max()) / np.sqrt(d)
@@ -81,6 +100,8 @@ class Fang(Malicious):
         b: float = param(2.0, gt=1)
         threshold: float = param(1e-5, gt=0)
 
+    params: Params
+
     def variant(self, view: View) -> str:
         if self.params.variant != "auto":
             return str(self.params.variant)
@@ -91,5 +112,8 @@ class Fang(Malicious):
         if self.variant(view) == "distance-selection":
             copies = len(self.ctx.colluders)
             f = view.aggregation.assumed_malicious if view.aggregation else copies
-            return distance_selection(view.benign, copies, f or copies, self.params.threshold)
+            honest = stand_ins(view.benign, self.ctx.sampled_clients - copies, view.shared_rng)
+            return distance_selection(
+                view.benign, copies, f or copies, self.params.threshold, honest
+            )
         return coordinate_wise(view.benign, view.rng, self.params.b)

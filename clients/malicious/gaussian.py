@@ -18,5 +18,7 @@ class Gaussian(Malicious):
         mean: float = param(0.0, gt=float("-inf"), lt=float("inf"))
         std: float = param(1.0, gt=0)
 
+    params: Params
+
     def craft(self, view: View) -> np.ndarray:
         return view.rng.normal(self.params.mean, self.params.std, size=view.own.shape)

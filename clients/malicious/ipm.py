@@ -26,5 +26,7 @@ class IPM(Malicious):
     class Params:
         epsilon: float = param(0.1, gt=0)
 
+    params: Params
+
     def craft(self, view: View) -> np.ndarray:
         return -self.params.epsilon * view.benign.mean(0)

@@ -2,6 +2,10 @@
 
 Every training label ``y`` of the client becomes ``C - 1 - y`` (C classes; the reversal FLPoison
 uses), or, with ``target`` set, the labels of the ``source`` classes become ``target``.
+
+Success (``central.flipped_class_accuracy``): the global model's accuracy on the server's test rows
+of the classes the attack relabels (the ``source`` classes, every class but ``target`` when
+``source`` is empty; under the reversal every class ``y != C-1-y``): what label flipping lowers.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import MALICIOUS, DataPoisoning
@@ -27,6 +32,8 @@ class LabelFlip(DataPoisoning):
         #: classes relabelled to ``target`` (empty: every other class)
         source: list[int] = param(factory=list, ge=0)
 
+    params: Params
+
     def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
         classes = self.ctx.schema.num_classes
         y = train.y.clone()
@@ -40,3 +47,22 @@ class LabelFlip(DataPoisoning):
             )
             y[flip] = self.params.target
         return type(train)(train.x, y)
+
+    def flipped_classes(self, classes: int) -> list[int]:
+        """The classes whose labels the attack rewrites."""
+        if self.params.target < 0:
+            return [c for c in range(classes) if classes - 1 - c != c]
+        return list(self.params.source) or [c for c in range(classes) if c != self.params.target]
+
+    def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
+        test = workload.test_pool()
+        flipped = torch.isin(
+            test.y, torch.tensor(self.flipped_classes(self.ctx.schema.num_classes))
+        )
+        if not bool(flipped.any()):
+            return {}
+        model = workload.loaded_model(arrays).eval()
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            predicted = model(test.x[flipped].to(device)).argmax(1).cpu()
+        return {"flipped_class_accuracy": float((predicted == test.y[flipped]).float().mean())}

@@ -71,6 +71,8 @@ class BoundedShift(Malicious):
         gamma_init: float = param(10.0, gt=0)
         tau: float = param(1e-5, gt=0)
 
+    params: Params
+
     def bound(self, benign: np.ndarray) -> float:
         raise NotImplementedError
 

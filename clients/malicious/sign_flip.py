@@ -19,5 +19,7 @@ class SignFlip(Malicious):
     class Params:
         scale: float = param(1.0, gt=0)
 
+    params: Params
+
     def craft(self, view: View) -> np.ndarray:
         return -self.params.scale * view.own

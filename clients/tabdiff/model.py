@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -219,7 +220,7 @@ def loss_terms(
     sigma = edm_sigma(t)[:, None]
     x_t = rows.num + sigma * eps
     _, _, c_in = edm_coefficients(sigma)
-    mask = latents.mask
+    mask = cast(torch.Tensor, latents.mask)  # the mixed regime draws one
     x_in = torch.cat([c_in * x_t, masked_input(rows.cat, mask, spec.cat_sizes)], 1)
     f_num, logits = functional_call(model, params, (x_in, t))
     # lambda(sigma) (D - x)^2 with D = c_skip x_t + c_out F equals (F - (sigma x - eps)/sqrt(sigma^2+1))^2

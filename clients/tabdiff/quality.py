@@ -73,7 +73,7 @@ def quality_report(
     for c in categorical:
         p = real[c].astype(str).value_counts(normalize=True)
         q = synthetic[c].astype(str).value_counts(normalize=True)
-        tvd.append(0.5 * float(p.subtract(q, fill_value=0).abs().sum()))
+        tvd.append(0.5 * float(p.sub(q, fill_value=0).abs().sum()))
     for c, v in zip(numeric, ks, strict=True):
         out[f"ks.{c}"] = float(v)
     for c, v in zip(categorical, tvd, strict=True):

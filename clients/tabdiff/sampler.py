@@ -55,8 +55,8 @@ def sample_rows(
             x0 = ((x - (1 - ab_t).sqrt() * eps) / ab_t.sqrt()).clamp(-6, 6)
             x = ab_s.sqrt() * x0 + (1 - ab_s).sqrt() * eps
         num = x[:, : spec.n_num]
-        codes = [b.argmax(1) for b in split_blocks(x[:, spec.n_num :], spec.cat_sizes)]
-        return num, torch.stack(codes, 1) if codes else torch.zeros(n, 0, dtype=torch.long)
+        blocks = [b.argmax(1) for b in split_blocks(x[:, spec.n_num :], spec.cat_sizes)]
+        return num, torch.stack(blocks, 1) if blocks else torch.zeros(n, 0, dtype=torch.long)
 
     k = k_from_raw(params["k_raw"])
     x = torch.randn(n, spec.n_num, generator=gen) * edm_sigma(torch.tensor(1.0))

@@ -16,7 +16,7 @@ import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -24,19 +24,22 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from flowerbed.clients.contracts import check_offers
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import DatasetConfig, Experiment
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.core.registry import NoParams, Registry
+from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.model_loss import LocalTraining, ModelLoss
+from flowerbed.clients.model_loss import LocalTraining
 
 if TYPE_CHECKING:
     from flowerbed.clients.defenses import Defense
 
 T = TypeVar("T")
 
-WORKLOADS = Registry("workload", (__name__,))
+#: a workload offering a capability must have its Protocol's members (``clients/contracts.py``)
+WORKLOADS: Registry[Workload] = Registry("workload", (__name__,), check=check_offers)
 
 __all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "WorkloadContext",
            "assigned_device", "build_workload", "fit_classifier", "round_subset",
@@ -263,7 +266,7 @@ def score_classifier(model: nn.Module, data: Examples) -> dict[str, float]:
     return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
 
 
-class Workload:
+class Workload(Component[WorkloadContext]):
     """Contract between the engines and a client-side method.
 
     ``params`` is its typed ``workload.params``; ``ctx`` the ``WorkloadContext`` of the run;
@@ -272,9 +275,8 @@ class Workload:
     transit.
     """
 
-    Params: ClassVar[type] = NoParams
-    registry_name: ClassVar[str]
-    description: ClassVar[str]
+    Context = WorkloadContext
+    built_by = "build_workload(experiment) builds a workload from an experiment"
     #: what this workload offers to attacks and defenses (``flowerbed list`` shows it)
     offers: ClassVar[frozenset[Capability]] = frozenset()
     #: shared config keys it honours (``dataset``, ``clients.partitioner``, ``clients.alpha``)
@@ -287,13 +289,7 @@ class Workload:
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         """``params``: this workload's ``Params``, or its fields as a mapping (validated here);
         ``ctx``: the run (``build_workload(experiment)`` makes both from an experiment)."""
-        if not isinstance(ctx, WorkloadContext):
-            raise TypeError(
-                f"{type(self).__name__} takes its Params and a WorkloadContext, not "
-                f"{type(ctx).__name__} (build_workload(experiment) builds a workload from an experiment)"
-            )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
-        self.ctx = ctx
+        super().__init__(params, ctx)
         self.device = ctx.device
         self.defenses = list(ctx.defenses)
 
@@ -348,13 +344,16 @@ class Workload:
             raise TypeError(f"workload '{self.registry_name}' params do not extend {kind.__name__}")
         return kind(**{f.name: getattr(self.params, f.name) for f in dataclasses.fields(kind)})
 
-    def release_setup(self) -> Any:
-        """The model-release contract (``Capability.MODEL_RELEASE``): a ``ReleaseSetup``."""
-        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-release")
+    # what a capability adds (``model_loss()`` for model-loss, ``release_setup()`` for
+    # model-release, ...) is its Protocol in ``flowerbed.clients.contracts``, checked when the
+    # class is registered
 
-    def model_loss(self) -> ModelLoss:
-        """The model-loss contract (``Capability.MODEL_LOSS``): public knowledge only."""
-        raise NotImplementedError(f"workload '{self.registry_name}' does not offer model-loss")
+
+class ClassifierParams(Protocol):
+    """The fields a ``ClassifierWorkload`` reads of its subclass's ``Params``."""
+
+    test_fraction_local: float
+    round_examples: int
 
 
 class ClassifierWorkload(Workload):
@@ -362,6 +361,7 @@ class ClassifierWorkload(Workload):
     and test), the examples of a round (``round_data``), local training with ``self.training``'s
     protocol through the defenses, local evaluation. Subclasses give the model and the pool."""
 
+    params: ClassifierParams
     training: LocalTraining
 
     def _model(self) -> nn.Module:
@@ -380,7 +380,12 @@ class ClassifierWorkload(Workload):
 
         pool, ctx = self.train_pool(), self.ctx
         idx = partition_indices(
-            pool.y.numpy(), partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
+            pool.y.numpy(),
+            partition_id,
+            num_partitions,
+            cast(str, ctx.partitioner),
+            cast(float, ctx.alpha),
+            ctx.seed,
         )
         idx = np.random.default_rng(client_seed(ctx.seed, partition_id, 0)).permutation(idx)
         n_test = int(round(len(idx) * self.params.test_fraction_local))

@@ -19,7 +19,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -109,8 +109,9 @@ def make_prompts(language: int, n: int, seed: int) -> Prompts:
         io_pos.append(order.index("A" if first_is_io else "B"))
         s_pos.append(order.index("B" if first_is_io else "A"))
         abba.append(first_is_io)
-    t = torch.tensor
-    return Prompts(t(rows), t(ios), t(ss), t(io_pos), t(s_pos), torch.full((n,), language), t(abba))
+    as_tensor = torch.tensor
+    return Prompts(as_tensor(rows), as_tensor(ios), as_tensor(ss), as_tensor(io_pos), as_tensor(s_pos),
+                   torch.full((n,), language), as_tensor(abba))  # fmt: skip
 
 
 def concat(prompts: list[Prompts]) -> Prompts:
@@ -481,7 +482,8 @@ def edge_signals(circuit: Circuit, layer: int, head: int) -> dict[tuple[str, str
 def activation_patching(model: AttnOnly, p: Prompts, corrupt: Prompts, edges: list, b: int = 0):
     """Baseline: for each edge, patch every (component, source position) into the query at d and
     the key at s from the corrupted prompt, one forward pass each; returns the weight changes."""
-    clean, dirty = {}, {}
+    clean: dict[str, torch.Tensor] = {}
+    dirty: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         model(p.tokens[b : b + 1], cache=clean)
         model(corrupt.tokens[b : b + 1], cache=dirty)
@@ -529,7 +531,25 @@ def signal_space(model: AttnOnly) -> list[tuple[str, tuple[int, int], str, int]]
     ]  # fmt: skip
 
 
-def summarise(model: AttnOnly, circuits: list[Circuit]) -> dict[str, Any]:
+class CircuitSummary(TypedDict):
+    """What a client shares of its circuits: head and signal frequencies, mean sizes."""
+
+    heads: np.ndarray
+    signals: np.ndarray
+    nodes: float
+    edges: float
+    signal_dim: float
+
+
+class LanguageReport(TypedDict):
+    """``language_report``: a summary per language and the distances between them."""
+
+    summaries: list[CircuitSummary]
+    head_distance: np.ndarray
+    signal_distance: np.ndarray
+
+
+def summarise(model: AttnOnly, circuits: list[Circuit]) -> CircuitSummary:
     """Frequencies of heads and signals over prompts, plus sizes; no prompt content."""
     heads = np.zeros((model.layers, model.heads))
     space = {sig: i for i, sig in enumerate(signal_space(model))}
@@ -556,7 +576,9 @@ def weighted_jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.minimum(a, b).sum() / top) if top > 0 else 1.0
 
 
-def circuit_distances(summaries: list[dict[str, Any]], what: str = "signals") -> np.ndarray:
+def circuit_distances(
+    summaries: list[CircuitSummary], what: Literal["heads", "signals"] = "signals"
+) -> np.ndarray:
     """Server side: ``1 - weighted Jaccard`` between the clients' head or signal frequencies."""
     n = len(summaries)
     out = np.zeros((n, n))
@@ -585,7 +607,7 @@ def client_circuits(metrics: dict[str, float], num_clients: int, model: AttnOnly
     return out
 
 
-def language_report(model: AttnOnly, n_prompts: int = 32, seed: int = 0) -> dict[str, Any]:
+def language_report(model: AttnOnly, n_prompts: int = 32, seed: int = 0) -> LanguageReport:
     """Centralised analysis: circuits per language, sizes, head vs signal Jaccard, distances."""
     summaries = []
     for lang in range(LANGUAGES):
@@ -601,6 +623,14 @@ def language_report(model: AttnOnly, n_prompts: int = 32, seed: int = 0) -> dict
 # ---------------------------------------------------------------------------------------------
 # 5. Registration: language communities train one model; clients report circuit summaries
 # ---------------------------------------------------------------------------------------------
+
+
+class LanguageShard(TypedDict):
+    """A client's partition: its language's training prompts and the prompts it traces."""
+
+    partition: int
+    train: Prompts
+    test: Prompts
 
 
 @WORKLOADS.register("acc-pp", "ACC++ circuit tracing, tiny attention-only IOI model, 4 languages")
@@ -619,6 +649,8 @@ class ACCpp(Workload):
         attn_weight_thresh: float = param(0.1, gt=0, lt=0.5)  # edges traced at weight >= 2x
         ig_steps: int = param(256, ge=1)
 
+    params: Params
+
     def _model(self, arrays: ArrayRecord | None = None) -> AttnOnly:
         torch.manual_seed(self.ctx.seed)
         model = AttnOnly()
@@ -626,7 +658,7 @@ class ACCpp(Workload):
             model.load_state_dict(arrays.to_torch_state_dict())
         return model
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> LanguageShard:
         lang = partition_id % LANGUAGES
         seed = client_seed(self.ctx.seed, partition_id, 0)
         return {
@@ -639,7 +671,7 @@ class ACCpp(Workload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: LanguageShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         model = self._model(arrays)
@@ -652,7 +684,7 @@ class ACCpp(Workload):
         }
 
     def evaluate(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]
+        self, arrays: ArrayRecord, data: LanguageShard, config: dict[str, Any]
     ) -> dict[str, float]:
         torch.set_num_threads(1)
         model = self._model(arrays).double().requires_grad_(False)

@@ -202,7 +202,7 @@ def _graph_criteria(
     train = np.stack([rng.permutation(n)[:n_c] for _ in range(n_splits)])
     g_train = np.einsum("bip,biq->bpq", x[train], x[train])
     g_val = gram[None] - g_train
-    out = {name: np.zeros(num) for name in CRITERIA}
+    out: dict[str, np.ndarray] = {name: np.zeros(num) for name in CRITERIA}
     out["supports"] = np.zeros((num, p, p), dtype=bool)
     for j in range(p):
         coefs = node_path(x, j, lambdas)
@@ -317,6 +317,8 @@ class ACVGraph(Workload):
         num_lambdas: int = param(30, ge=1)
         n_splits: int = param(20, ge=2)
         criterion: Criterion = Criterion("acv")
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

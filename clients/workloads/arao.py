@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
@@ -440,10 +440,29 @@ def clone(model: Detector) -> Detector:
     return copy
 
 
+class ArmScores(TypedDict):
+    """One repair arm of ``run_local``: detection AUCs clean, under the attack, under a new attack."""
+
+    clean_auc: float
+    attacked_auc: float
+    reattacked_auc: float
+    reattack_success_rate: float
+
+
+class LocalRun(TypedDict):
+    """``run_local``: the attack's attribution over axes, the axes repaired, the attack's success
+    and the scores of each repair arm (``base``, ``untargeted``, ``targeted``)."""
+
+    attr: np.ndarray
+    top_axes: list[np.intp]
+    attack_success_rate: float
+    rows: dict[str, ArmScores]
+
+
 def run_local(
     seed: int, cfg: ARAOConfig | None = None, vulnerable_axis: int = EUPHEMISM,
     n_train: int = 1500, n_test: int = 600, n_attack: int = 120, label_noise: float = 0.05,
-) -> dict[str, Any]:  # fmt: skip
+) -> LocalRun:  # fmt: skip
     """The whole ARAO pipeline on one machine; returns every number the docs report."""
     torch.set_num_threads(1)
     cfg = cfg or ARAOConfig()
@@ -456,7 +475,7 @@ def run_local(
     attack = plan_attack(base, targets, cfg, seed + 1)
     attr = attribute(base, targets, attack, cfg)
     top = list(np.argsort(-attr)[: cfg.repair_top])
-    out: dict[str, Any] = {
+    out: LocalRun = {
         "attr": attr,
         "top_axes": top,
         "attack_success_rate": float(attack.success.mean()),
@@ -521,6 +540,8 @@ class ARAO(Workload):
         train_rounds: int = param(1, ge=1)
         repair: Repair = Repair("targeted")  # targeted | untargeted | none
 
+    params: Params
+
     def _unpack(self, arrays: ArrayRecord) -> tuple[Detector, np.ndarray, np.ndarray]:
         state = arrays.to_torch_state_dict()
         attr, directions = state.pop("attr").numpy(), state.pop("attr_dir").numpy()
@@ -538,7 +559,7 @@ class ARAO(Workload):
     def load_partition(self, partition_id: int, num_partitions: int) -> ClientData:
         seed, p = self.ctx.seed, self.params
         rng = np.random.default_rng(client_seed(seed, partition_id, 0))
-        topics = rng.dirichlet(np.full(len(TOPICS), self.ctx.alpha * 4))
+        topics = rng.dirichlet(np.full(len(TOPICS), cast(float, self.ctx.alpha) * 4))
         train_seed = client_seed(seed, partition_id, 0, salt=1)
         test_seed = client_seed(seed, partition_id, 0, salt=2)
         return ClientData(

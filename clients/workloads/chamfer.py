@@ -388,6 +388,8 @@ class Chamfer(Workload):
         noise: float = param(0.02, ge=0)
         check_exact: bool = True  # also compute exact CH (O(n^2 d)) to report the error
 
+    params: Params
+
     def _references(self) -> np.ndarray:
         rng = np.random.default_rng(client_seed(self.ctx.seed, 10**6, 0))
         pr = self.params

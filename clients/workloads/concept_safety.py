@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from torch.nn import functional as F
 
 from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.nn import PreLNBlock
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 PAD, BOS, SEP, EOS, REFUSE = 0, 1, 2, 3, 4
@@ -122,7 +123,9 @@ class Batch:
 def make_batch(world: World, examples: list[tuple[int, int, bool]]) -> Batch:
     """Examples are ``(task, concept, refuse)``; loss on the response (everything after SEP)."""
     if not examples:
-        return Batch(torch.zeros(0, world.seq_len, dtype=torch.long), torch.zeros(0, 0, dtype=bool))
+        return Batch(
+            torch.zeros(0, world.seq_len, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
+        )
     rows = [encode(world, *e)[0] for e in examples]
     tokens = torch.tensor(rows, dtype=torch.long)
     target = tokens[:, 1:]
@@ -144,7 +147,7 @@ def concept_counts(
     ``partial`` (``coverage`` of the concepts, uniform among them). ``order`` ranks the concepts."""
     order = np.arange(concepts) if order is None else np.asarray(order)
     if composition == "uniform":
-        weights = np.ones(concepts)
+        weights: np.ndarray = np.ones(concepts)
     elif composition == "zipf":
         weights = 1.0 / np.arange(1, concepts + 1) ** zipf_s
     elif composition == "partial":
@@ -182,24 +185,6 @@ def safety_examples(
 # ---------------------------------------------------------------------------------------------
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        n, s, d = h.shape
-        q, k, v = self.qkv(self.ln1(h)).split(d, dim=-1)
-        q, k, v = (z.view(n, s, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = h + self.proj(att.transpose(1, 2).reshape(n, s, d))
-        return h + self.mlp(self.ln2(h))
-
-
 class TinyGPT(nn.Module):
     """Token + position embeddings, ``layers`` blocks, final LN, tied output head."""
 
@@ -207,7 +192,8 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(seq_len, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        # (its blocks register ln2 before qkv: the parameter order this workload always had)
+        self.blocks = nn.ModuleList(PreLNBlock(dim, heads, norms_first=True) for _ in range(layers))
         self.ln = nn.LayerNorm(dim)
         nn.init.normal_(self.tok.weight, std=0.1)
         nn.init.normal_(self.pos, std=0.1)
@@ -254,6 +240,7 @@ def train_steps(
     if len(batch) == 0 or steps == 0:
         return 0.0
     params = [p for p in model.parameters() if p.requires_grad]
+    opt: torch.optim.Optimizer
     if optimizer == "adam":
         opt = torch.optim.Adam(params, lr=lr)
     else:
@@ -440,12 +427,24 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+class FinetuneReport(TypedDict):
+    """``finetune_report``: the world, the fine-tuned model, the per-concept example counts n_c,
+    the concept table before and after, and the rank correlation of n_c with refusal after."""
+
+    world: World
+    model: nn.Module
+    counts: np.ndarray
+    before: ConceptTable
+    after: ConceptTable
+    spearman_n_refusal: float
+
+
 def finetune_report(
     seed: int, config: FinetuneConfig, world: World | None = None
-) -> dict[str, Any]:
+) -> FinetuneReport:
     """Pretrain (cached), fine-tune with ``config`` and measure before/after on the held-out task."""
     world = make_world(seed) if world is None else world
-    model = pretrained_model(seed, world)
+    model: nn.Module = pretrained_model(seed, world)
     before = concept_table(model, world)
     model, counts = safety_finetune(model, world, config, seed)
     after = concept_table(model, world)
@@ -506,6 +505,8 @@ class ConceptSafety(Workload):
         concepts_per_client: int = param(6, ge=1)
         stride: int = param(3, ge=1)
         local_steps: int = param(20, ge=0)  # full-batch SGD steps per round
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

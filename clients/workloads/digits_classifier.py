@@ -116,6 +116,8 @@ class DigitsClassifier(ClassifierWorkload):
         round_examples: int = param(0, ge=0)
         test_fraction_local: float = param(0.2, ge=0, lt=1)
 
+    params: Params
+
     @classmethod
     def withheld(cls, params: Params) -> dict[Capability, str]:
         out = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
@@ -286,8 +286,9 @@ def audit(
         "extra_backward_hess": model.backward_calls - before_bwd,
         "auroc_hess_step0": auroc(hess, label),
     }
+    dsm = cast(torch.Tensor, traj.dsm)  # tracked in this run
     for k in range(3):
-        out[f"auroc_dsm_step{k}"] = auroc(traj.dsm[k], label)
+        out[f"auroc_dsm_step{k}"] = auroc(dsm[k], label)
         out[f"auroc_wen_step{k}"] = auroc(traj.wen[k], label)
     if train_x is not None:
         d = torch.cdist(traj.samples, torch.from_numpy(train_x)).min(dim=1).values.numpy()
@@ -317,6 +318,14 @@ def run_central(
 # -- registration ----------------------------------------------------------------------------
 
 
+class ConditionShard(TypedDict):
+    """A client's partition: its training rows and the conditions it owns (audits)."""
+
+    train: CondData
+    own: np.ndarray
+    partition: int
+
+
 @WORKLOADS.register("dsm", "DSM: diffusion memorisation detection from the guided sampling path")
 class DSM(Workload):
     """Clients train one conditional denoiser (FedAvg); each audits the conditions it owns."""
@@ -335,6 +344,8 @@ class DSM(Workload):
         guidance: float = param(5.0, ge=0)
         split: Split = Split("conditions")  # conditions | iid (see client_rows)
 
+    params: Params
+
     def _conditions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p = self.params
         return make_conditions(self.ctx.seed, p.subclusters, p.n_mem, p.dup)
@@ -342,7 +353,7 @@ class DSM(Workload):
     def _model(self) -> Denoiser:
         return Denoiser(len(self._conditions()[2]), self.params.hidden)
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> ConditionShard:
         x, cond, memorised, _ = self._conditions()
         own = client_conditions(len(memorised), partition_id, num_partitions)
         rows = client_rows(
@@ -363,7 +374,7 @@ class DSM(Workload):
         return model
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ConditionShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         model = self._load(arrays)
@@ -381,7 +392,7 @@ class DSM(Workload):
             train_x=x,
         )  # fmt: skip
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ConditionShard, config: dict[str, Any]):
         """The client audits its own conditions (it knows which of them it duplicated)."""
         seed = client_seed(self.ctx.seed, data["partition"], config["server-round"], salt=1)
         res = self._audit(self._load(arrays), data["own"], seed)

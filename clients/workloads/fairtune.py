@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -109,12 +109,12 @@ def init_mlp(
     """Parameters of one MLP as a dict of tensors (w1, b1, w2, b2); leaves torch's RNG alone."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        first, second = nn.Linear(d_in, hidden), nn.Linear(hidden, classes)
     return {
-        "w1": model[0].weight.detach().clone(),
-        "b1": model[0].bias.detach().clone(),
-        "w2": model[2].weight.detach().clone(),
-        "b2": model[2].bias.detach().clone(),
+        "w1": first.weight.detach().clone(),
+        "b1": first.bias.detach().clone(),
+        "w2": second.weight.detach().clone(),
+        "b2": second.bias.detach().clone(),
     }
 
 
@@ -185,8 +185,8 @@ def _split(domains: list[Domain], name: str) -> tuple[torch.Tensor, torch.Tensor
 
 def pretrain_base(seed: int, steps: int = 400) -> dict[str, torch.Tensor]:
     """The shared base model: the MLP trained on un-styled (centred) digits."""
-    x, y = _digits()
-    x = torch.from_numpy(x - x.mean(0))[None]
+    pixels, y = _digits()
+    x = torch.from_numpy(pixels - pixels.mean(0))[None]
     params = _stack([init_mlp(seed)])
     params, _ = train_batch(params, x, torch.from_numpy(y)[None], steps, seed)
     return {k: v[0] for k, v in params.items()}
@@ -274,7 +274,7 @@ def payment(r: np.ndarray, y: np.ndarray, price: np.ndarray, mech: Mechanism, m:
 
 
 def expected_payment(
-    reports: np.ndarray, q: float, m: int, mech: Mechanism, curve: Any
+    reports: np.ndarray, q: float, m: int, mech: Mechanism, curve: IsotonicRegression
 ) -> np.ndarray:
     """E_y[payment(r, y)] for each report r, y ~ Binomial(m, q)/m (the verification draw)."""
     ys = np.arange(m + 1) / m
@@ -305,7 +305,7 @@ def best_reports(
     current: np.ndarray,
     m: int,
     mech: Mechanism,
-    curve: Any,
+    curve: IsotonicRegression,
     table: np.ndarray | None = None,
 ) -> np.ndarray:
     """One seller's best response per buyer (J,) to the others' reports (S - 1, J); keeps the
@@ -325,7 +325,7 @@ def best_reports(
 
 
 def best_response_equilibrium(
-    data: MarketData, mech: Mechanism, curve: Any = None, sweeps: int = 30
+    data: MarketData, mech: Mechanism, curve: IsotonicRegression | None = None, sweeps: int = 30
 ) -> np.ndarray:
     """Reports (S, J) at the fixed point of sequential best responses over the report grid,
     starting from honest reports (rounded to the grid)."""
@@ -345,7 +345,7 @@ def best_response_equilibrium(
     return reports
 
 
-def _buy_threshold(curve: Any) -> float:
+def _buy_threshold(curve: IsotonicRegression) -> float:
     """Lowest report at which the calibration curve promises a positive saving."""
     qs = np.linspace(0, 1, 1001)
     positive = qs[curve.predict(qs) > 0]
@@ -353,7 +353,11 @@ def _buy_threshold(curve: Any) -> float:
 
 
 def market_outcome(
-    data: MarketData, reports: np.ndarray, mech: Mechanism, seed: int = 0, curve: Any = None
+    data: MarketData,
+    reports: np.ndarray,
+    mech: Mechanism,
+    seed: int = 0,
+    curve: IsotonicRegression | None = None,
 ) -> dict[str, float]:
     """Allocate (highest report, ties at random), pay on the realised verification accuracy, and
     score the market: misreport rate, buyer cost reduction, welfare / oracle, seller profits."""
@@ -439,6 +443,16 @@ def _public(seed: int, families: int, count: int) -> tuple[dict[str, torch.Tenso
 MechanismKind = choices("MechanismKind", ("fairtune", "report-priced"))
 
 
+class SellerShard(TypedDict):
+    """A seller's partition: its fine-tuned checkpoint, the quality it measures on each buyer's
+    validation split and its accuracy on its own domain."""
+
+    id: int
+    ckpt: dict[str, torch.Tensor]
+    q: np.ndarray
+    own_acc: float
+
+
 @WORKLOADS.register(
     "fairtune",
     "FairTune market: sellers list fine-tuned checkpoints + quality reports; server verifies and pays",
@@ -464,6 +478,8 @@ class FairTune(Workload):
         share: float = param(0.5, ge=0, le=1)
         strategic: bool = True
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.sellers = self.ctx.num_clients
@@ -477,7 +493,7 @@ class FairTune(Workload):
         self.curve = LinearSchedule()
         self.m = len(self.buyers[0].splits["verify"][1])
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> SellerShard:
         """The seller's checkpoint (fine-tuned once, deterministic) and its self-evaluated quality
         on each buyer's published validation split."""
         seed = client_seed(self.ctx.seed, partition_id, 0)
@@ -495,7 +511,7 @@ class FairTune(Workload):
         return ArrayRecord(arrays)
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """List the checkpoint with reports: honest, or the best response to last round's
         reports (all zero before round 1)."""
@@ -519,7 +535,7 @@ class FairTune(Workload):
         }
         return ArrayRecord(reply), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any]):
         return {"num-examples": 1, "own_domain_accuracy": data["own_acc"]}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:

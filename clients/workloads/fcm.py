@@ -306,6 +306,7 @@ InitialConcepts = choices("InitialConcepts", ("round1", "all"))
 @WORKLOADS.register("fcm", "F-CMs: concept-based model (CEM/CBM) with an evolving concept set")
 class FCM(Workload):
     offers = frozenset({Capability.CONCEPT_REGISTRY})
+    spec: ModelSpec  # the concept-registry contract (``ConceptRegistryOffer``), set in __init__
 
     @dataclass
     class Params:
@@ -339,6 +340,8 @@ class FCM(Workload):
             "round1"
         )  # round1 | all (oracle architecture)
         local_only: bool = False  # each client keeps its own model, never aggregated
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ast
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -202,7 +202,25 @@ def evaluate_formula(formula: str, names: dict[str, np.ndarray], where: str) -> 
     return np.asarray(ev(tree))
 
 
-def formula_task(spec: dict[str, Any]) -> ConceptTask:
+class TaskSpec(TypedDict, total=False):
+    """A formula task as the generators write it (``formula_task`` reads the same keys from a
+    user's YAML)."""
+
+    name: str
+    inputs: int
+    concepts: dict[str, str]
+    task: str
+    classes: int
+
+
+class Holding(TypedDict):
+    """One concept's entry of a schedule: the clients holding its labels and its first round."""
+
+    clients: list[int]
+    round: int
+
+
+def formula_task(spec: Mapping[str, Any]) -> ConceptTask:
     """A task from a mapping (``workload.params.task``)::
 
         name: dag6                  # optional
@@ -270,7 +288,7 @@ def random_dag_task(
     name: str | None = None,
     parents: int = 2,
     task_kind: str = "logic",
-) -> dict[str, Any]:
+) -> TaskSpec:
     """A generated task spec (for ``workload.params.task``): concepts in a random DAG, each a
     threshold of a random linear form of 2-3 inputs, combined with 0-``parents`` earlier concepts
     by and/or/xor (more parents: deeper DAGs); the task over 3-4 concepts is ``logic`` (an
@@ -282,13 +300,13 @@ def random_dag_task(
         raise ConfigError(f"unknown task kind '{task_kind}' (allowed: {', '.join(TASK_KINDS)})")
     rng = np.random.default_rng([seed, 4242])
     for _ in range(200):
-        spec: dict[str, Any] = {"name": name or f"dag{concepts}-{seed}", "inputs": inputs}
+        spec: TaskSpec = {"name": name or f"dag{concepts}-{seed}", "inputs": inputs}
         formulas: dict[str, str] = {}
         for j in range(concepts):
             cols = rng.choice(inputs, size=int(rng.integers(2, 4)), replace=False)
             terms = " + ".join(f"{rng.normal():.2f} * x{c}" for c in cols)
             form = f"({terms} > {0.3 * rng.normal():.2f})"
-            chosen = (
+            chosen: np.ndarray | list[int] = (
                 rng.choice(j, size=min(j, int(rng.integers(0, parents + 1))), replace=False)
                 if j
                 else []
@@ -326,7 +344,7 @@ TASK_KINDS = ("logic", "count", "vote")
 
 def random_schedule(
     seed: int, concept_names: tuple[str, ...], num_clients: int, last_round: int
-) -> dict[str, Any]:
+) -> dict[str, Holding]:
     """A generated ``workload.params.schedule``: 2-3 concepts from round 1, the others arriving
     at random rounds in 2..``last_round`` (sorted, so the last one arrives at ``last_round``);
     each concept held by 1-3 clients, at least one concept by a single client, every client
@@ -363,7 +381,7 @@ USER_KINDS = ("threshold", "count", "xor-late", "vote-late")
 def user_task(
     seed: int, concepts: int = 9, inputs: int = 12, kind: str = "threshold", depth: int = 3,
     name: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> TaskSpec:  # fmt: skip
     """A generated task spec of the kind users write (issue 54), harder than ``random_dag_task``:
 
     - inputs shared by several concepts (each concept reads 2-3 of ``inputs`` inputs, and every
@@ -406,7 +424,7 @@ def user_task(
             for p in parents[:depth]:
                 form = f"({form} {rng.choice(['&', '|', '^'])} c{p})"
             formulas[f"c{j}"] = form
-        spec: dict[str, Any] = {
+        spec: TaskSpec = {
             "name": name or f"user-{kind}-{concepts}-{seed}", "inputs": inputs, "concepts": formulas,
         }  # fmt: skip
         others = [f"c{j}" for j in range(concepts - 1)]
@@ -450,7 +468,7 @@ def user_task(
 
 def user_schedule(
     seed: int, concept_names: tuple[str, ...], num_clients: int, last_round: int, singles: int = 2
-) -> dict[str, Any]:
+) -> dict[str, Holding]:
     """A generated schedule for ``user_task``: 3 concepts from round 1, the others at random rounds
     in 2..``last_round`` in order, the last concept (the one the task needs) at ``last_round``;
     ``singles`` concepts held by one client (one of them arriving late), the others by 2-3
@@ -488,7 +506,7 @@ def task_problem(data: str) -> str | None:
     return None if data in TASKS else f"unknown concept task '{data}' (allowed: {', '.join(TASKS)})"
 
 
-def formula_problem(spec: dict[str, Any]) -> str | None:
+def formula_problem(spec: Mapping[str, Any]) -> str | None:
     """The rule of ``workload.params.task``: empty, or a formula task that builds."""
     if not spec:
         return None
@@ -499,7 +517,7 @@ def formula_problem(spec: dict[str, Any]) -> str | None:
     return None
 
 
-def get_task(data: str, spec: dict[str, Any] | None = None) -> ConceptTask:
+def get_task(data: str, spec: Mapping[str, Any] | None = None) -> ConceptTask:
     """The task of ``workload.params``: a formula task when ``spec`` is non-empty, else the
     built-in task named ``data``."""
     if spec:
@@ -539,11 +557,11 @@ class Scenario:
         return tuple(n for n in self.concept_names if self.intro_round[n] <= 1)
 
 
-def _whole(value: Any, low: int) -> bool:
+def _whole(value: object, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def schedule_problem(schedule: dict[str, Any]) -> str | None:
+def schedule_problem(schedule: Mapping[str, object]) -> str | None:
     """The rule of ``workload.params.schedule``: ``{concept: {clients: [ids >= 0], round: r >= 1}}``
     (the concepts and the number of clients are checked when the workload is built)."""
     for name, entry in schedule.items():
@@ -562,7 +580,7 @@ def schedule_problem(schedule: dict[str, Any]) -> str | None:
 
 
 def schedule_scenario(
-    schedule: dict[str, Any], concept_names: tuple[str, ...], num_clients: int
+    schedule: Mapping[str, Any], concept_names: tuple[str, ...], num_clients: int
 ) -> Scenario:
     """Explicit holdings and arrival rounds: ``{concept: {clients: [ids], round: r}}`` for every
     concept (``clients: []`` leaves it unlabelled; ``round`` defaults to 1)."""

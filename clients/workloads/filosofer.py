@@ -33,7 +33,8 @@ from torch import nn
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.training import accuracy, fisher_diagonal, make_mlp
+from flowerbed.clients.nn import make_mlp
+from flowerbed.clients.training import accuracy, fisher_diagonal
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
@@ -142,6 +143,8 @@ class Filosofer(Workload):
         lr: float = param(1e-3, gt=0)
         local_epochs: int = param(5, ge=1)
         batch_size: int = param(64, ge=1)
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

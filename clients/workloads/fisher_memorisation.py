@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
 # ---------------------------------------------------------------------------------------------
@@ -111,16 +112,6 @@ def noisy_split(
 # ---------------------------------------------------------------------------------------------
 # 2. model
 # ---------------------------------------------------------------------------------------------
-
-
-def make_mlp(in_dim: int, hidden: list[int], classes: int) -> nn.Sequential:
-    """Fully connected ReLU network; every layer is an ``nn.Linear``."""
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, classes))
-    return nn.Sequential(*layers)
 
 
 class PatchConv(nn.Module):
@@ -222,7 +213,7 @@ def kfac_factors(model: nn.Module, x: torch.Tensor) -> list[tuple[np.ndarray, np
     for a, per_class in zip(inputs, grads, strict=True):
         a64 = a.double().reshape(-1, a.shape[-1])
         flat = (c.double().reshape(-1, c.shape[-1]) for c in per_class)
-        g = sum(gc.T @ gc for gc in flat)
+        g = cast(torch.Tensor, sum(gc.T @ gc for gc in flat))
         factors.append(((a64.T @ a64 / n).numpy(), (g / n).numpy()))
     return factors
 
@@ -234,11 +225,11 @@ def exact_diagonal_fisher(model: nn.Module, x: torch.Tensor) -> list[np.ndarray]
     for a, per_class in zip(inputs, grads, strict=True):
         a64 = a.double()
         if a.shape[1] == 1:  # dense: the per-sample gradient g a^T is rank one, so square factors
-            g2 = sum(gc.double()[:, 0] ** 2 for gc in per_class)
+            g2 = cast(torch.Tensor, sum(gc.double()[:, 0] ** 2 for gc in per_class))
             out.append((g2.T @ a64[:, 0] ** 2 / len(x)).numpy())
             continue
         per_sample = (torch.einsum("npo,npi->noi", gc.double(), a64) for gc in per_class)
-        out.append((sum(g**2 for g in per_sample).sum(0) / len(x)).numpy())
+        out.append((cast(torch.Tensor, sum(g**2 for g in per_sample)).sum(0) / len(x)).numpy())
     return out
 
 
@@ -279,7 +270,7 @@ def fisher_projection(
     ``W' = U_G (C * M) U_A^T`` with ``M`` the mask of the largest ones. ``order="random"`` keeps
     the same number of directions at random (the ablation).
     """
-    basis = a if isinstance(a, KroneckerBasis) else KroneckerBasis.of(a, g)
+    basis = a if isinstance(a, KroneckerBasis) else KroneckerBasis.of(a, cast(np.ndarray, g))
     coeff = basis.u_g.T @ w @ basis.u_a
     importance = np.outer(basis.lam_g, basis.lam_a).ravel()
     k = max(int(round(keep * importance.size)), 1)
@@ -551,6 +542,8 @@ class FisherMemorisation(Workload):
         batch_size: int = param(0, ge=0)  # 0 = full batch
         project_layer: int = param(2, ge=0)
         keep_fractions: list[float] = param(factory=lambda: [0.05, 0.01], gt=0, le=1)
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

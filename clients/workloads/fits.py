@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -373,6 +373,14 @@ def run_arm(
 Arm = choices("Arm", ARMS)
 
 
+class PitchShard(TypedDict):
+    """A client's partition: train and test spike tasks at the client's own pitch."""
+
+    train: SpikeTask
+    test: SpikeTask
+    pitch: float
+
+
 @WORKLOADS.register(
     "fits", "FiTS spiking neurons (frequency selectivity + temporal shaping) vs LIF"
 )
@@ -395,6 +403,8 @@ class FiTS(Workload):
         pitch_max: float = param(1.25, gt=0)
         cycles: float = param(0.5, gt=0)
 
+    params: Params
+
     def _model(self, kind: str) -> SNN:
         p = self.params
         return SNN(kind, 20, p.hidden, len(class_pairs(4)), self.ctx.seed, p.cycles)
@@ -405,7 +415,7 @@ class FiTS(Workload):
             np.exp(rng.uniform(math.log(self.params.pitch_min), math.log(self.params.pitch_max)))
         )
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> PitchShard:
         seed = client_seed(self.ctx.seed, partition_id, 0)
         pitch = self._pitch(partition_id)
         n = self.params.samples_per_client
@@ -416,7 +426,7 @@ class FiTS(Workload):
 
     def _load(self, arrays: ArrayRecord) -> dict[str, SNN]:
         state = arrays.to_torch_state_dict()
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             prefix = f"{kind}."
@@ -438,7 +448,7 @@ class FiTS(Workload):
 
     def init_arrays(self) -> ArrayRecord:
         calib = make_task(200, self.ctx.seed + 7, steps=self.params.steps)
-        models = {}
+        models: dict[str, SNN] = {}
         for kind in self.params.arms:
             model = self._model(kind)
             model.calibrate(calib.x)
@@ -446,7 +456,7 @@ class FiTS(Workload):
         return self._pack(models)
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
@@ -459,7 +469,7 @@ class FiTS(Workload):
             metrics[f"rate_{kind}"] = rates[-1]
         return self._pack(models), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any]):
         metrics: dict[str, float] = {"num-examples": len(data["test"].y)}
         for kind, model in self._load(arrays).items():
             scores = evaluate_model(model, data["test"])

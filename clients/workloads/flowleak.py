@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -359,6 +359,12 @@ def compare(num_mas: int, budget: int, seed: int) -> dict[str, dict[str, float]]
 
 
 # ---- federated workload ------------------------------------------------------------------------
+class ClientId(TypedDict):
+    """A client's partition: its id only (the workflows are drawn from the seed and the id)."""
+
+    partition_id: int
+
+
 @WORKLOADS.register(
     "flowleak", "FlowLeak: coverage-guided MAS workflow extraction; bandit stats federated"
 )
@@ -376,6 +382,8 @@ class FlowLeak(Workload):
         mas_per_client: int = param(4, ge=1)
         budget: int = param(40, ge=1)
         share_statistics: bool = True
+
+    params: Params
 
     def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
         return {"partition_id": partition_id}
@@ -408,12 +416,14 @@ class FlowLeak(Workload):
             )
         return prior, {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
 
-    def fit(self, arrays: ArrayRecord, data: dict, config: dict[str, Any], state: RecordDict):
+    def fit(self, arrays: ArrayRecord, data: ClientId, config: dict[str, Any], state: RecordDict):
         bandit, scores = self._audit(arrays, data["partition_id"], int(config["server-round"]))
         out = ArrayRecord({"op_value": Array(bandit.value), "op_count": Array(bandit.count)})
         return out, {"num-examples": self.params.budget * self.params.mas_per_client, **scores}
 
-    def evaluate(self, arrays: ArrayRecord, data: dict, config: dict[str, Any]) -> dict[str, float]:
+    def evaluate(
+        self, arrays: ArrayRecord, data: ClientId, config: dict[str, Any]
+    ) -> dict[str, float]:
         _, scores = self._audit(
             arrays, data["partition_id"], 10_000 + int(config.get("server-round", 0))
         )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -321,6 +321,9 @@ class ContourNet(nn.Module):
     offset to it. The other outputs are normalised radial coefficients,
     ``mean + std * head``, with mean/std from the generator (``radial_stats``)."""
 
+    mean: torch.Tensor  # buffers
+    std: torch.Tensor
+
     def __init__(
         self, size: int, slices: int, k: int, width: int = 32, cross_slice: bool = True,
         layers: int = 1, reference: bool = True,
@@ -345,8 +348,9 @@ class ContourNet(nn.Module):
         self.head = nn.Sequential(
             nn.LayerNorm(width), nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, n_radial(k))
         )
-        nn.init.zeros_(self.head[-1].weight)
-        nn.init.zeros_(self.head[-1].bias)
+        last = cast(nn.Linear, self.head[-1])
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
         mean, std = radial_stats(size, slices, k)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
@@ -692,6 +696,8 @@ class FourierContours(Workload):
         test_stacks: int = param(24, ge=1)
         local_steps: int = param(40, ge=0)
         labelled_fraction: float = param(1.0, ge=0, le=1)
+
+    params: Params
 
     def _models(self, arrays: ArrayRecord | None = None) -> tuple[ContourNet, UNet]:
         p = self.params

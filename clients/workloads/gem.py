@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import math
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsInt
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.nn import PreLNBlock
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +49,7 @@ def encode(text: str) -> np.ndarray:
     return np.fromiter((_INDEX.get(ch, _UNKNOWN) for ch in text), dtype=np.int64, count=len(text))
 
 
-def decode(ids: Any) -> str:
+def decode(ids: Iterable[SupportsInt]) -> str:
     return "".join(VOCAB[int(i)] for i in ids)
 
 
@@ -109,26 +111,6 @@ def sample_windows(
 # ---------------------------------------------------------------------------------------------
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
 class TinyLM(nn.Module):
     """Decoder-only LM; ``logits = E . LN_f(h_L)`` with ``E`` the input embedding (tied head)."""
 
@@ -138,7 +120,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(PreLNBlock(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         nn.init.normal_(self.tok.weight, std=emb_std)
         nn.init.normal_(self.pos.weight, std=0.02)
@@ -335,6 +317,8 @@ class GEM(Workload):
         num_modules: int = param(60, ge=1)
         val_fraction: float = param(0.1, gt=0, lt=1)
         eval_windows: int = param(64, ge=1)
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)

@@ -14,7 +14,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing.data import BenchmarkParams
-from flowerbed.clients.workloads.routing.federated import RoutingWorkload
+from flowerbed.clients.workloads.routing.federated import RoutingShard, RoutingWorkload
 from flowerbed.clients.workloads.routing.kmeans import (
     KMeansConfig,
     KMeansRouter,
@@ -36,6 +36,8 @@ class RoutingKMeans(RoutingWorkload):
     class Params(BenchmarkParams, KMeansConfig):
         pass
 
+    params: Params
+
     def init_arrays(self) -> ArrayRecord:
         """Empty router: ``ready`` is 0 until the first statistics round."""
         k, d, m = self.params.clusters, self.dim, self.bench.num_models
@@ -49,8 +51,8 @@ class RoutingKMeans(RoutingWorkload):
         return ArrayRecord({name: _array(v) for name, v in zeros.items()})
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
-    ) -> tuple[ArrayRecord, dict[str, Any]]:
+        self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any], state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
         """``phase=init``: local centroids and sizes; ``phase=lloyd``: per-centroid sums and
         counts plus per-(cluster, model) correctness/evaluation/cost sums, all sufficient stats."""
         train = data["train"]
@@ -67,7 +69,7 @@ class RoutingKMeans(RoutingWorkload):
             acc_sum, evals, cost_sum = cluster_stats(train, c)
             out = {"sums": sums, "counts": counts, "acc-sum": acc_sum}
             out |= {"evals": evals, "cost-sum": cost_sum}
-        metrics = {"num-examples": len(train)}
+        metrics: dict[str, float] = {"num-examples": len(train)}
         return ArrayRecord({k: _array(v) for k, v in out.items()}), metrics
 
     def router(self, arrays: ArrayRecord) -> KMeansRouter:
@@ -78,12 +80,12 @@ class RoutingKMeans(RoutingWorkload):
         return self.router(arrays).predict(emb)
 
     def personal_predict(
-        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+        self, arrays: ArrayRecord, data: RoutingShard, partition_id: int, emb: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         own = self.router(arrays).personalised(data["train"], self.params.personal_strength)
         return own.predict(emb)
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any]):
         """The global and personalised routers (``RoutingWorkload.evaluate``) and, as the
         baseline of the paper's claim, ``local_*``: the client-local router (the same learner on
         the client's own evaluations alone, as many Lloyd steps as the federated run, routing only

@@ -15,7 +15,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing.data import BenchmarkParams
-from flowerbed.clients.workloads.routing.federated import RoutingWorkload
+from flowerbed.clients.workloads.routing.federated import RoutingShard, RoutingWorkload
 from flowerbed.clients.workloads.routing.mlp import (
     MLPConfig,
     RouterMLP,
@@ -35,6 +35,8 @@ class RoutingMLP(RoutingWorkload):
     class Params(BenchmarkParams, MLPConfig):
         pass
 
+    params: Params
+
     def _model(self) -> RouterMLP:
         return RouterMLP(self.dim, self.params.hidden, self.bench.num_models)
 
@@ -48,7 +50,7 @@ class RoutingMLP(RoutingWorkload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, Any]]:
         model = self._load(arrays)
         p = self.params
@@ -68,7 +70,7 @@ class RoutingMLP(RoutingWorkload):
         return mlp_predict(self._load(arrays), emb)
 
     def personal_predict(
-        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+        self, arrays: ArrayRecord, data: RoutingShard, partition_id: int, emb: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         seed = client_seed(self.ctx.seed, partition_id, 0, salt=2)
         return mlp_predict(

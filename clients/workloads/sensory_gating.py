@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -52,11 +52,13 @@ class Beats:
     relevant: np.ndarray  # (n, LENGTH) bool: class-relevant samples (all False for N)
 
 
-def _wave(t: np.ndarray, centre: float, width: float, amp: float) -> np.ndarray:
+def _wave(t: np.ndarray, centre: float | np.integer, width: float, amp: float) -> np.ndarray:
     return amp * np.exp(-0.5 * ((t - centre) / width) ** 2)
 
 
-def _normal_beat(t: np.ndarray, r: float, scale: float, p_amp: float = 0.15) -> np.ndarray:
+def _normal_beat(
+    t: np.ndarray, r: float | np.integer, scale: float, p_amp: float = 0.15
+) -> np.ndarray:
     return scale * (
         _wave(t, r - 16, 3.0, p_amp) + _wave(t, r - 3, 1.0, -0.1) + _wave(t, r, 1.5, 1.0)
         + _wave(t, r + 3, 1.0, -0.2) + _wave(t, r + 25, 5.0, 0.3)
@@ -264,7 +266,7 @@ def train_teacher(
 ) -> dict[str, float]:  # fmt: skip
     """CE on the labelled windows + ``jepa_weight`` * F-JEPA on all windows (Adam, fixed steps)."""
     gen = torch.Generator().manual_seed(seed)
-    target = Encoder(model.encoder.net[0].in_channels, predictor.dim)
+    target = Encoder(cast(nn.Conv1d, model.encoder.net[0]).in_channels, predictor.dim)
     target.load_state_dict(model.encoder.state_dict())
     target.requires_grad_(False)
     params = list(model.parameters()) + (list(predictor.parameters()) if cfg.jepa_weight else [])
@@ -567,6 +569,8 @@ class SensoryGating(Workload):
         local_steps: int = param(60, ge=0)  # steps of the stage being trained, per round
         server_windows: int = param(400, ge=1)
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
@@ -647,23 +651,27 @@ class SensoryGating(Workload):
         metrics: dict[str, float] = {"num-examples": len(data.train.y)}
         if stage == "teacher":
             lab = torch.from_numpy(data.labelled)
-            metrics |= train_teacher(mods["teacher"], mods["predictor"], x, x[lab],
+            metrics |= train_teacher(cast(Classifier, mods["teacher"]), cast(Predictor, mods["predictor"]), x, x[lab],
                                      torch.from_numpy(data.train.y)[lab], self.stage_cfg, seed)  # fmt: skip
         elif stage == "gate":
-            teacher = mods["teacher"]
+            teacher = cast(Classifier, mods["teacher"])
             with torch.no_grad():
                 pred = teacher(x).argmax(1)
             attr = integrated_gradients(teacher, x, pred, self.stage_cfg.ig_steps)
             cfg = self.stage_cfg
             masks = sufficient_masks(teacher, x, attr, cfg.tau, cfg.fills, cfg.precision, seed)
             # the masks (and the other windows used as fills) never leave the client
-            metrics["gate_bce"] = train_gate(mods["gate"], x, masks, self.stage_cfg, seed)
+            metrics["gate_bce"] = train_gate(
+                cast(Gate, mods["gate"]), x, masks, self.stage_cfg, seed
+            )
             metrics["mask_keep_frac"] = mask_keep = float(masks.mean())
-            threshold = calibrate_threshold(mods["gate"], teacher, _tensor(data.calib.x), mask_keep)
+            threshold = calibrate_threshold(
+                cast(Gate, mods["gate"]), teacher, _tensor(data.calib.x), mask_keep
+            )
         else:  # the gate is final: calibrate its threshold, then distil
-            threshold = calibrate_threshold(mods["gate"], mods["teacher"], _tensor(data.calib.x),
+            threshold = calibrate_threshold(cast(Gate, mods["gate"]), cast(Classifier, mods["teacher"]), _tensor(data.calib.x),
                                             mask_keep)  # fmt: skip
-            metrics["student_kl"] = train_student(mods["student"], mods["teacher"], mods["gate"],
+            metrics["student_kl"] = train_student(cast(Classifier, mods["student"]), cast(Classifier, mods["teacher"]), cast(Gate, mods["gate"]),
                                                   threshold, x, self.stage_cfg, seed)  # fmt: skip
         metrics["stage"] = float(PARTS.index(stage))
         return self._pack(mods, threshold, mask_keep), metrics
@@ -671,8 +679,15 @@ class SensoryGating(Workload):
     def _score(self, arrays: ArrayRecord, beats: Beats, seed: int) -> dict[str, float]:
         mods, threshold, _ = self._unpack(arrays)
         x, y = _tensor(beats.x), torch.from_numpy(beats.y)
-        out = {"teacher_acc": accuracy(mods["teacher"], x, y)}
-        out |= gate_metrics(mods["teacher"], mods["gate"], threshold, mods["student"], beats, seed)
+        out = {"teacher_acc": accuracy(cast(Classifier, mods["teacher"]), x, y)}
+        out |= gate_metrics(
+            cast(Classifier, mods["teacher"]),
+            cast(Gate, mods["gate"]),
+            threshold,
+            cast(Classifier, mods["student"]),
+            beats,
+            seed,
+        )
         return out
 
     def evaluate(self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any]):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import time
+import typing
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
+import pandas as pd
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -50,6 +52,18 @@ from flowerbed.clients.tabdiff.training import (
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 ROWS_KEY = "tabdiff-rows"  # per-round row ids a client used: kept in its state, never sent
+
+
+@typing.runtime_checkable
+class PerSampleDp(typing.Protocol):
+    """A defense on the per-sample path (``DpSgd``): noises per-row gradients and accounts."""
+
+    def privatize(
+        self, per_sample: dict[str, torch.Tensor], generator: torch.Generator,
+        sample_rate: float | None = None,
+    ) -> dict[str, torch.Tensor]: ...  # fmt: skip
+
+    def account(self, state: RecordDict, sample_rate: float, steps: int) -> float: ...
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -88,7 +102,12 @@ def client_row_ids(ctx: WorkloadContext, partition_id: int, num_partitions: int)
     data = encoded(ctx.dataset_json)
     labels = data.table.train[data.table.schema.label].astype(str).to_numpy()
     return partition_indices(
-        labels, partition_id, num_partitions, ctx.partitioner, ctx.alpha, ctx.seed
+        labels,
+        partition_id,
+        num_partitions,
+        cast(str, ctx.partitioner),
+        cast(float, ctx.alpha),
+        ctx.seed,
     )
 
 
@@ -114,6 +133,15 @@ def to_params(arrays: ArrayRecord) -> dict[str, torch.Tensor]:
 def to_arrays(model: Denoiser, params: dict[str, torch.Tensor]) -> ArrayRecord:
     names = [n for n, _ in model.named_parameters()]
     return ArrayRecord(OrderedDict((n, params[n].detach().cpu().clone()) for n in names))
+
+
+class ClientRows(TypedDict):
+    """A client's partition: its row ids in the encoded table, their numeric columns and their
+    categorical codes."""
+
+    ids: np.ndarray
+    num: torch.Tensor
+    codes: torch.Tensor
 
 
 def to_device(device: str, *items: Any) -> list[Any]:
@@ -146,6 +174,10 @@ class TabDiff(Workload):
     offers = frozenset({Capability.PRIVATE_TRAINING, Capability.TABULAR_DIFFUSION})
     private_training_path = "per-sample"  # DP-SGD via the defense's ``privatize``
     reads = frozenset({"dataset", "clients.partitioner", "clients.alpha"})
+    # the tabular-diffusion contract (``TabularDiffusionOffer``), set in ``__init__``; ``prep``
+    spec: DiffusionSpec
+    protocol: Protocol
+    model: Denoiser
 
     @dataclass
     class Params:
@@ -164,6 +196,8 @@ class TabDiff(Workload):
         eval_rows: int = param(1024, ge=1)
         quality_rows: int = param(0, ge=0)
         sample_steps: int = param(50, ge=1)
+
+    params: Params
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
@@ -189,7 +223,7 @@ class TabDiff(Workload):
     def table(self) -> Table:
         return encoded(self._key).table
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> ClientRows:
         ids = client_row_ids(self.ctx, partition_id, num_partitions)
         data = encoded(self._key)
         return {
@@ -204,7 +238,7 @@ class TabDiff(Workload):
 
     # -- local step -----------------------------------------------------------------------------
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any], state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         params = to_params(arrays)
@@ -219,7 +253,7 @@ class TabDiff(Workload):
         latents = to_device(dev, *latents)
         losses: list[float] = []
         start = time.perf_counter()
-        dp = next((d for d in self.defenses if hasattr(d, "privatize")), None)
+        dp = next((d for d in self.defenses if isinstance(d, PerSampleDp)), None)
         gradient = None
         rate = min(1.0, self.protocol.batch_size / max(len(data["ids"]), 1))
         if dp is not None:  # DP-SGD: clipped per-row gradients + Gaussian noise, seeded per round
@@ -268,11 +302,11 @@ class TabDiff(Workload):
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
 
     def evaluate(
-        self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any]
     ) -> dict[str, float]:
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 
-    def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> Any:
+    def synthesize(self, arrays: ArrayRecord, n: int, seed: int) -> pd.DataFrame:
         """N synthetic rows (original units) from the global model (on the CPU: the sampler
         draws from a CPU generator)."""
         params = to_params(arrays)
@@ -297,6 +331,6 @@ class TabDiff(Workload):
         return out
 
 
-def rows_of(data: dict[str, Any], positions: np.ndarray, cat_sizes: tuple[int, ...]) -> Rows:
+def rows_of(data: ClientRows, positions: np.ndarray, cat_sizes: tuple[int, ...]) -> Rows:
     """Model-space rows of a client's local positions (used by tests and the scorer)."""
     return onehot_rows(data["num"][positions], data["codes"][positions], cat_sizes)

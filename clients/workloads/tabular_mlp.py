@@ -41,6 +41,7 @@ from flowerbed.clients.model_loss import (
     class_frequencies,
     marginal_prior,
 )
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import (
     WORKLOADS,
     ClassifierWorkload,
@@ -123,7 +124,7 @@ class TableEncoder:
         """The encoded rows, written into one ``dtype`` array: a float32 encoding of a 300,000-row
         table is its 125 MB and no float64 block copies of it (once ~600 MB at the peak)."""
         sizes = [len(self.schema.categories[c]) for c in self.schema.categorical]
-        out = np.zeros((len(frame), len(self.schema.numeric) + sum(sizes)), dtype=dtype)
+        out: np.ndarray = np.zeros((len(frame), len(self.schema.numeric) + sum(sizes)), dtype=dtype)
         numeric = frame[list(self.schema.numeric)].to_numpy(np.float64)
         out[:, : numeric.shape[1]] = (numeric - self.mean) / self.scale
         start = numeric.shape[1]
@@ -192,15 +193,6 @@ def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return arrays, meta
 
 
-def make_mlp(in_dim: int, hidden: list[int], out_dim: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
-
-
 @WORKLOADS.register("tabular-mlp", "MLP classifier on a tabular dataset (FedAvg/FedProx baseline)")
 class TabularMLP(ClassifierWorkload):
     offers = frozenset(
@@ -221,6 +213,8 @@ class TabularMLP(ClassifierWorkload):
         optimizer: Optimizer = Optimizer("sgd")  # sgd | adam (FedAvg local steps)
         #: FedAvg: rows a client trains on per round (0 = all it holds)
         round_examples: int = param(0, ge=0)
+
+    params: Params
 
     @classmethod
     def withheld(cls, params: Params) -> dict[Capability, str]:

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -236,6 +236,15 @@ def delta_rule_recurrent(
     return torch.stack(outputs, dim=1)
 
 
+class KernelOptions(TypedDict, total=False):
+    """Keyword options of ``delta_rule_chunked`` a model passes through to its mixers."""
+
+    chunk: int
+    method: str
+    precision: str
+    refine: int
+
+
 def delta_rule_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -331,7 +340,7 @@ class DeltaNetLayer(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, kernel: dict[str, Any]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernel: KernelOptions) -> torch.Tensor:
         h = self.norm(x)
         length = h.shape[1]
         qkv = self.conv(self.qkv(h).transpose(1, 2))[..., :length].transpose(1, 2)
@@ -361,7 +370,7 @@ class DeltaNetLM(nn.Module):
         self.norm = nn.LayerNorm(dim)
         nn.init.normal_(self.embed.weight, std=dim**-0.5)  # tied head: logits start at O(1)
 
-    def forward(self, tokens: torch.Tensor, kernel: dict[str, Any]) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, kernel: KernelOptions) -> torch.Tensor:
         x = self.embed(tokens)
         for mixer, mlp in zip(self.mixers, self.mlps, strict=True):
             x = mixer(x, kernel)
@@ -441,11 +450,17 @@ class TriangularInversion(Workload):
         )  # evaluation only: the same weights served with this inverse
         probe_precision: Precision = Precision("bf16")
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self.vocab = p.num_keys + p.num_values + 1
-        self.kernel = {"chunk": p.chunk, "method": p.method, "precision": p.precision}
+        self.kernel: KernelOptions = {
+            "chunk": p.chunk,
+            "method": p.method,
+            "precision": p.precision,
+        }
         self.kernel["refine"] = p.refine
 
     def _model(self) -> DeltaNetLM:
@@ -509,9 +524,14 @@ class TriangularInversion(Workload):
         record: list[torch.Tensor] = []
         with torch.no_grad():
             logits = model(test.tokens, {**self.kernel, "record": record})
-            exact_kernel = {**self.kernel, "method": "fwd", "precision": "fp64", "refine": 0}
+            exact_kernel: KernelOptions = {
+                **self.kernel,
+                "method": "fwd",
+                "precision": "fp64",
+                "refine": 0,
+            }
             exact_logits = model(test.tokens, exact_kernel)
-            probe_kernel = {**self.kernel, "method": self.params.probe_method}
+            probe_kernel: KernelOptions = {**self.kernel, "method": self.params.probe_method}
             probe_kernel["precision"] = self.params.probe_precision
             probe_logits = model(test.tokens, probe_kernel)
         loss, accuracy = recall_scores(logits, test.targets)

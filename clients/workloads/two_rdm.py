@@ -635,6 +635,8 @@ class TwoRDM(Workload):
         warning_decades: float = param(2.0, gt=0)  # server-side RiseDetector on rounds_log_trace
         warning_confirm: int = param(1, ge=1)  # rounds the rise must hold before the alarm
 
+    params: Params
+
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.teacher = make_teacher(

@@ -61,8 +61,8 @@ def _connection(experiment: Experiment, home: Path) -> None:
             f"clients.num={experiment.clients.num} but the federation has {state['nodes']} "
             f"SuperNodes (set clients.num={state['nodes']})"
         )
-    ca = None if state["insecure"] else Path(state["dir"]) / "certs" / "ca.crt"
-    write_connection(home, state["address"], ca)
+    state_ca = None if state["insecure"] else Path(state["dir"]) / "certs" / "ca.crt"
+    write_connection(home, state["address"], state_ca)
 
 
 class DeploymentError(ConfigError):

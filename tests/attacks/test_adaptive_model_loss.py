@@ -14,10 +14,10 @@ from flwr.app import RecordDict
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss
 from flowerbed.attacks.baseline_common import TABLEAK
-from flowerbed.attacks.common import ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
+from flowerbed.attacks.inversion.types import ModelLossReplay
 from flowerbed.clients.defenses import (
     Defense,
     DefenseContext,
@@ -116,7 +116,7 @@ def test_every_model_loss_attack_has_an_adaptive_variant_reading_mechanisms_not_
         assert f"{name}-adaptive" in ATTACKS.names()
     cfg, work, _ = _setup(0, "[]")
     aware = DefenseAwareModelLoss(ModelLossReplay(work.model_loss()), TABLEAK, "t",
-                                  _Rounding(DefenseContext.of(cfg)).mechanism())  # fmt: skip
+                                  _Rounding({}, DefenseContext.of(cfg)).mechanism())  # fmt: skip
     assert aware.adapts
     update = {k: torch.randn(v.shape) for k, v in work.model_loss().module.state_dict().items()}
     sent = {k: torch.zeros_like(v) for k, v in update.items()}

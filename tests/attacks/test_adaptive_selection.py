@@ -14,7 +14,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from flowerbed.attacks.adaptive.inversion import DefenseAwareInversion, DefenseAwareObserver
+from flowerbed.attacks.adaptive.inversion import DefenseAware, DefenseAwareInversion
 from flowerbed.attacks.adaptive.model_loss import DefenseAwareModelLoss, RememberingAttack
 from flowerbed.attacks.adaptive.selection import (
     CANDIDATES,
@@ -25,10 +25,10 @@ from flowerbed.attacks.adaptive.selection import (
     rounding_nll,
 )
 from flowerbed.attacks.baseline_common import ANALYTIC
-from flowerbed.attacks.common import ModelLossReplay, Reconstruction
 from flowerbed.attacks.goliath import GOLIATH, TabularInversion
 from flowerbed.attacks.goliath.optimisation import rows_score, start_score
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.types import ModelLossReplay, Reconstruction
 from flowerbed.attacks.observer import as_tensors
 from flowerbed.clients.defenses import (
     GaussianNoise,
@@ -41,20 +41,14 @@ from flowerbed.server.wrappers import truth_source
 from tests.tabdiff_update import attack_of, defended_update
 
 
-class NoTruth:
-    """A scorer stand-in: any attempt to read ground truth fails."""
-
-    def __getattr__(self, name: str):
-        raise AssertionError(f"the selection read the scorer ({name})")
-
-
 # -- the rule itself ------------------------------------------------------------------------------
 def test_the_rule_takes_no_truth():
     assert list(inspect.signature(choose).parameters) == [
         "candidates", "objective", "identity", "evidence",
     ]  # fmt: skip
-    answer = inspect.signature(DefenseAwareObserver.answer).parameters
-    assert "scorer" not in answer and "truth" not in answer
+    for hook in (DefenseAware.answer, DefenseAware.select):
+        answer = inspect.signature(hook).parameters
+        assert "scorer" not in answer and "truth" not in answer
 
 
 def test_identity_is_the_unaware_answer_and_no_evidence_is_the_prior():
@@ -136,13 +130,13 @@ def _observer(contract, mechanisms):
     replay = ModelLossReplay(contract)
     plain = RememberingAttack(replay, ANALYTIC, "analytic-fc")
     aware = DefenseAwareModelLoss(replay, ANALYTIC, "analytic-fc-adaptive", mechanisms, plain)
-    return DefenseAwareObserver(None, None, aware, NoTruth(), [0], [], plain)
+    return DefenseAware(aware, plain)
 
 
 def _answer(obs, sent, reply, n):
     obs.adaptive.observe((0,), 1, sent, reply, n)
     unaware = obs.unaware.invert(sent, reply, n)
-    return obs.answer((0,), 1, sent, reply, n, {"unaware": unaware}), unaware
+    return obs.select((0,), 1, sent, reply, n, {"unaware": unaware}), unaware
 
 
 def test_identity_answers_the_unaware_reconstruction_bit_for_bit(mlp):

@@ -14,12 +14,8 @@ import pytest
 import torch
 
 from flowerbed.attacks import ATTACKS
-from flowerbed.attacks.common import (
-    AttackContext,
-    DiffusionReplay,
-    InversionSettings,
-    ModelLossReplay,
-)
+from flowerbed.attacks.common import AttackContext
+from flowerbed.attacks.inversion.types import DiffusionReplay, InversionSettings, ModelLossReplay
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.defenses import Quantisation
@@ -144,15 +140,14 @@ def test_ground_truth_reaches_the_scorer_and_not_the_attack(preset: str, attack:
     assert observer.scorer is scorer
     for obj in _reachable(built):
         assert not isinstance(obj, TruthSource) and obj is not workload and obj is not scorer, obj
-    engine = observer.attack
-    for obj in _reachable(engine):
+    for obj in _reachable(observer.hooks):  # the attack's engines as the observer runs them
         assert not isinstance(obj, TruthSource) and obj is not workload and obj is not scorer, obj
 
 
 def test_one_settings_constant_covers_both_replays() -> None:
     """Every registered inversion's settings are one ``InversionSettings`` with both replays'
     sections; the budget params override the shared knobs (and the diffusion engine's own)."""
-    from flowerbed.attacks.common import with_budget
+    from flowerbed.attacks.inversion.types import with_budget
 
     inversions = [n for n in ATTACKS.names() if hasattr(ATTACKS.get(n), "settings")]
     assert len(inversions) == 14, inversions
@@ -165,3 +160,19 @@ def test_one_settings_constant_covers_both_replays() -> None:
     assert budget.diffusion.latents == "fixed"
     zero = ATTACKS.get("tableak-adaptive").Params()  # restarts=0: the settings' own
     assert with_budget(ATTACKS.get("tableak-adaptive").settings, zero, 0).restarts == 2
+
+
+def test_every_observing_attack_has_the_observed_params_and_one_observer() -> None:
+    """The observer reads ``target_clients`` and ``rounds`` from every attack that attacks
+    replies (all but the model-release ones, which steal the final global model): their Params
+    extend ``ObservedParams``; every attack's ``wrap`` builds the one ``AttackObserver``."""
+    from flowerbed.attacks.common import ObservedParams
+    from flowerbed.attacks.observer import AttackObserver
+    from flowerbed.clients.core.capabilities import alternatives
+
+    for name in ATTACKS.names():
+        cls = ATTACKS.get(name)
+        releases = any(Capability.MODEL_RELEASE in alt for alt in alternatives(cls.needs))
+        assert releases or issubclass(cls.Params, ObservedParams), name
+    _, _, attack, scorer = _built("goliath-adult-mixed", "attack.name=goliath-adaptive")
+    assert type(attack.wrap(None, None, scorer)) is AttackObserver

@@ -11,10 +11,11 @@ from flwr.app import RecordDict
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import IG
-from flowerbed.attacks.common import AttackContext, ModelLossReplay
+from flowerbed.attacks.common import AttackContext
 from flowerbed.attacks.dimitrov_fedavg import SETTINGS, DimitrovEngine, matched_mean
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.types import ModelLossReplay
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment

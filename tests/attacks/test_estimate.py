@@ -9,16 +9,16 @@ from dataclasses import replace
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from flowerbed.attacks.common import (
+from flowerbed.attacks.estimate import Estimate
+from flowerbed.attacks.goliath import GOLIATH, TabularInversion
+from flowerbed.attacks.inversion.attack import ModelLossAttack
+from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
     ModelLossReplay,
     Reconstruction,
 )
-from flowerbed.attacks.estimate import Estimate
-from flowerbed.attacks.goliath import GOLIATH, TabularInversion
-from flowerbed.attacks.inversion.attack import ModelLossAttack
-from flowerbed.attacks.observer import AttackObserver
+from flowerbed.attacks.observer import AttackObserver, Inverting
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 
@@ -91,7 +91,8 @@ class _Writer:
 class _Reply:
     def __init__(self, pid: int, n: int) -> None:
         arrays = ArrayRecord({"w": torch.zeros(2)})
-        self.content = {"arrays": arrays, "metrics": MetricRecord({"partition-id": pid, "num-examples": n})}  # fmt: skip
+        metrics = MetricRecord({"partition-id": pid, "num-examples": n})
+        self.content = RecordDict({"arrays": arrays, "metrics": metrics})
 
     def has_error(self) -> bool:
         return False
@@ -114,7 +115,8 @@ def test_observer_prints_the_estimate_before_the_attack_once_per_update_size(cap
             return {"success": 1.0}
 
     writer = _Writer()
-    observer = AttackObserver(_Inner(), writer, Attack(), Scorer(), [0, 1], keep_prior_guess=False)
+    hooks = Inverting(Attack(), keep_prior_guess=False)
+    observer = AttackObserver(_Inner(), writer, hooks, Scorer(), [0, 1])
     observer.configure_train(1, ArrayRecord({"w": torch.zeros(2)}), None, None)
     observer.aggregate_train(1, [_Reply(0, 30), _Reply(1, 30)])
     assert events[0] == "estimate 30" and len(events) == 3

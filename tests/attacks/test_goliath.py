@@ -15,8 +15,8 @@ import torch
 import flowerbed.attacks.goliath as goliath
 from flowerbed.apps.attack_eval import experiment, make_case, random_reconstruction
 from flowerbed.attacks.baseline_common import IG, ORACLE
-from flowerbed.attacks.common import InversionSettings, Reconstruction
 from flowerbed.attacks.goliath import GOLIATH, aggregate_rounds, invert
+from flowerbed.attacks.inversion.types import InversionSettings, Reconstruction
 from flowerbed.attacks.metrics import tableak_accuracy
 from flowerbed.clients.tabdiff.model import Rows
 

@@ -12,7 +12,6 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from flowerbed.attacks.baseline_common import IG
-from flowerbed.attacks.common import Knowledge, ModelLossReplay, Reconstruction
 from flowerbed.attacks.inversion import (
     invert_analytic,
     invert_optimised,
@@ -21,6 +20,7 @@ from flowerbed.attacks.inversion import (
 )
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay, Reconstruction
 from flowerbed.clients.core.capabilities import Capability, alternatives, describe, fits
 from flowerbed.clients.workloads import Examples, build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
@@ -294,7 +294,7 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
     measured FedSGD 0.88 / 1.00 / 0.75, FedAvg 0.50 / 0.19 / 0.44), scored by the benchmark's
     own scorer (``ClassifierScorer.score``: prior, advantage). Mutant: the attack returns its
     prior guess -> advantage 0."""
-    from flowerbed.attacks.common import with_budget
+    from flowerbed.attacks.inversion.types import with_budget
     from flowerbed.attacks.prior import keep_prior
 
     for seed in (0, 1, 2):

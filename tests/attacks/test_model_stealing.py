@@ -52,7 +52,7 @@ def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(
 
     def rho(cfg: Experiment) -> float:
         attack, _ = build_attack(cfg, build_workload(cfg))
-        return attack.wrap(None, None, None).params.rho
+        return attack.wrap(None, None, None).hooks.params.rho
 
     assert rho(inline_cfg("filosofer", "defenses=[{name: filosofer, params: {rho: 0.05}}]")) == 0.05
     # shield-last-layer publishes no flips

@@ -13,9 +13,9 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.attacks.baseline_common import DLG
-from flowerbed.attacks.common import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
+from flowerbed.attacks.inversion.types import DiffusionReplay, ModelLossReplay
 from flowerbed.attacks.prior import PriorKeeping, advantage
 from flowerbed.clients.workloads import build_workload, fit_classifier
 from flowerbed.server.experiment import load_experiment
@@ -290,7 +290,7 @@ def test_tabular_prior_stays_well_below_what_the_clients_own_rows_give() -> None
     client 0, round 1) the scorer's prior level (its 8 prior draws scored against the client's
     rows) is at least 0.15 below the level of draws made from the client's own rows (8 rows
     resampled with replacement): a prior that read the attacked client's rows would reach it."""
-    from flowerbed.attacks.common import Reconstruction
+    from flowerbed.attacks.inversion.types import Reconstruction
 
     cfg = load_experiment("quickstart", ["engine=inline", "clients.num=4", "attack.name=dlg",
                                          "workload.params.protocol=fedsgd",

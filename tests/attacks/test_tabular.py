@@ -12,10 +12,10 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from flowerbed.attacks.baseline_common import TABLEAK
-from flowerbed.attacks.common import Knowledge, ModelLossReplay
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
 from flowerbed.attacks.inversion.tabular import present_columns
+from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.sweep import cell_config, cells_of, load_sweep

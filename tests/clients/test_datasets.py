@@ -139,3 +139,35 @@ def test_resampled_rows_are_the_bare_flower_baselines_table():
     np.testing.assert_allclose(encoder.transform(table.train), x_bare, atol=1e-5)
     labels = table.train[table.schema.label].astype(str).map(table.schema.classes.index)
     np.testing.assert_array_equal(labels.to_numpy(np.int64), y_bare)
+
+
+def test_a_dataset_is_built_from_its_typed_params_and_context(tmp_path):
+    """``Dataset(params, ctx)``: the ``dataset.*`` keys its ``Params`` declares, each with a rule
+    (checked when it is built), and a ``DatasetContext``; a key outside the section is refused."""
+    from dataclasses import dataclass
+
+    from flowerbed.clients.core.errors import ConfigError
+    from flowerbed.clients.datasets import Dataset, DatasetContext, build_dataset
+    from flowerbed.clients.datasets.csv import CsvDataset
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("a,y\n" + "".join(f"{i},{'pq'[i % 2]}\n" for i in range(10)))
+    section = {"name": "csv", "path": str(csv), "label": "y", "numeric": ["a"],
+               "categorical": [], "test_fraction": 0.2, "max_rows": None}  # fmt: skip
+    dataset = build_dataset(section)
+    assert isinstance(dataset, CsvDataset) and dataset.params.label == "y"
+    assert dataset.ctx.name == "csv" and len(dataset.load().test) == 2
+    with pytest.raises(ConfigError, match=r"^dataset\.numeric: entry 0 is blank"):
+        build_dataset({**section, "numeric": [" "]})
+    with pytest.raises(ConfigError, match=r"^dataset\.test_fraction must be in \(0, 1\)"):
+        build_dataset({**section, "test_fraction": 1.0})
+    with pytest.raises(TypeError, match="DatasetContext"):
+        CsvDataset({}, {"name": "csv"})
+    with pytest.raises(TypeError, match="'rows' is not a key of the dataset section"):
+
+        class Odd(Dataset):
+            @dataclass
+            class Params:
+                rows: int = 3
+
+    assert isinstance(build_dataset({"name": "adult"}).ctx, DatasetContext)

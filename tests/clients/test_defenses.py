@@ -208,17 +208,17 @@ def test_defenses_publish_their_public_mechanism():
     from flowerbed.clients.defenses.topk import TopK
 
     cfg = DefenseContext(seed=0, rounds=1, num_clients=2, sampled_clients=2, run_key="test")
-    assert TopK(cfg, {"fraction": 0.2}).mechanism() == [Sparsification(0.2)]
-    assert Quantize(cfg, {"bits": 3}).mechanism() == [Quantisation(3)]
-    assert SecAgg(cfg, {"group_size": 4}).mechanism() == [Aggregation(4, 2)]
-    assert Filosofer(cfg, {"rho": 0.05}).mechanism() == [WeightFlipping(0.05)]
-    assert DpSgd(cfg, {"noise_multiplier": 2.0, "max_grad_norm": 0.5}).mechanism() == [
+    assert TopK({"fraction": 0.2}, cfg).mechanism() == [Sparsification(0.2)]
+    assert Quantize({"bits": 3}, cfg).mechanism() == [Quantisation(3)]
+    assert SecAgg({"group_size": 4}, cfg).mechanism() == [Aggregation(4, 2)]
+    assert Filosofer({"rho": 0.05}, cfg).mechanism() == [WeightFlipping(0.05)]
+    assert DpSgd({"noise_multiplier": 2.0, "max_grad_norm": 0.5}, cfg).mechanism() == [
         GaussianNoise(2.0, 0.5, "per-example", on_update=True)
     ]
-    assert CentralDp(cfg, {"noise_multiplier": 2.0}).mechanism() == [
+    assert CentralDp({"noise_multiplier": 2.0}, cfg).mechanism() == [
         GaussianNoise(2.0, 1.0, "aggregate", on_update=False)
     ]
-    (local,) = LocalDp(cfg, {"clipping_norm": 2.0, "epsilon": 1.0}).mechanism()
+    (local,) = LocalDp({"clipping_norm": 2.0, "epsilon": 1.0}, cfg).mechanism()
     assert local.where == "update" and local.on_update and local.clipping_norm == 2.0
     assert local.noise_multiplier == pytest.approx(np.sqrt(2 * np.log(1.25e5)) / 2.0)
 
@@ -234,7 +234,7 @@ def test_defenses_get_a_typed_context_not_the_experiment_config():
     from flowerbed.clients.defenses.topk import TopK
 
     with pytest.raises(TypeError, match="DefenseContext"):
-        TopK({"seed": 0}, {"fraction": 0.2})
+        TopK({"fraction": 0.2}, {"seed": 0})
     # the package's __init__ builds the context from the config; the defenses never see it
     sources = Path(__file__).resolve().parents[2] / "clients" / "defenses"
     modules = [p for p in sources.glob("*.py") if p.name != "__init__.py"]
@@ -314,7 +314,7 @@ def test_quantize_reply_is_decoded_from_the_bytes_it_counts(task_identity):
     sent = {"w": rng.normal(size=(9, 5)).astype(np.float32), "b": np.zeros(3, np.float32)}
     trained = {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in sent.items()}
     ctx = DefenseContext(seed=4, rounds=1, num_clients=2, sampled_clients=2, run_key="t")
-    (mod,) = Quantize(ctx, {"bits": 3}).mods()
+    (mod,) = Quantize({"bits": 3}, ctx).mods()
     msg = Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in sent.items()}),
                               "config": ConfigRecord({"server-round": 2})}),
                   dst_node_id=0, message_type="train")  # fmt: skip

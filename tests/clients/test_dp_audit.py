@@ -26,16 +26,16 @@ SEEDS = (0, 1, 2)
 
 
 def _dp_sgd(trials: int) -> DpSgd:
-    return DpSgd(CFG, {"noise_multiplier": 4.0, "max_grad_norm": 0.5, "audit_trials": trials})
+    return DpSgd({"noise_multiplier": 4.0, "max_grad_norm": 0.5, "audit_trials": trials}, CFG)
 
 
 def _central(clipping: str, trials: int) -> CentralDp:
     params = {"noise_multiplier": 4.0, "clipping_norm": 0.5, "clipping": clipping, "audit_trials": trials}  # fmt: skip
-    return CentralDp(CFG, params)
+    return CentralDp(params, CFG)
 
 
 def _local(trials: int) -> LocalDp:
-    return LocalDp(CFG, {"clipping_norm": 0.5, "sensitivity": 0.5, "epsilon": 2.0, "audit_trials": trials})  # fmt: skip
+    return LocalDp({"clipping_norm": 0.5, "sensitivity": 0.5, "epsilon": 2.0, "audit_trials": trials}, CFG)  # fmt: skip
 
 
 def _no_torch_noise(shape, std, generator, dtype):  # noqa: ANN001, ANN202

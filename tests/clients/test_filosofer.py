@@ -16,12 +16,12 @@ from flowerbed.clients.defenses.filosofer import (
     select_mask,
     weight_keys,
 )
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.training import (
     accuracy,
     fisher_diagonal,
     fisher_per_sample,
     load_state,
-    make_mlp,
 )
 from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.filosofer import digits_split, train_victim, unpack

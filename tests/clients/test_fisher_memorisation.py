@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.fisher_memorisation import (
     FisherMemorisation,
@@ -19,7 +20,6 @@ from flowerbed.clients.workloads.fisher_memorisation import (
     linear_check,
     linear_layers,
     make_cnn,
-    make_mlp,
     noisy_split,
     projection_sweep,
     random_relu_features,

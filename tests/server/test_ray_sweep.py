@@ -346,3 +346,26 @@ def test_a_sweep_runs_off_the_main_thread(tmp_path, local_ray):
     thread.start()
     thread.join(120)
     assert not errors and len(_rows(tmp_path / "out")) == 1
+
+
+def test_a_robustness_cell_runs_as_a_ray_task_like_sequential(tmp_path, local_ray):
+    """Malicious clients in a Ray cell (issue 53): two ALIE colluders (each recomputes the other's
+    benign update inside the worker) against Krum (it publishes its rule; the detection tap counts
+    whom it dropped) give the row the sequential sweep gives."""
+    csv = _csv_dataset(tmp_path)
+    spec = dict(
+        SWEEP,
+        overrides=[*_csv_overrides(csv), "rounds=1", "clients.num=5", "clients.min_clients=5",
+                   "strategy.name=krum", "strategy.params.num_malicious=1",
+                   "malicious.name=alie", "malicious.clients=[0, 2]"],
+        grid={"seed": [0]},
+    )  # fmt: skip
+    sweep = load_sweep(_write(tmp_path, spec))
+    seq = run_sweep(sweep, tmp_path / "seq", inline_grid)
+    par = run_sweep(sweep, tmp_path / "ray", inline_grid, ray=RayOptions())
+    frames = [pd.read_csv(out / "cells.csv").drop(columns=list(TIMING)) for out in (seq, par)]
+    assert (frames[1]["status"] == "ok").all() and "detection.tpr" in frames[1], frames[1].T
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+    (cell,) = cells_of(sweep)
+    summary = json.loads((par / "cells" / cell["id"] / "summary.json").read_text())
+    assert summary["malicious_partitions"] == [0, 2]

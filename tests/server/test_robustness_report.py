@@ -60,3 +60,16 @@ def test_the_shipped_preset_has_the_documented_grid() -> None:
     cells = len(sweep.arms) * len(sweep.seeds) * len(list(itertools.product(*sweep.grid.values())))
     assert cells == 1680
     assert {a.name.split(".")[0] for a in sweep.arms} == {"adult", "digits"}
+
+
+def test_clean_accuracy_counts_each_clean_run_once() -> None:
+    """A fraction-0 cell is the same run under every attack's name: the clean interval is over
+    seeds x splits (6 runs), not over those runs repeated per attack (12 rows)."""
+    from flowerbed.server.sweep_stats import bootstrap
+
+    ok = _cells()
+    text = "\n".join(robustness_md(ok, markdown_table))
+    clean = ok[(ok["arm"] == "adult.krum") & (ok["malicious.fraction"] == 0)]
+    once = clean[clean["malicious.name"] == "sign-flip"]["central.accuracy"].to_numpy()
+    assert len(once) == 6 and len(clean) == 12
+    assert f"| adult.krum | {bootstrap(once).text()} |" in text

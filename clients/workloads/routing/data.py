@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,11 @@ def columns_problem(names: list[str]) -> str | None:
     return f"column '{twice[0]}' named twice (each model once)" if twice else None
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
-def price_problem(model: str, spec: Any) -> str | None:
+def price_problem(model: str, spec: object) -> str | None:
     """What is wrong with ``prices[model]``: a cost per query (a number >= 0) or
     ``{per_token: P, tokens: COLUMN}`` (optional ``fixed``: a cost added per query)."""
     if _number(spec):
@@ -106,7 +107,7 @@ def price_problem(model: str, spec: Any) -> str | None:
     )
 
 
-def prices_problem(prices: dict[str, Any]) -> str | None:
+def prices_problem(prices: Mapping[str, object]) -> str | None:
     """The rule of ``prices``: each model's cost per query (``price_problem``)."""
     return next((p for m, spec in prices.items() if (p := price_problem(m, spec))), None)
 

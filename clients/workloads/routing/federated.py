@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads import Workload, WorkloadContext
-from flowerbed.clients.workloads.routing.data import Benchmark, BenchmarkParams
+from flowerbed.clients.workloads.routing.data import Benchmark, BenchmarkParams, RouterData
 from flowerbed.clients.workloads.routing.metrics import score_metrics, score_router
 from flowerbed.clients.workloads.routing.synthetic import make_synthetic_benchmark
 from flowerbed.clients.workloads.routing.tables import make_table_benchmark
@@ -48,16 +48,25 @@ def benchmark_for(params: BenchmarkParams, ctx: WorkloadContext) -> Benchmark:
     return _benchmark_cached(json.dumps(key, sort_keys=True))
 
 
+class RoutingShard(TypedDict):
+    """A client's partition: its train and test evaluations and which models it has evaluated."""
+
+    train: RouterData
+    test: RouterData
+    coverage: np.ndarray  # [M] bool
+
+
 class RoutingWorkload(Workload):
     # Dirichlet topic mixtures per client, or clients split by a table column
     reads = frozenset({"clients.alpha", "clients.partition_by"})
+    params: BenchmarkParams
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.bench = benchmark_for(self.contract(BenchmarkParams), ctx)
         self.dim = int(self.bench.global_test.emb.shape[1])  # an encoder may differ from params.dim
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> RoutingShard:
         return {
             "train": self.bench.train[partition_id],
             "test": self.bench.test[partition_id],
@@ -68,12 +77,12 @@ class RoutingWorkload(Workload):
         raise NotImplementedError
 
     def personal_predict(
-        self, arrays: ArrayRecord, data: dict[str, Any], partition_id: int, emb: np.ndarray
+        self, arrays: ArrayRecord, data: RoutingShard, partition_id: int, emb: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """The client's personalised router (global router adapted to its own evaluations)."""
         raise NotImplementedError
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Any], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any]):
         """The global and the client's personalised router on the client's own test
         distribution (every model evaluated); personalised metrics are ``personal_*``."""
         test = data["test"]

@@ -110,7 +110,8 @@ def make_synthetic_benchmark(params: BenchmarkParams, num_clients: int, alpha: f
     if params.client_skill > 0:  # own stream: the other draws stay those of client_skill = 0
         side = np.random.default_rng(np.random.SeedSequence([seed, 8008, 1]))
         offsets = params.client_skill * side.normal(size=offsets.shape)
-    train, test = [], []
+    train: list[RouterData] = []
+    test: list[RouterData] = []
     for k in range(num_clients):
         for n, out in ((params.n_train, train), (params.n_test, test)):
             topic = rng.choice(params.topics, size=n, p=mixtures[k])

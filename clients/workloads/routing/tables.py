@@ -5,8 +5,9 @@ mixture or by a column's values."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -75,7 +76,11 @@ def read_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     if problem:
         raise ConfigError(problem)
     path = Path(source)
-    reader = {".csv": pd.read_csv, ".pkl": pd.read_pickle, ".parquet": pd.read_parquet}
+    reader: dict[str, Callable[[Path], pd.DataFrame]] = {
+        ".csv": pd.read_csv,
+        ".pkl": pd.read_pickle,
+        ".parquet": pd.read_parquet,
+    }
     return reader[path.suffix](path)
 
 
@@ -221,7 +226,7 @@ def make_table_benchmark(
     A Dirichlet draw from a topic that ran out is redrawn from the client's mixture over the
     topics that still have rows (counted in ``fallback_draws`` and warned about)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 8009]))
-    frame = read_table(params.table_path)
+    frame = read_table(cast(str, params.table_path))  # called when it is set
     if partition_by is not None and partition_by not in frame.columns:
         raise ConfigError(
             f"clients.partition_by: no column '{partition_by}' in the evaluation table "
@@ -232,7 +237,7 @@ def make_table_benchmark(
         model_columns=params.model_columns, prices=params.prices, prompt_column=params.prompt_column,
         topic_column=params.topic_column,
     )  # fmt: skip
-    complete = data.mask.all(axis=1)
+    complete = cast(np.ndarray, data.mask.all(axis=1))  # a row per query
     order = rng.permutation(len(data))
     n_global = min(params.n_global_test, int(complete.sum()) // 2)
     global_idx = order[complete[order]][:n_global]
