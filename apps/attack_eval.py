@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,7 @@ from flwr.app import RecordDict
 from flowerbed.apps.attack_eval_tables import table
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import ORACLE
+from flowerbed.attacks.common import InversionAttack
 from flowerbed.attacks.goliath import invert
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
@@ -50,6 +51,7 @@ from flowerbed.attacks.inversion.types import (
     Reconstruction,
 )
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
+from flowerbed.clients.contracts import ModelLossOffer, TabularDiffusionOffer, offer
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import (
     Rows,
@@ -146,7 +148,7 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
 def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
               params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
-    work = build_workload(cfg)
+    work = offer(build_workload(cfg), TabularDiffusionOffer)
     data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.num), batch, replace=False)
@@ -189,7 +191,12 @@ def random_reconstruction(
 
 def settings_of(name: str) -> InversionSettings:
     """A registered attack's settings (``oracle``: Goliath given the true latents)."""
-    return ORACLE if name == "oracle" else ATTACKS.get(name).settings
+    if name == "oracle":
+        return ORACLE
+    attack = ATTACKS.get(name)
+    if not issubclass(attack, InversionAttack):
+        raise ConfigError(f"attack '{name}' is not a gradient inversion (it has no settings)")
+    return attack.settings
 
 
 def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
@@ -207,18 +214,26 @@ def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_attack(name: str, case: Case, budget: dict[str, int], seed: int, marginals: Any) -> Any:
+class Budget(TypedDict, total=False):
+    """The command line's overrides of an attack's settings."""
+
+    iterations: int
+    restarts: int
+
+
+def run_attack(name: str, case: Case, budget: Budget, seed: int, marginals: Any) -> Any:
     if name == "random":
         return random_reconstruction(case.know.replay, case.know.batch, marginals, seed)
     base = settings_of(name)
-    cfg = replace(
-        base, seed=seed, **{k: v for k, v in budget.items() if k != "restarts" or base.restarts > 1}
-    )
+    knobs: Budget = {**budget}
+    if base.restarts <= 1:  # a single-start attack keeps its one start
+        knobs.pop("restarts", None)
+    cfg = replace(base, seed=seed, **knobs)
     return invert(case.know, cfg, oracle=case.truth_latents if name == "oracle" else None)
 
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
-             attacks: list[str], budget: dict[str, int], protocol: str = "fedsgd",
+             attacks: list[str], budget: Budget, protocol: str = "fedsgd",
              log: Any = print, overrides: list[str] | None = None,
              trained_rounds: tuple[int, ...] = (0,), cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Tabular diffusion: Goliath and its baselines."""
@@ -268,7 +283,7 @@ def classifier_case(work: Any, batch: int, seed: int, params: dict[str, torch.Te
 
 
 def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[int], batches: int,
-                        attacks: list[str], budget: dict[str, int], log: Any = print,
+                        attacks: list[str], budget: Budget, log: Any = print,
                         overrides: list[str] | None = None, trained_rounds: tuple[int, ...] = (0,),
                         cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Model-loss workloads: analytic-fc, DLG, iDLG, Inverting Gradients, random prior draws."""
@@ -277,7 +292,7 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
     for ds in datasets:
         cfg = classifier_experiment(workload, ds, overrides)
         work = build_workload(cfg)
-        replay = ModelLossReplay(work.model_loss())
+        replay = ModelLossReplay(offer(work, ModelLossOffer).model_loss())
         scorer = ClassifierScorer(truth_source(cfg, work))
         label, p = dataset_label(cfg), cfg["workload"]["params"]
         setting = p.get("model", "mlp")
@@ -310,7 +325,8 @@ MODEL_CACHE = Path(".flowerbed") / "attack-eval-models"
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """(options, overrides): every ``key=value`` token that is not an option is an override,
     wherever it stands (so ``--attacks a b key=value`` keeps the override)."""
-    options, overrides = [], []
+    options: list[str] = []
+    overrides: list[str] = []
     for token in argv:
         (overrides if "=" in token and not token.startswith("-") else options).append(token)
     return options, overrides
@@ -355,7 +371,7 @@ def run(argv: list[str]) -> int:
                  f"(allowed: {', '.join(allowed)})")  # fmt: skip
     datasets = args.datasets or (["digits"] if args.workload == "digits-classifier" else ["adult", "german"])  # fmt: skip
     start = time.perf_counter()
-    budget = {"iterations": args.iterations}
+    budget: Budget = {"iterations": args.iterations}
     if args.restarts is not None or args.workload == "tabdiff":
         budget["restarts"] = 4 if args.restarts is None else args.restarts
     rounds, cache = tuple(args.trained_rounds), Path(args.model_cache)

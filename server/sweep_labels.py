@@ -47,6 +47,7 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
                 text.remove()
             if overlap == 0:
                 break
+        assert best is not None  # SLOTS is not empty: the first slot always sets it
         placed.append(best[2])
         texts.append(best[1])
     return texts

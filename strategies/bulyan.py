@@ -25,6 +25,8 @@ class BulyanEntry(StrategyEntry):
     class Params(PreAggregationParams):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: BulyanEntry.Params, sampled: int) -> str | None:
         # below 4f+3 replies Flower's Bulyan skips the round (a warning, the model unchanged)

@@ -51,6 +51,8 @@ class CenteredClippingEntry(StrategyEntry):
         tau: float = param(1.0, gt=0)  # clipping radius around the centre
         iterations: int = param(3, ge=1)  # L, clipping iterations per round
 
+    params: Params
+
     def strategy(self) -> Any:
         strategy = CenteredClipping(
             self.params.tau,

@@ -56,6 +56,8 @@ class GeomedEntry(StrategyEntry):
         iterations: int = param(10, ge=1)  # R, Weiszfeld steps at most
         nu: float = param(1e-6, gt=0)  # smoothing: distances below nu count as nu
 
+    params: Params
+
     def strategy(self) -> Any:
         strategy = GeometricMedian(
             self.params.iterations, self.params.nu, seed=self.ctx.seed, **self.ctx.sampling.kwargs()

@@ -24,6 +24,8 @@ class KrumEntry(StrategyEntry):
     class Params(PreAggregationParams):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: KrumEntry.Params, sampled: int) -> str | None:
         need = 2 * params.num_malicious + 3

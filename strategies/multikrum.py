@@ -25,6 +25,8 @@ class MultiKrumEntry(StrategyEntry):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
         num_selected: int = param(1, ge=1)  # m, the replies averaged
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: MultiKrumEntry.Params, sampled: int) -> str | None:
         need = max(2 * params.num_malicious + 3, params.num_selected)

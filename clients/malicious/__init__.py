@@ -110,6 +110,12 @@ class MaliciousContext:
     colluders: tuple[int, ...]
     schema: InputSchema | None = None
 
+    def model_schema(self) -> InputSchema:
+        """``schema`` for an attack that needs ``model-loss`` (resolution sets it for those)."""
+        if self.schema is None:
+            raise TypeError("no input schema: the attack does not declare that it needs model-loss")
+        return self.schema
+
     @classmethod
     def of(cls, cfg: Mapping[str, Any], workload: Workload | None = None) -> MaliciousContext:
         attack = MALICIOUS.get(cfg["malicious"]["name"])
