@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from flwr.serverapp.strategy import Bulyan
+from flwr.serverapp.strategy import Bulyan, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -37,7 +36,7 @@ class BulyanEntry(StrategyEntry):
             else f"Bulyan needs n >= 4f+3 = {need} inputs"
         )
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = Bulyan(
             num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
             **self.ctx.sampling.kwargs(),

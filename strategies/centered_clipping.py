@@ -9,10 +9,10 @@ it by at most ``tau / n``, so a few arbitrarily bad updates shift the aggregate 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -53,7 +53,7 @@ class CenteredClippingEntry(StrategyEntry):
 
     params: Params
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = CenteredClipping(
             self.params.tau,
             self.params.iterations,

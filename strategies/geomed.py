@@ -9,10 +9,10 @@ point is 1/2: fewer than half the updates cannot move it arbitrarily far.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -58,7 +58,7 @@ class GeomedEntry(StrategyEntry):
 
     params: Params
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = GeometricMedian(
             self.params.iterations, self.params.nu, seed=self.ctx.seed, **self.ctx.sampling.kwargs()
         )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from flwr.serverapp.strategy import Krum
+from flwr.serverapp.strategy import Krum, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -35,7 +34,7 @@ class KrumEntry(StrategyEntry):
             else f"Krum needs n >= 2f+3 = {need} inputs"
         )
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = Krum(
             num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
             **self.ctx.sampling.kwargs(),
