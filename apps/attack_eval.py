@@ -27,6 +27,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -54,6 +55,7 @@ from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.contracts import ModelLossOffer, TabularDiffusionOffer, offer
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import (
+    Latents,
     Rows,
     build_model,
     model_params,
@@ -80,7 +82,7 @@ TRAIN_KEYS = ("protocol", "batch_size", "lr", "optimizer", "local_epochs", "max_
 class Case:
     know: Knowledge  # the attacker's: the sent model, the update, the batch size
     truth_frame: pd.DataFrame  # scorer side only
-    truth_latents: list[Any]  # scorer side only (and the oracle upper bound)
+    truth_latents: list[Latents]  # scorer side only (and the oracle upper bound)
 
 
 # -- configs and trained models ------------------------------------------------------------------
@@ -107,7 +109,7 @@ def dataset_label(cfg: dict) -> str:
     return Path(ds["path"]).stem if ds["name"] == "csv" and ds.get("path") else ds["name"]
 
 
-def trained_params(cfg: dict, rounds: int, cache: Path, log: Any = print,
+def trained_params(cfg: dict, rounds: int, cache: Path, log: Callable[[str], object] = print,
                    also: tuple[int, ...] = ()) -> dict[str, torch.Tensor] | None:  # fmt: skip
     """The global model after ``rounds`` rounds of the preset's own federated training (same data
     and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation).
@@ -173,7 +175,7 @@ def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
 
 
 def random_reconstruction(
-    replay: DiffusionReplay, batch: int, marginals: Any, seed: int
+    replay: DiffusionReplay, batch: int, marginals: tuple[np.ndarray, np.ndarray], seed: int
 ) -> Reconstruction:
     """Empirical-marginal draw in model space (the floor every attack must beat)."""
     rng = np.random.default_rng(seed)
@@ -199,7 +201,7 @@ def settings_of(name: str) -> InversionSettings:
     return attack.settings
 
 
-def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
+def score(case: Case, rec: Reconstruction, stds: dict[str, float]) -> dict[str, float]:
     prep = case.know.replay.prep
     res = tableak_accuracy(
         case.truth_frame, rec.decoded, list(prep.numeric), list(prep.categorical), stds
@@ -221,7 +223,9 @@ class Budget(TypedDict, total=False):
     restarts: int
 
 
-def run_attack(name: str, case: Case, budget: Budget, seed: int, marginals: Any) -> Any:
+def run_attack(
+    name: str, case: Case, budget: Budget, seed: int, marginals: tuple[np.ndarray, np.ndarray]
+) -> Reconstruction:
     if name == "random":
         return random_reconstruction(case.know.replay, case.know.batch, marginals, seed)
     base = settings_of(name)
@@ -234,7 +238,7 @@ def run_attack(name: str, case: Case, budget: Budget, seed: int, marginals: Any)
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
              attacks: list[str], budget: Budget, protocol: str = "fedsgd",
-             log: Any = print, overrides: list[str] | None = None,
+             log: Callable[[str], object] = print, overrides: list[str] | None = None,
              trained_rounds: tuple[int, ...] = (0,), cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Tabular diffusion: Goliath and its baselines."""
     torch.set_num_threads(1)
@@ -283,7 +287,7 @@ def classifier_case(work: Any, batch: int, seed: int, params: dict[str, torch.Te
 
 
 def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[int], batches: int,
-                        attacks: list[str], budget: Budget, log: Any = print,
+                        attacks: list[str], budget: Budget, log: Callable[[str], object] = print,
                         overrides: list[str] | None = None, trained_rounds: tuple[int, ...] = (0,),
                         cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Model-loss workloads: analytic-fc, DLG, iDLG, Inverting Gradients, random prior draws."""
