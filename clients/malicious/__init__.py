@@ -47,7 +47,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.contracts import ModelLossOffer, offer
-from flowerbed.clients.core.capabilities import Capability, alternatives
+from flowerbed.clients.core.capabilities import Capability, Needs, alternatives
 from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
@@ -155,7 +155,7 @@ class Malicious(Component[MaliciousContext]):
 
     Context = MaliciousContext
     built_by = "build_malicious(cfg, workload) builds one from a config"
-    needs: ClassVar[Any] = frozenset()
+    needs: ClassVar[Needs] = frozenset()
     #: ``craft`` reads the colluders' benign updates (``View.benign``)
     colluding: ClassVar[bool] = False
 
