@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -53,6 +53,7 @@ from flowerbed.attacks.inversion.types import (
 )
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.contracts import ModelLossOffer, TabularDiffusionOffer, offer
+from flowerbed.clients.core.config import Component, Experiment, OutputConfig, replace_at
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import (
     Latents,
@@ -88,7 +89,7 @@ class Case:
 # -- configs and trained models ------------------------------------------------------------------
 def experiment(
     dataset: str, regime: str, protocol: str, overrides: list[str] | None = None
-) -> dict:
+) -> Experiment:
     return load_experiment(
         "tabdiff-adult-mixed",
         [f"dataset.name={dataset}", f"workload.params.regime={regime}",
@@ -96,20 +97,22 @@ def experiment(
     )  # fmt: skip
 
 
-def classifier_experiment(workload: str, dataset: str, overrides: list[str] | None = None) -> dict:
+def classifier_experiment(
+    workload: str, dataset: str, overrides: list[str] | None = None
+) -> Experiment:
     data = [f"dataset.name={dataset}"] if workload == "tabular-mlp" else []
     return load_experiment(PRESETS[workload], [*data, "engine=inline", *(overrides or [])])
 
 
-def dataset_label(cfg: dict) -> str:
+def dataset_label(cfg: Experiment) -> str:
     """The name of a table in the output: a csv file by its stem, else the dataset's name."""
-    if cfg["workload"]["name"] == "digits-classifier":
+    if cfg.workload.name == "digits-classifier":
         return "digits"
-    ds = cfg["dataset"]
-    return Path(ds["path"]).stem if ds["name"] == "csv" and ds.get("path") else ds["name"]
+    ds = cfg.dataset
+    return Path(ds.path).stem if ds.name == "csv" and ds.path else ds.name
 
 
-def trained_params(cfg: dict, rounds: int, cache: Path, log: Callable[[str], object] = print,
+def trained_params(cfg: Experiment, rounds: int, cache: Path, log: Callable[[str], object] = print,
                    also: tuple[int, ...] = ()) -> dict[str, torch.Tensor] | None:  # fmt: skip
     """The global model after ``rounds`` rounds of the preset's own federated training (same data
     and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation).
@@ -120,26 +123,22 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Callable[[str], obj
         return None
     from flowerbed.apps.inline import run_inline
 
-    preset = load_experiment(PRESETS[cfg["workload"]["name"]], ["engine=inline"])
-    train = json.loads(json.dumps(cfg))
-    for key in TRAIN_KEYS:
-        if key in preset["workload"]["params"]:
-            train["workload"]["params"][key] = preset["workload"]["params"][key]
-    if "quality_rows" in train["workload"]["params"]:
-        train["workload"]["params"]["quality_rows"] = 0
-    train.update(attack={"name": None, "params": {}}, defenses=[])
-    train["clients"]["fraction_evaluate"] = 0.0
-    train.pop("output", None)
-    key = hashlib.sha256(json.dumps(train, sort_keys=True).encode()).hexdigest()[:16]
+    preset = load_experiment(PRESETS[str(cfg.workload.name)], ["engine=inline"]).workload.params
+    changes = {k: getattr(preset, k) for k in TRAIN_KEYS if hasattr(preset, k)}
+    if hasattr(cfg.workload.params, "quality_rows"):
+        changes["quality_rows"] = 0
+    train = replace_at(cfg, "workload.params", **changes)
+    train = replace(train, attack=Component(None, {}), defenses=())
+    train = replace_at(train, "clients", fraction_evaluate=0.0)
+    key = hashlib.sha256(train.run_key().encode()).hexdigest()[:16]  # without its output
     path = cache / f"{key}.r{rounds}.pt"
     if not path.is_file():
         wanted = sorted({rounds, *(r for r in also if r > 0)})
         cache.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            train.update(rounds=max(wanted))
-            train["output"] = {"dir": tmp, "plots": False, "save_rounds": wanted}
-            run_dir = Path(run_inline(train)["run_dir"])
+            output = OutputConfig(dir=tmp, plots=False, save_rounds=wanted)
+            run_dir = Path(run_inline(replace(train, rounds=max(wanted), output=output))["run_dir"])
             for r in wanted:
                 (cache / f"{key}.r{r}.pt").write_bytes((run_dir / f"model.r{r}.pt").read_bytes())
         log(f"trained {max(wanted)} rounds in {time.perf_counter() - start:.0f} s -> {cache}")
@@ -147,11 +146,12 @@ def trained_params(cfg: dict, rounds: int, cache: Path, log: Callable[[str], obj
 
 
 # -- tabular diffusion ----------------------------------------------------------------------------
-def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
+def make_case(cfg: Experiment, batch: int, seed: int, epochs_same_rows: int = 1,
               params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
-    work = offer(build_workload(cfg), TabularDiffusionOffer)
-    data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+    workload = build_workload(cfg)
+    work = offer(workload, TabularDiffusionOffer)
+    data = encoded(workload.ctx.dataset_json)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.num), batch, replace=False)
     rows = onehot_rows(
@@ -159,7 +159,7 @@ def make_case(cfg: dict, batch: int, seed: int, epochs_same_rows: int = 1,
     )
     frame = data.prep.decode(data.num[idx].astype(np.float64), data.codes[idx])
     if params is None:
-        params = model_params(build_model(work.spec, cfg["seed"]))
+        params = model_params(build_model(work.spec, cfg.seed))
     protocol = replace(work.protocol, batch_size=max(work.protocol.batch_size, batch))
     cases = []
     for r in range(epochs_same_rows):
@@ -247,7 +247,7 @@ def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], ba
         for regime in regimes:
             cfg = experiment(ds, regime, protocol, overrides)
             label = dataset_label(cfg)
-            data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+            data = encoded(json.dumps(asdict(cfg.dataset), sort_keys=True))
             train = data.table.train
             stds = {c: float(train[c].std()) for c in data.prep.numeric}
             marginals = (data.num, data.codes)
@@ -261,7 +261,7 @@ def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], ba
                             s = score(case, rec, stds)
                             rows.append({"workload": "tabdiff", "dataset": label,
                                          "protocol": protocol,
-                                         "hidden": cfg["workload"]["params"]["hidden"],
+                                         "hidden": cfg.workload.params.hidden,
                                          "regime": regime, "rounds": rounds, "B": b, "batch": i,
                                          "attack": name, **s})  # fmt: skip
                             log(f"{label} {regime} R={rounds} B={b} #{i} {name}: "
@@ -298,8 +298,8 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
         work = build_workload(cfg)
         replay = ModelLossReplay(offer(work, ModelLossOffer).model_loss())
         scorer = ClassifierScorer(truth_source(cfg, work))
-        label, p = dataset_label(cfg), cfg["workload"]["params"]
-        setting = p.get("model", "mlp")
+        label, p = dataset_label(cfg), cfg.workload.params
+        setting = getattr(p, "model", "mlp")
         for rounds in trained_rounds:
             params = trained_params(cfg, rounds, cache or MODEL_CACHE, log, trained_rounds)
             for b in batch_sizes:
@@ -313,8 +313,8 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
                         rec = ModelLossAttack(replay, settings, name).invert(sent, reply, b)
                         s = scorer.score_against(truth, rec)
                         rows.append({"workload": workload, "dataset": label,
-                                     "protocol": p["protocol"], "optimizer": p.get("optimizer"),
-                                     "local_epochs": p.get("local_epochs"), "regime": setting,
+                                     "protocol": p.protocol, "optimizer": getattr(p, "optimizer", None),
+                                     "local_epochs": getattr(p, "local_epochs", None), "regime": setting,
                                      "rounds": rounds, "B": b, "batch": i, "attack": name,
                                      "seconds": rec.seconds, **s})  # fmt: skip
                         log(f"{label} {setting} R={rounds} B={b} #{i} {name}: "

@@ -1,4 +1,4 @@
-"""Engines by name: each turns a resolved config and a run directory into a finished run.
+"""Engines by name: each turns a resolved experiment and a run directory into a finished run.
 
 ``inline`` (in-process Grid), ``simulation`` (Flower's Ray Simulation Engine via ``flwr run``),
 ``deployment`` (``flwr run`` against a running SuperLink). All three write the same files and are
@@ -13,9 +13,12 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowerbed.clients.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flowerbed.clients.core.config import Experiment
 
 #: ``on_round(server_round, metrics so far)``, after each round
 OnRound = Callable[[int, dict[str, float]], None]
@@ -24,10 +27,11 @@ OnStatus = Callable[[str], None]
 
 
 class Engine(Protocol):
-    """``engine(cfg, run_dir, on_round=None, on_status=None) -> summary`` (``summary["run_dir"]``)."""
+    """``engine(experiment, run_dir, on_round=None, on_status=None) -> summary``
+    (``summary["run_dir"]``)."""
 
     def __call__(
-        self, cfg: dict[str, Any], run_dir: Path, on_round: OnRound | None = None,
+        self, experiment: Experiment, run_dir: Path, on_round: OnRound | None = None,
         on_status: OnStatus | None = None,
     ) -> dict[str, Any]: ...  # fmt: skip
 

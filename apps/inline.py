@@ -23,21 +23,23 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from flowerbed.apps.client_app import app as client_app
+from flowerbed.clients.core.config import Experiment
 from flowerbed.server.results import default_run_dir
 from flowerbed.server.runner import run_experiment
 
 
 def run_inline(
-    cfg: dict[str, Any],
+    experiment: Experiment,
     run_dir: Path | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run a resolved config in this process; returns the summary (``summary["run_dir"]``)."""
+    """Run a resolved experiment in this process; returns the summary (``summary["run_dir"]``)."""
     if on_status is not None:
         on_status("building the workload and evaluating the initial model…")
-    grid = inline_grid(cfg["clients"]["num"])
-    return run_experiment(grid, cfg, Path(run_dir) if run_dir else default_run_dir(cfg), on_round)
+    grid = inline_grid(experiment.clients.num)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(experiment)
+    return run_experiment(grid, experiment, run_dir, on_round)
 
 
 def inline_grid(num_nodes: int) -> InlineGrid:

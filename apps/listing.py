@@ -41,20 +41,20 @@ def sweep_presets() -> dict[str, str]:
 
 def preset_table() -> str:
     """The experiment presets as a Markdown table (the README's table is this, checked by a test)."""
-    from flowerbed.clients.core.config import load_preset, preset_names
+    from flowerbed.clients.core.config import preset_description, preset_names
 
-    rows = [f"| `{name}` | {load_preset(name).get('description', '')} |" for name in preset_names()]
+    rows = [f"| `{name}` | {preset_description(name)} |" for name in preset_names()]
     return "\n".join(["| preset | what it runs |", "|---|---|", *rows]) + "\n"
 
 
 def entries(kind: str) -> list[tuple[str, str, list[str]]]:
     """``(name, description, [runs on])`` of every entry of ``kind``."""
     from flowerbed.apps.engines import ENGINES
-    from flowerbed.clients.core.config import load_preset, preset_names
+    from flowerbed.clients.core.config import preset_description, preset_names
     from flowerbed.server.experiment import COMPONENTS
 
     if kind == "experiments":
-        return [(p, str(load_preset(p).get("description", "")), []) for p in preset_names()]
+        return [(p, preset_description(p), []) for p in preset_names()]
     if kind == "sweeps":
         return [(name, text, []) for name, text in sweep_presets().items()]
     if kind == "engines":

@@ -14,50 +14,49 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.errors import ConfigError
 
 
-def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config; raises ``ConfigError`` for anything wrong with the input."""
+def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+    """The resolved experiment; raises ``ConfigError`` for anything wrong with the input."""
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.datasets.partition import check_partitions
     from flowerbed.clients.workloads import WORKLOADS, ClassifierWorkload, build_workload
     from flowerbed.server.experiment import load_experiment
 
-    cfg = load_experiment(experiment, overrides, **forced)
-    workload_cls = WORKLOADS.get(cfg["workload"]["name"])
+    resolved = load_experiment(experiment, overrides, **forced)
+    clients, seed = resolved.clients, resolved.seed
+    workload_cls = WORKLOADS.get(resolved.workload.name or "")
     if "dataset" in getattr(workload_cls, "reads", ()):
+        dataset = resolved.dataset
         try:
-            table = load_table(cfg["dataset"])
+            table = load_table(dataset)
         except (FileNotFoundError, OSError) as exc:
-            raise ConfigError(
-                f"dataset '{cfg['dataset']['name']}' could not be read: {exc}"
-            ) from None
+            raise ConfigError(f"dataset '{dataset.name}' could not be read: {exc}") from None
         labels = table.train[table.schema.label].astype(str).to_numpy()
-        check_partitions(labels, cfg["clients"], cfg["seed"], f"dataset '{cfg['dataset']['name']}'")
-    workload = build_workload(cfg)
+        check_partitions(labels, clients, seed, f"dataset '{dataset.name}'")
+    workload = build_workload(resolved)
     if isinstance(workload, ClassifierWorkload) and "dataset" not in workload_cls.reads:
         labels = workload.train_pool().y.numpy()
-        check_partitions(
-            labels, cfg["clients"], cfg["seed"], f"workload '{cfg['workload']['name']}'"
-        )
-    check_superlink(cfg)
-    check_ray_address(cfg)
-    return cfg
+        check_partitions(labels, clients, seed, f"workload '{resolved.workload.name}'")
+    check_superlink(resolved)
+    check_ray_address(resolved)
+    return resolved
 
 
-def check_ray_address(cfg: dict[str, Any]) -> None:
+def check_ray_address(experiment: Experiment) -> None:
     """``simulation.ray_address`` has an allowed form and goes with the simulation engine."""
     from flowerbed.server.ray_cluster import check_address
 
-    address = cfg["simulation"]["ray_address"]
+    address = experiment.simulation.ray_address
     if not address:
         return
     check_address(address)
-    if cfg["engine"] != "simulation":
+    if experiment.engine != "simulation":
         raise ConfigError(
             f"simulation.ray_address runs the simulation engine on a Ray cluster; it does not "
-            f"apply to engine '{cfg['engine']}' (use engine=simulation, or unset it)"
+            f"apply to engine '{experiment.engine}' (use engine=simulation, or unset it)"
         )
 
 
@@ -65,14 +64,14 @@ def check_ray_address(cfg: dict[str, Any]) -> None:
 MANY_UPDATES = 100_000
 
 
-def load_warning(cfg: dict[str, Any]) -> str | None:
+def load_warning(experiment: Experiment) -> str | None:
     """A one-line warning with the estimate when a run is far larger than a workstation's day:
     client updates = rounds x sampled clients per round (Flower's max(int(fraction N), min))."""
-    clients, rounds = cfg["clients"], cfg["rounds"]
-    num = clients["num"]
-    per_round = max(int(clients["fraction"] * num), min(clients["min_clients"], num))
-    if clients["fraction_evaluate"] > 0:
-        per_round += max(int(clients["fraction_evaluate"] * num), min(clients["min_clients"], num))
+    clients, rounds = experiment.clients, experiment.rounds
+    num = clients.num
+    per_round = clients.sampled()
+    if clients.fraction_evaluate:
+        per_round += clients.sampled(clients.fraction_evaluate)
     updates = rounds * per_round
     if updates <= MANY_UPDATES:
         return None
@@ -83,25 +82,27 @@ def load_warning(cfg: dict[str, Any]) -> str | None:
     )
 
 
-def check_superlink(cfg: dict[str, Any]) -> None:
+def check_superlink(experiment: Experiment) -> None:
     """A deployment run names a SuperLink that answers, with TLS the given CA verifies."""
     from flowerbed.server.processes import probe_superlink
 
-    deployment = cfg["deployment"]
-    if cfg["engine"] != "deployment" or not deployment["superlink"]:
+    deployment = experiment.deployment
+    if experiment.engine != "deployment" or not deployment.superlink:
         return
-    ca = None if deployment["insecure"] else deployment["root_certificates"]
+    ca = None if deployment.insecure else deployment.root_certificates
     if ca and not Path(ca).is_file():
         raise ConfigError(f"root certificate not found: {ca}")
-    problem = probe_superlink(deployment["superlink"], ca)
+    problem = probe_superlink(deployment.superlink, ca)
     if problem:
         raise ConfigError(problem)
 
 
-def preflight_in_child(
-    experiment: str, overrides: list[str], forced: dict[str, Any]
-) -> dict[str, Any]:
-    """:func:`preflight` in a child process; its ``ConfigError`` is raised here, one line."""
+def preflight_in_child(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+    """:func:`preflight` in a child process; its ``ConfigError`` is raised here, one line.
+
+    The experiment comes back as its dict, typed by :func:`decode` without the registries (this
+    process imports no component): its components' params stay plain dicts, read by nobody
+    here and sent on unchanged."""
     request = json.dumps({"experiment": experiment, "overrides": overrides, "forced": forced})
     proc = subprocess.run(
         [sys.executable, "-m", "flowerbed.apps.preflight"],
@@ -109,7 +110,7 @@ def preflight_in_child(
     )  # fmt: skip
     answer = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     if proc.returncode == 0 and answer:
-        return json.loads(answer)["config"]
+        return decode(json.loads(answer)["config"])
     if proc.returncode == 2 and answer:
         raise ConfigError(json.loads(answer)["error"])
     raise RuntimeError(f"pre-flight failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
@@ -118,11 +119,11 @@ def preflight_in_child(
 def main() -> None:
     request = json.loads(sys.stdin.read())
     try:
-        cfg = preflight(request["experiment"], request["overrides"], request["forced"])
+        resolved = preflight(request["experiment"], request["overrides"], request["forced"])
     except ConfigError as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(2)
-    print(json.dumps({"config": cfg}))
+    print(json.dumps({"config": resolved.to_dict()}))
 
 
 if __name__ == "__main__":

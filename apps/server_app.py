@@ -23,9 +23,13 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+
+if TYPE_CHECKING:
+    from flowerbed.clients.core.config import Experiment
 
 from flowerbed.server.federation import ERROR_MARKER, grid_engine, one_line
 
@@ -34,8 +38,9 @@ app = ServerApp()
 _PINS_CLIENTS = re.compile(r"(^|\s)clients\.num=")
 
 
-def config_from_run_config(run_config: dict) -> tuple[dict, bool]:
-    """The resolved config, and whether it pins ``clients.num`` (``flowerbed run`` always does)."""
+def config_from_run_config(run_config: dict) -> tuple["Experiment", bool]:
+    """The resolved experiment, and whether it pins ``clients.num`` (``flowerbed run`` always
+    does)."""
     from flowerbed.clients.core.config import decode_config
     from flowerbed.server.experiment import load_experiment, resolve
 
@@ -43,8 +48,8 @@ def config_from_run_config(run_config: dict) -> tuple[dict, bool]:
     if encoded:
         return resolve(decode_config(encoded)), True
     overrides = str(run_config.get("overrides", ""))
-    cfg = load_experiment(str(run_config.get("experiment", "quickstart")), overrides)
-    return cfg, bool(_PINS_CLIENTS.search(overrides))
+    experiment = load_experiment(str(run_config.get("experiment", "quickstart")), overrides)
+    return experiment, bool(_PINS_CLIENTS.search(overrides))
 
 
 def after_ray_connects(timeout_s: float = 15.0) -> None:
@@ -85,14 +90,14 @@ def main(grid: Grid, context: Context) -> None:
     sweep_dir = str(run_config.get("sweep-dir", "") or "")
     if sweep_dir:  # a sweep: every cell on this one federation (server/sweep.py)
         todo = json.loads((Path(sweep_dir) / "todo.json").read_text())
-        run_cells(grid, [(cell, resolve(cfg)) for cell, cfg in todo], Path(sweep_dir))
+        run_cells(grid, [(cell, resolve(data)) for cell, data in todo], Path(sweep_dir))
         return
     try:
-        cfg, pinned = config_from_run_config(run_config)
-        cfg = fit_to_federation(grid, cfg, pinned)
+        experiment, pinned = config_from_run_config(run_config)
+        experiment = fit_to_federation(grid, experiment, pinned)
         requested = str(run_config.get("run-dir", "") or "")
-        run_dir = serverapp_run_dir(cfg, requested, default_run_dir(cfg))
-        run_experiment(grid, cfg, run_dir)
+        run_dir = serverapp_run_dir(experiment, requested, default_run_dir(experiment))
+        run_experiment(grid, experiment, run_dir)
     except Exception as exc:
         if grid_engine(grid) == "deployment":  # the submitter may be on another machine
             print(ERROR_MARKER + one_line(exc), flush=True)

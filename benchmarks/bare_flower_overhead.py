@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from flowerbed.clients.core.config import ClientsConfig
 from flowerbed.clients.datasets import data_dir
 from flowerbed.server.engines.simulation import LocalSuperLink
 
@@ -169,8 +170,7 @@ def _bare_simulation(args: argparse.Namespace, tag: str) -> None:
     run_config = f"num-server-rounds={args.rounds} data-dir='{data_dir()}' lr=0.05 batch-size=64"
     with LocalSuperLink(extra_env={TAG: tag}) as link:
         link.ready(timeout=300)
-        clients = {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
-        command = link.flwr_run(BARE, run_config, clients)
+        command = link.flwr_run(BARE, run_config, ClientsConfig(num=args.clients))
         if link.spawn(command, subprocess.DEVNULL).wait() != 0:
             raise RuntimeError("the bare app's flwr run failed")
 

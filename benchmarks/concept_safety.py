@@ -113,8 +113,8 @@ def federated(seed: int = 0, rounds: int = 4) -> None:
                                                  f"seed={seed}", f"output.dir={out}"])  # fmt: skip
         per_round: list[dict] = []
         run_inline(cfg, on_round=lambda r, m: per_round.append(dict(m)))
-    p = cfg["workload"]["params"]
-    world = make_world(seed, p["tasks"], p["concepts"], p["answer_len"])
+    p = cfg.workload.params
+    world = make_world(seed, p.tasks, p.concepts, p.answer_len)
     print(f"\n### Federated (preset concept-safety, seed {seed}): FedAvg per round\n")
     print(
         "| round | mean R_c | std R_c | min R_c | mean O_c | knowledge | extraction | median PPL |"
@@ -126,18 +126,18 @@ def federated(seed: int = 0, rounds: int = 4) -> None:
                     m["central.over_refusal_mean"], m["central.knowledge_mean"],
                     m["central.extraction_mean"], m["central.ppl_median"]]))  # fmt: skip
     print(f"\n### FedAvg after {rounds} rounds vs each client's local fine-tune "
-          f"({rounds} x {p['local_steps']} steps on its own data)\n")  # fmt: skip
+          f"({rounds} x {p.local_steps} steps on its own data)\n")  # fmt: skip
     print("| model | concepts covered | mean R_c | std R_c | min R_c | mean O_c | knowledge | "
           "extraction |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    for k in range(cfg["clients"]["num"]):
-        counts = client_counts(k, p["concepts"], p["concepts_per_client"], p["stride"],
-                               p["budget"], p["zipf_s"])  # fmt: skip
+    for k in range(cfg.clients.num):
+        counts = client_counts(k, p.concepts, p.concepts_per_client, p.stride,
+                               p.budget, p.zipf_s)  # fmt: skip
         rng = np.random.default_rng(client_seed(seed, k, 0, salt=9))
-        batch = make_batch(world, safety_examples(world, counts, p["safe_per_unsafe"], rng))
+        batch = make_batch(world, safety_examples(world, counts, p.safe_per_unsafe, rng))
         model = pretrained_model(seed, world)
         torch.manual_seed(client_seed(seed, k, 1))
-        finetune_steps(model, batch, rounds * p["local_steps"], p["lr"], p["trainable"])
+        finetune_steps(model, batch, rounds * p.local_steps, p.lr, p.trainable)
         t = concept_table(model, world)
         covered = ",".join(str(c) for c in np.flatnonzero(counts))
         print(_row([f"client {k} local", covered, float(t.refusal.mean()), float(t.refusal.std()),

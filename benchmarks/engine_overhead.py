@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.apps.inline import InlineGrid, run_inline
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.workloads import build_workload
 from flowerbed.server.experiment import load_experiment
 
@@ -36,7 +36,7 @@ ROUNDS = 5
 CLIENTS = 10
 
 
-def bare_flower_round_s(cfg: dict) -> float:
+def bare_flower_round_s(cfg: Experiment) -> float:
     """The same training written directly against Flower, no flowerbed layers."""
     workload = build_workload(cfg)
     data = {i: workload.load_partition(i, CLIENTS) for i in range(CLIENTS)}
@@ -70,9 +70,9 @@ def bare_flower_round_s(cfg: dict) -> float:
     return (time.perf_counter() - start) / ROUNDS
 
 
-def flowerbed_round_s(cfg: dict) -> float:
+def flowerbed_round_s(cfg: Experiment) -> float:
     start = time.perf_counter()
-    run_inline(json.loads(json.dumps(cfg)))
+    run_inline(cfg)  # frozen: every repeat runs the same experiment
     return (time.perf_counter() - start) / ROUNDS
 
 

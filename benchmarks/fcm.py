@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import replace_at
 from flowerbed.server.experiment import load_experiment
 
 FEDAVG = ["strategy.params.aggregation=fedavg", "workload.params.train_lacked=true"]
@@ -68,7 +69,8 @@ def run_one(
         overrides += [o for o in variant.split(",") if o]
         cfg = load_experiment(preset, overrides + METHODS[method] + (extra or []))
         if method.startswith("Centralised"):
-            cfg["workload"]["params"]["central_clients"] = load_experiment(preset)["clients"]["num"]
+            pooled = load_experiment(preset).clients.num
+            cfg = replace_at(cfg, "workload.params", central_clients=pooled)
         metrics = run_inline(cfg)["metrics"]
     prefix = "train.local-" if method == "Local only" else "eval."
     return {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}

@@ -34,6 +34,7 @@ import torch
 
 from benchmarks.fcm import COLUMNS, METHODS
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import replace_at
 from flowerbed.clients.workloads.fcm_data import (
     TASK_KINDS,
     USER_KINDS,
@@ -171,9 +172,10 @@ def run_family_one(
             f"workload.params.n_train={n_train}", f"workload.params.n_test={n_test}",
         ]  # fmt: skip
         cfg = load_experiment(BASE_PRESET, overrides + METHODS[base] + extra)
-        cfg["workload"]["params"] |= {
-            "task": item["task"], "schedule": schedule, "central_clients": item["clients"],
-        }  # fmt: skip
+        cfg = replace_at(
+            cfg, "workload.params",
+            task=item["task"], schedule=schedule, central_clients=item["clients"],
+        )  # fmt: skip
         metrics = run_inline(cfg)["metrics"]
     prefix = "train.local-" if base == "Local only" else "eval."
     row = {c: metrics[prefix + c] for c in COLUMNS if prefix + c in metrics}

@@ -168,10 +168,10 @@ def federated(seed: int, overrides: list[str]) -> None:
         cfg = load_experiment("fisher-memorisation",
                               ["engine=inline", f"output.dir={out}", f"seed={seed}", *overrides])  # fmt: skip
         run_inline(cfg, on_round=lambda r, m: rounds.append(dict(m)))
-    keeps = cfg["workload"]["params"]["keep_fractions"]
+    keeps = cfg.workload.params.keep_fractions
     print(f"\nseed {seed} {' '.join(overrides)}: previous global model, test / memorisation "
           "(recovery), before and after projecting layer "
-          f"{cfg['workload']['params']['project_layer']}")  # fmt: skip
+          f"{cfg.workload.params.project_layer}")  # fmt: skip
     print(
         "| round | client local memorisation | global | "
         + " | ".join(f"keep {k:g}" for k in keeps)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -23,7 +23,7 @@ def main(quick: bool = False) -> None:
     torch.set_num_threads(2)
     for regime in ("mixed",) if quick else ("mixed", "gaussian"):
         cfg = experiment("adult", regime, "fedsgd")
-        data = encoded(json.dumps(cfg["dataset"], sort_keys=True))
+        data = encoded(json.dumps(asdict(cfg.dataset), sort_keys=True))
         stds = {c: float(data.table.train[c].std()) for c in data.prep.numeric}
         rows = []
         for seed in range(1 if quick else 2):

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowerbed.apps.client_app import app as client_app  # noqa: E402
 from flowerbed.apps.inline import InlineGrid  # noqa: E402
-from flowerbed.clients.core.config import load_base, to_json  # noqa: E402
+from flowerbed.clients.core.config import Experiment, load_base, to_json  # noqa: E402
 from flowerbed.clients.runtime import CONFIG_KEY  # noqa: E402
 from flowerbed.clients.workloads import build_workload  # noqa: E402
 from flowerbed.clients.workloads.routing.data import BenchmarkParams, RouterData, pool  # noqa: E402
@@ -62,16 +62,16 @@ ROUTERS = [*LEARNED, "oracle", "single", "random"]
 FARTHEST = 0.3  # share of clients whose topic mixture is farthest from the others'
 
 
-def run_federated(cfg: dict) -> ArrayRecord:
+def run_federated(cfg: Experiment) -> ArrayRecord:
     """The registered strategy on the in-process grid with the flowerbed ClientApp."""
-    random.seed(cfg["seed"])
+    random.seed(cfg.seed)
     workload = build_workload(cfg)
     strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     result = strategy.start(
-        grid=OrderedGrid(InlineGrid(client_app, cfg["clients"]["num"]), lambda r, n: None),
+        grid=OrderedGrid(InlineGrid(client_app, cfg.clients.num), lambda r, n: None),
         initial_arrays=workload.init_arrays(),
-        num_rounds=cfg["rounds"],
+        num_rounds=cfg.rounds,
         train_config=config,
         evaluate_config=config,
     )
@@ -80,7 +80,7 @@ def run_federated(cfg: dict) -> ArrayRecord:
 
 def _cfg(
     preset: str, seed: int, alpha: float, coverage: float, extra: list[str], base: dict
-) -> dict:
+) -> Experiment:
     """The preset with ``base`` (clients + data keys of a YAML config) and the overrides."""
     overrides = [f"seed={seed}", f"workload.params.coverage={coverage}"]
     partitioned = base.get("clients", {}).get("partition_by") is not None
@@ -129,11 +129,11 @@ def run_setting(args: tuple) -> dict:
     km_cfg = _cfg("routing-synthetic-kmeans", seed, alpha, coverage, extra, base)
     fed_mlp = build_workload(mlp_cfg)
     bench = fed_mlp.bench
-    mp, kp = mlp_cfg["workload"]["params"], km_cfg["workload"]["params"]
-    mlp_conf = MLPConfig(**{k: mp[k] for k in MLPConfig.__dataclass_fields__})
-    km_conf = KMeansConfig(**{k: kp[k] for k in KMeansConfig.__dataclass_fields__})
-    epochs = mlp_cfg["rounds"] * mlp_conf.local_epochs
-    iters = km_cfg["rounds"] - 1
+    mp, kp = mlp_cfg.workload.params, km_cfg.workload.params
+    mlp_conf = MLPConfig(**{k: getattr(mp, k) for k in MLPConfig.__dataclass_fields__})
+    km_conf = KMeansConfig(**{k: getattr(kp, k) for k in KMeansConfig.__dataclass_fields__})
+    epochs = mlp_cfg.rounds * mlp_conf.local_epochs
+    iters = km_cfg.rounds - 1
 
     fed_mlp_arrays = run_federated(mlp_cfg)
     fed_mlp_model = fed_mlp._load(fed_mlp_arrays)

@@ -42,6 +42,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks.bare_flower_overhead import BARE, TAG, PeakMemory
+from flowerbed.clients.core.config import ClientsConfig
 from flowerbed.clients.datasets import data_dir
 from flowerbed.server.engines.simulation import LocalSuperLink
 
@@ -113,9 +114,7 @@ def bare_arm(clients: int, fraction: float, rounds: int, rows: int, work: Path) 
         start = time.perf_counter()
         with LocalSuperLink(extra_env={TAG: tag}) as link:
             link.ready(timeout=300)
-            command = link.flwr_run(
-                BARE, run_config, {"num": clients, "resources": {"cpus": 1, "gpus": 0}}
-            )
+            command = link.flwr_run(BARE, run_config, ClientsConfig(num=clients))
             if link.spawn(command, subprocess.DEVNULL).wait() != 0:
                 raise RuntimeError("the bare app's flwr run failed")
         wall = time.perf_counter() - start

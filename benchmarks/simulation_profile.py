@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 
+from flowerbed.clients.core.config import ClientsConfig
 from flowerbed.clients.datasets import data_dir
 
 BARE = Path(__file__).resolve().parent / "bare_flower"
@@ -231,8 +232,7 @@ def profile(args: argparse.Namespace, work: Path) -> None:
             try:
                 with LocalSuperLink() as link:
                     link.ready(timeout=300)
-                    clients = {"num": args.clients, "resources": {"cpus": 1, "gpus": 0}}
-                    command = link.flwr_run(BARE, run_config, clients)
+                    command = link.flwr_run(BARE, run_config, ClientsConfig(num=args.clients))
                     with log_path.open("w") as log:
                         if link.spawn(command, log).wait() != 0:
                             raise RuntimeError("the bare app's flwr run failed")

@@ -1,6 +1,6 @@
 """What a ClientApp does with a message, independent of the engine that delivered it.
 
-The resolved experiment config arrives in every message (``config["fb-config"]``, JSON) so a client
+The resolved experiment arrives in every message (``config["fb-config"]``, its JSON) so a client
 needs nothing but the message and its node config. Workloads are cached per process, keyed on the
 config plus the content of every file it references (a table rewritten at the same path is read
 again); a workload's partitions are kept while its config is in use, because simulated clients
@@ -24,10 +24,11 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flowerbed.clients import malicious
+from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
-from flowerbed.clients.core.plugins import load_plugins
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.workloads import Workload, build_workload
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS, Workload, build_workload
 
 CONFIG_KEY = "fb-config"
 PARTITION_KEY = "partition-id"
@@ -48,10 +49,10 @@ class ClientError(RuntimeError):
 class _Entry:
     """One config's workload and the partitions built for it so far."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, experiment: Experiment) -> None:
         torch.set_num_threads(1)
-        self.cfg = cfg
-        self.workload: Workload = build_workload(cfg)
+        self.experiment = experiment
+        self.workload: Workload = build_workload(experiment)
         self.partitions: dict[tuple[int, int], Any] = {}
 
     def partition(self, partition_id: int, num_partitions: int) -> Any:
@@ -72,7 +73,7 @@ def _entry(config_json: str, file_store: str = "") -> _Entry:
     if key in _ENTRIES:
         _ENTRIES.move_to_end(key)
         return _ENTRIES[key]
-    entry = _Entry(cfg)
+    entry = _Entry(_typed(cfg))
     _ENTRIES[key] = entry
     while len(_ENTRIES) > CACHED_CONFIGS:
         _ENTRIES.popitem(last=False)
@@ -81,12 +82,21 @@ def _entry(config_json: str, file_store: str = "") -> _Entry:
 
 @functools.lru_cache(maxsize=16)
 def _client_config(config_json: str, file_store: str = "") -> dict[str, Any]:
-    """The config as a client sees it: where the server writes results plays no part, and on a
-    Ray cluster (``file_store``) the files it names are the driver's, fetched once per process."""
-    cfg = json.loads(config_json)
-    cfg["output"] = {**cfg.get("output", {}), "run_dir": None}
-    load_plugins(cfg.get("plugins", []))  # outside code, before any registry lookup
+    """The experiment's dict as the server sent it; on a Ray cluster (``file_store``) the files
+    it names are the driver's, fetched once per process (typed by :func:`decode`, which imports
+    its plugins)."""
+    cfg: dict[str, Any] = json.loads(config_json)
     return _with_shipped_files(cfg, file_store) if file_store else cfg
+
+
+def client_experiment(config_json: str, file_store: str = "") -> Experiment:
+    """The experiment as a ClientApp sees it: the server's dict typed again with this side's
+    registries (workloads, defenses, malicious clients), its plugins imported first."""
+    return _typed(_client_config(config_json, file_store))
+
+
+def _typed(cfg: dict[str, Any]) -> Experiment:
+    return decode(cfg, workloads=WORKLOADS, defenses=DEFENSES, malicious=malicious.MALICIOUS)
 
 
 def _with_shipped_files(cfg: dict[str, Any], file_store: str) -> dict[str, Any]:
@@ -143,12 +153,12 @@ def warm_up() -> None:
         optimizer.step()
 
 
-def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, dict, Any]:
+def _setup(msg: Message, context: Context) -> tuple[Experiment, Workload, dict, Any]:
     config_json = str(msg.content["config"][CONFIG_KEY])
     known = config_json in _BUILT
     entry = _entry(config_json, str(context.run_config.get(FILE_STORE_KEY) or ""))
     partition_id = int(context.node_config[PARTITION_KEY])
-    num_partitions = int(context.node_config.get("num-partitions", entry.cfg["clients"]["num"]))
+    num_partitions = int(context.node_config.get("num-partitions", entry.experiment.clients.num))
     config = message_config(msg)
     config[PARTITION_KEY] = partition_id
     known = known and (partition_id, num_partitions) in entry.partitions
@@ -159,7 +169,7 @@ def _setup(msg: Message, context: Context) -> tuple[dict[str, Any], Workload, di
     _BUILT.add(config_json)
     if not known and on_built is not None:
         on_built(config_json, partition_id, num_partitions)
-    return entry.cfg, entry.workload, config, data
+    return entry.experiment, entry.workload, config, data
 
 
 def _client_error(partition_id: int, exc: Exception) -> ClientError:
@@ -169,12 +179,12 @@ def _client_error(partition_id: int, exc: Exception) -> ClientError:
     )
 
 
-def should_fail(cfg: dict[str, Any], partition_id: int, server_round: int) -> bool:
+def should_fail(experiment: Experiment, partition_id: int, server_round: int) -> bool:
     """Failure injection, a deterministic function of (seed, client, round)."""
-    rate = cfg["clients"]["failure_rate"]
+    rate = experiment.clients.failure_rate
     if rate <= 0:
         return False
-    rng = np.random.default_rng(client_seed(cfg["seed"], partition_id, server_round, salt=7))
+    rng = np.random.default_rng(client_seed(experiment.seed, partition_id, server_round, salt=7))
     return bool(rng.random() < rate)
 
 
@@ -196,15 +206,15 @@ def _through_mod(mod: Any, call_next: Any, msg: Message, context: Context) -> Me
 
 
 def _train(msg: Message, context: Context) -> Message:
-    cfg, workload, config, data = _setup(msg, context)
+    experiment, workload, config, data = _setup(msg, context)
     server_round = int(config.get("server-round", 0))
-    if should_fail(cfg, config[PARTITION_KEY], server_round):
+    if should_fail(experiment, config[PARTITION_KEY], server_round):
         raise InjectedFailure(
             f"injected failure (client {config[PARTITION_KEY]}, round {server_round})"
         )
     try:
-        arrays, metrics = malicious.train(cfg, workload, msg.content.array_records["arrays"], data, config,
-                                          context.state)  # fmt: skip
+        arrays, metrics = malicious.train(experiment, workload, msg.content.array_records["arrays"],
+                                          data, config, context.state)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - named, then handed to Flower as the error reply
         raise _client_error(config[PARTITION_KEY], exc) from exc
     metrics[PARTITION_KEY] = config[PARTITION_KEY]

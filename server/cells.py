@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowerbed.clients.core.config import Experiment
 from flowerbed.server.runner import run_experiment
 
 
@@ -64,7 +65,9 @@ def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]
     }
 
 
-def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def run_cell(
+    grid: Any, cell: dict[str, Any], experiment: Experiment, run_dir: Path
+) -> dict[str, Any]:
     """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included).
 
     Torch runs single-threaded, as the ClientApp runtime pins it: a cell's numbers do not depend
@@ -75,7 +78,7 @@ def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path
     torch.set_num_threads(1)
     start = time.perf_counter()
     try:
-        summary = run_experiment(grid, cfg, run_dir)
+        summary = run_experiment(grid, experiment, run_dir)
     except Exception as exc:  # noqa: BLE001 - a crashed cell is a result, the sweep goes on
         last = traceback.format_exception_only(exc)[-1].strip()
         return error_row(cell, last, time.perf_counter() - start)
@@ -90,12 +93,12 @@ def run_cell(grid: Any, cell: dict[str, Any], cfg: dict[str, Any], run_dir: Path
 
 
 def run_cells(
-    grid: Any, todo: list[tuple[dict[str, Any], dict[str, Any]]], out: Path,
+    grid: Any, todo: list[tuple[dict[str, Any], Experiment]], out: Path,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) on one Grid, appending a row per finished cell."""
-    for cell, cfg in todo:
-        row = run_cell(grid, cell, cfg, cell_dir(out, cell))
+    for cell, experiment in todo:
+        row = run_cell(grid, cell, experiment, cell_dir(out, cell))
         append_row(out, row)
         if on_cell is not None:
             on_cell(row)

@@ -5,16 +5,15 @@ allowed, raised when the config is resolved (before anything starts)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from flowerbed.attacks import ATTACKS
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.defenses import DEFENSES, Aggregation, DefenseContext
 
 
-def check_combinations(cfg: dict[str, Any]) -> None:
+def check_combinations(experiment: Experiment) -> None:
     """Raise ``ConfigError`` for a combination of components that would run and lie."""
-    names = [d["name"] for d in cfg["defenses"]]
+    names = [d.name for d in experiment.defenses]
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
         first, second = [i for i, n in enumerate(names) if n == twice][:2]
@@ -24,29 +23,29 @@ def check_combinations(cfg: dict[str, Any]) -> None:
         )
     if not names:
         return
-    ctx = DefenseContext.of(cfg)
-    for i, defense in enumerate(cfg["defenses"]):
-        cls = DEFENSES.get(defense["name"])
-        for mechanism in cls(defense["params"], ctx).mechanism():
+    ctx = DefenseContext.of(experiment)
+    for i, defense in enumerate(experiment.defenses):
+        cls = DEFENSES.get(defense.name or "")
+        for mechanism in cls(defense.params, ctx).mechanism():
             if isinstance(mechanism, Aggregation):
-                _check_aggregation(cfg, i, defense["name"], mechanism, ctx)
+                _check_aggregation(experiment, i, defense.name or "", mechanism, ctx)
 
 
 def _check_aggregation(
-    cfg: dict[str, Any], index: int, name: str, mechanism: Aggregation, ctx: DefenseContext
+    experiment: Experiment, index: int, name: str, mechanism: Aggregation, ctx: DefenseContext
 ) -> None:
     """Secure aggregation drops a round with fewer replies than its threshold: a threshold above
     the clients a round samples drops every round; an attack on single clients' replies never
     sees one (the server receives only aggregates)."""
-    clients = cfg["clients"]
+    clients = experiment.clients
     if mechanism.min_clients > ctx.sampled_clients:
         raise ConfigError(
             f"defenses.{index}.params.min_clients={mechanism.min_clients} above the "
-            f"{ctx.sampled_clients} clients a round samples (clients.num={clients['num']}, "
-            f"clients.fraction={clients['fraction']}): '{name}' would drop every round "
+            f"{ctx.sampled_clients} clients a round samples (clients.num={clients.num}, "
+            f"clients.fraction={clients.fraction}): '{name}' would drop every round "
             f"(allowed: min_clients 1..{ctx.sampled_clients})"
         )
-    attack = cfg["attack"]["name"]
+    attack = experiment.attack.name
     if attack and not ATTACKS.get(attack).reads_aggregates:
         readers = [n for n, c in ATTACKS.items() if getattr(c, "reads_aggregates", False)]
         raise ConfigError(

@@ -2,7 +2,7 @@
 
 The core layer (``flowerbed.clients.core.config``) cannot import the layers above it; this module
 sees them all and hands their registries in. Everything that turns a preset or a YAML file into a
-resolved config (the CLI, the ServerApp, sweeps, tests) goes through here.
+resolved experiment (the CLI, the ServerApp, sweeps, tests) goes through here.
 """
 
 from __future__ import annotations
@@ -26,15 +26,20 @@ COMPONENTS = core.Components(
 
 def load_experiment(
     name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
-) -> dict[str, Any]:
-    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved config."""
-    cfg = core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)
-    check_combinations(cfg)
-    return cfg
+) -> core.Experiment:
+    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved experiment."""
+    experiment = core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)
+    check_combinations(experiment)
+    return experiment
 
 
-def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Validate a raw config and fill every component's params."""
-    cfg = core.resolve(base, overrides, COMPONENTS)
-    check_combinations(cfg)
-    return cfg
+def resolve(base: dict[str, Any], overrides: dict[str, Any] | None = None) -> core.Experiment:
+    """Validate a raw config (or a resolved experiment's dict) into a typed experiment."""
+    experiment = core.resolve(base, overrides, COMPONENTS)
+    check_combinations(experiment)
+    return experiment
+
+
+def with_overrides(experiment: core.Experiment, overrides: list[str] | str) -> core.Experiment:
+    """``experiment`` resolved again with dotlist ``overrides`` on top (a changed copy)."""
+    return resolve(experiment.to_dict(), core.parse_overrides(overrides))

@@ -13,11 +13,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from flwr.serverapp import Grid
 
+from flowerbed.clients.core.config import Engine, Experiment
 from flowerbed.clients.core.errors import ConfigError
 
 #: printed (one line) by a ServerApp that fails, so the submitter can show the cause
@@ -72,15 +73,16 @@ def wait_for_nodes(
         sleep(POLL_S)
 
 
-def fit_to_federation(grid: Grid, cfg: dict[str, Any], pinned: bool) -> dict[str, Any]:
-    """``cfg`` with the real engine and, unless ``pinned``, ``clients.num`` = connected nodes."""
+def fit_to_federation(grid: Grid, experiment: Experiment, pinned: bool) -> Experiment:
+    """``experiment`` with the real engine and, unless ``pinned``, ``clients.num`` = connected
+    nodes."""
     engine = grid_engine(grid)
-    if engine is None:  # an engine's own Grid (inline): the config is already right
-        return cfg
-    cfg = {**cfg, "engine": engine, "clients": dict(cfg["clients"])}
-    timeout = float(cfg["deployment"]["node_timeout_s"])
-    cfg["clients"]["num"] = wait_for_nodes(grid, cfg["clients"]["num"] if pinned else None, timeout)
-    return cfg
+    if engine is None:  # an engine's own Grid (inline): the experiment is already right
+        return experiment
+    timeout = float(experiment.deployment.node_timeout_s)
+    clients = experiment.clients
+    num = wait_for_nodes(grid, clients.num if pinned else None, timeout)
+    return replace(experiment, engine=Engine(engine), clients=replace(clients, num=num))
 
 
 def workspace() -> Path:
@@ -88,7 +90,7 @@ def workspace() -> Path:
     return Path(os.environ.get("FLOWERBED_WORKSPACE") or "runs").resolve()
 
 
-def serverapp_run_dir(cfg: dict[str, Any], requested: str, default: Path) -> Path:
+def serverapp_run_dir(experiment: Experiment, requested: str, default: Path) -> Path:
     """The run directory this ServerApp writes.
 
     Local engines write where they were asked. A deployed ServerApp may run on another machine,
@@ -96,7 +98,7 @@ def serverapp_run_dir(cfg: dict[str, Any], requested: str, default: Path) -> Pat
     submitter rebuilds its own copy from the streamed results); a workspace it cannot create
     falls back to the temp dir.
     """
-    if cfg["engine"] != "deployment":
+    if experiment.engine != "deployment":
         return Path(requested) if requested else default
     name = Path(requested).name if requested else default.name
     base = workspace()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from flowerbed.clients.core.config import configs_dir
+from flowerbed.clients.core.config import DeploymentConfig, configs_dir
 
 
 def app_dir() -> Path:
@@ -330,7 +330,7 @@ UNREACHABLE = re.compile(
 
 
 def user_problem(
-    log_path: Path, exc: BaseException | None = None, deployment: dict | None = None
+    log_path: Path, exc: BaseException | None = None, deployment: DeploymentConfig | None = None
 ) -> str | None:
     """A connection or TLS failure recognised in Flower's log (or the error), as one line.
 
@@ -342,9 +342,9 @@ def user_problem(
         text += "\n" + Path(log_path).read_text(errors="replace")[-20000:]
     if not UNREACHABLE.search(text):
         return None
-    address = (deployment or {}).get("superlink")
+    address = deployment.superlink if deployment is not None else None
     if address:
-        found = probe_superlink(address, (deployment or {}).get("root_certificates"))
+        found = probe_superlink(address, deployment.root_certificates if deployment else None)
         if found:
             return found
     return (

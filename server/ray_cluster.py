@@ -37,6 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from flowerbed.clients.core.config import ResourcesConfig
 from flowerbed.clients.core.errors import ConfigError
 
 ADDRESS_FORMS = "auto, HOST:PORT"
@@ -122,14 +123,14 @@ class RayCluster:
             self.info = self._answer(timeout)
         return self.info
 
-    def check_fits(self, resources: dict[str, Any]) -> None:
+    def check_fits(self, resources: ResourcesConfig) -> None:
         """ConfigError unless some node can host one ClientApp actor of ``clients.resources``."""
-        needs = {"CPU": float(resources["cpus"]), "GPU": float(resources["gpus"])}
+        needs = {"CPU": float(resources.cpus), "GPU": float(resources.gpus)}
         nodes = self.ready()["nodes"]
         if not node_fits(nodes, needs):
             raise ConfigError(
                 f"no node of the Ray cluster at '{self.address}' fits one client of "
-                f"clients.resources.cpus={resources['cpus']} gpus={resources['gpus']:g} "
+                f"clients.resources.cpus={resources.cpus} gpus={resources.gpus:g} "
                 f"(nodes: {describe_nodes(nodes)})"
             )
 

@@ -27,7 +27,6 @@ dispatch) is cancelled (its worker killed) and recorded as failed.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import importlib
 import io
@@ -47,11 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowerbed.clients.core.config import to_yaml
+from flowerbed.clients.core.config import Experiment, replace_at, to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import localise, shipped_files
 from flowerbed.clients.core.plugins import is_path
 from flowerbed.server.cells import append_row, cell_dir, error_row, run_cell
+from flowerbed.server.experiment import resolve
 from flowerbed.server.ray_reaper import Reaper
 
 LOCAL = "local"
@@ -88,13 +88,13 @@ class RayOptions:
 # ---- worker side -------------------------------------------------------------------------------
 
 
-def plugin_packages(todo: list[tuple[Cell, dict[str, Any]]]) -> dict[str, Path]:
+def plugin_packages(todo: list[tuple[Cell, Experiment]]) -> dict[str, Path]:
     """``{name: folder}`` of the top-level packages of the cells' module plugins (entry-point
     packages included: the resolved config names their modules). They travel to the workers with
     the cells, so a cluster needs only flowerbed installed."""
     packages: dict[str, Path] = {}
-    for _, cfg in todo:
-        for spec in cfg.get("plugins", []):
+    for _, experiment in todo:
+        for spec in experiment.plugins:
             top = spec.split(".")[0]
             if is_path(spec) or top == "flowerbed" or top in packages:
                 continue
@@ -135,14 +135,16 @@ def importable(packages: dict[str, bytes], into: Path) -> Iterator[None]:
 def run_remote_cell(
     make_grid: Callable[[int], Any],
     cell: Cell,
-    cfg: dict[str, Any],
+    data: dict[str, Any],
     files: dict[str, Any],
     packages: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The body of a cell's Ray task: ``{"row": ..., "files": {relative path: bytes}}``.
 
-    ``files`` maps a path named in ``cfg`` to the object ref of its bytes, ``packages`` a plug-in
-    package's name to the ref of its zipped folder.
+    ``data`` is the cell's experiment as a dict (:meth:`Experiment.to_dict`: a plug-in's params
+    class cannot be unpickled before its plug-in is imported), resolved again here after its
+    files are local. ``files`` maps a path named in ``data`` to the object ref of its bytes,
+    ``packages`` a plug-in package's name to the ref of its zipped folder.
     """
     import ray
 
@@ -151,10 +153,10 @@ def run_remote_cell(
     zips = dict(zip(packages, ray.get(list(packages.values())), strict=True))
     with tempfile.TemporaryDirectory(prefix="fb-cell-") as tmp, importable(zips, Path(tmp)):
         run_dir = Path(tmp) / "run"
-        local = localise(cfg, shipped, Path(tmp))
-        row = run_cell(make_grid(local["clients"]["num"]), cell, local, run_dir)
+        local = resolve(localise(data, shipped, Path(tmp)))
+        row = run_cell(make_grid(local.clients.num), cell, local, run_dir)
         if (run_dir / "config.yaml").is_file():  # the config as the driver knows it
-            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+            (run_dir / "config.yaml").write_text(to_yaml(data))
         out = {
             p.relative_to(run_dir).as_posix(): p.read_bytes()
             for p in sorted(run_dir.rglob("*"))
@@ -295,7 +297,7 @@ def _failure(exc: BaseException) -> str | None:
 
 
 def run_cells_on_ray(
-    make_grid: Callable[[int], Any], todo: list[tuple[Cell, dict[str, Any]]], out: Path,
+    make_grid: Callable[[int], Any], todo: list[tuple[Cell, Experiment]], out: Path,
     options: RayOptions, on_cell: Callable[[Row], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) as a Ray task; rows are appended as cells finish."""
@@ -307,7 +309,9 @@ def run_cells_on_ray(
         task = ray.remote(
             num_cpus=options.cpus_per_cell, num_gpus=options.gpus_per_cell, max_retries=0
         )(run_remote_cell)
-        refs = {p: ray.put(Path(p).read_bytes()) for _, c in todo for p in shipped_files(c)}
+        refs = {
+            p: ray.put(Path(p).read_bytes()) for _, e in todo for p in shipped_files(e.to_dict())
+        }
         packages = {name: ray.put(zipped(folder)) for name, folder in plugin_packages(todo).items()}
         queue = list(reversed(todo))
         running: dict[Any, tuple[Cell, float]] = {}
@@ -320,13 +324,14 @@ def run_cells_on_ray(
         try:
             while queue or running:
                 while queue and len(running) < slots:
-                    cell, cfg = queue.pop()
+                    cell, experiment = queue.pop()
                     if options.gpus_per_cell > 0:  # the workload sees its GPU (Workload.device)
-                        cfg = copy.deepcopy(cfg)
-                        cfg["clients"]["resources"]["gpus"] = options.gpus_per_cell
-                    files = {p: refs[p] for p in shipped_files(cfg)}
+                        gpus = options.gpus_per_cell
+                        experiment = replace_at(experiment, "clients.resources", gpus=gpus)
+                    data = experiment.to_dict()
+                    files = {p: refs[p] for p in shipped_files(data)}
                     ref = task.options(name=f"cell-{cell['id']}").remote(
-                        make_grid, cell, cfg, files, packages
+                        make_grid, cell, data, files, packages
                     )
                     running[ref] = (cell, time.monotonic())
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)

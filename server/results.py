@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flowerbed.clients.core.config import to_yaml
+from flowerbed.clients.core.config import Experiment, to_yaml
 from flowerbed.server.curves import plot_curves
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
@@ -50,10 +50,10 @@ def load_model(run_dir: str | Path) -> dict[str, np.ndarray]:
         return {name: npz[name] for name in npz.files}
 
 
-def default_run_dir(cfg: dict[str, Any]) -> Path:
+def default_run_dir(experiment: Experiment) -> Path:
     """``output.dir/<time>-<experiment>``: where a run goes unless ``--out`` names it."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    return Path(cfg["output"]["dir"]).resolve() / f"{stamp}-{cfg['experiment']}"
+    return Path(experiment.output.dir).resolve() / f"{stamp}-{experiment.experiment}"
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -74,11 +74,11 @@ def _clean(metrics: dict[str, Any]) -> dict[str, float]:
 class ResultsWriter:
     """Owns one run directory."""
 
-    def __init__(self, run_dir: Path, cfg: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, experiment: Experiment) -> None:
         self.run_dir = Path(run_dir)
-        self.cfg = cfg
+        self.experiment = experiment
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.run_dir / "config.yaml", to_yaml(cfg))
+        atomic_write(self.run_dir / "config.yaml", to_yaml(experiment))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.metrics_path.write_text("")
         self.started = time.perf_counter()
@@ -91,7 +91,7 @@ class ResultsWriter:
         self.dropped: dict[int, str] = {}
         self.history: list[dict[str, Any]] = []
         # a ServerApp on another machine streams its results through the log (deployment engine)
-        self.stream = cfg["engine"] == "deployment"
+        self.stream = experiment.engine == "deployment"
 
     def log(self, server_round: int, scope: str, metrics: dict[str, Any]) -> None:
         clean = _clean(metrics)
@@ -132,7 +132,7 @@ class ResultsWriter:
     def timings(self) -> dict[str, Any]:
         """``wall_s`` (from the command's start), ``startup_s`` (until round 1 began), ``round_s``."""
         now = time.time()
-        rounds = self.cfg["rounds"]
+        rounds = self.experiment.rounds
         ends = self.round_ends
         first = ends.get(0, now)
         return {
@@ -157,17 +157,18 @@ class ResultsWriter:
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write curves.png, summary.json (timed after the plot) and report.md."""
-        if self.cfg["output"]["plots"]:
-            plot_curves(self.history, self.run_dir / "curves.png", titled(self.cfg),
+        experiment = self.experiment
+        if experiment.output.plots:
+            plot_curves(self.history, self.run_dir / "curves.png", titled(experiment),
                         startup_s=self.timings()["startup_s"])  # fmt: skip
-        rounds = self.cfg["rounds"]
+        rounds = experiment.rounds
         summary = {
-            "experiment": self.cfg["experiment"],
-            "engine": self.cfg["engine"],
-            "seed": self.cfg["seed"],
+            "experiment": experiment.experiment,
+            "engine": str(experiment.engine),
+            "seed": experiment.seed,
             "rounds": rounds,
-            "clients": self.cfg["clients"]["num"],
-            "overrides": list(self.cfg["output"].get("overrides", [])),
+            "clients": experiment.clients.num,
+            "overrides": list(experiment.output.overrides),
             **self.timings(),
             "failures": sum(self.failures.values()),
             "failures_per_round": [self.failures.get(r, 0) for r in range(1, rounds + 1)],
@@ -196,10 +197,10 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def titled(cfg: dict[str, Any]) -> str:
+def titled(experiment: Experiment) -> str:
     """``quickstart (rounds=5 clients.num=20)``: the experiment and the overrides it ran with."""
-    overrides = cfg.get("output", {}).get("overrides") or []
-    return cfg["experiment"] + (f" ({' '.join(overrides)})" if overrides else "")
+    overrides = experiment.output.overrides
+    return experiment.experiment + (f" ({' '.join(overrides)})" if overrides else "")
 
 
 def dropped_note(summary: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from flwr.app import Message
 
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.malicious import PARTITION_KEY, chosen
 from flowerbed.strategies.robust_common import KEPT
@@ -58,8 +59,8 @@ class DetectionTap(StrategyWrapper):
         return arrays, metrics
 
 
-def detection_tap(cfg: dict[str, Any], strategy: Any, writer: Any) -> Any:
+def detection_tap(experiment: Experiment, strategy: Any, writer: Any) -> Any:
     """``strategy`` wrapped in a :class:`DetectionTap` when malicious clients are configured."""
-    if not (cfg.get("malicious") or {}).get("name"):
+    if not experiment.malicious.name:
         return strategy
-    return DetectionTap(strategy, chosen(cfg), writer)
+    return DetectionTap(strategy, chosen(experiment), writer)

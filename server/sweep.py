@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowerbed.clients.core.config import (
+    Experiment,
     configs_dir,
     load_base,
     load_config_file,
@@ -164,10 +165,8 @@ def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
     return any(isinstance(d, dict) and d.get("name") in arm.without for d in defenses)
 
 
-def cell_config(
-    sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None
-) -> dict[str, Any]:
-    """The resolved config of one cell: base + sweep overrides + the cell's grid values.
+def cell_config(sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None) -> Experiment:
+    """The resolved experiment of one cell: base + sweep overrides + the cell's grid values.
 
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
     """
@@ -178,8 +177,7 @@ def cell_config(
     merge_into(extra, parse_overrides(arm.overrides))
     for key, value in params.items():
         merge_into(extra, _nested(key, value))
-    extra["engine"] = engine or sweep.engine
-    extra.setdefault("output", {})["plots"] = False
+    merge_into(extra, {"engine": engine or sweep.engine, "output": {"plots": False}})
     try:
         return resolve(load_base(arm.base or sweep.base), extra)
     except ConfigError as exc:  # every cell is checked before the first one runs
@@ -234,7 +232,7 @@ def run_sweep(
     done = finished_ids(out) if resume else set()
     engine = "inline" if ray is not None else None
     todo = [(cell, cell_config(sweep, cell, engine)) for cell in cells if cell["id"] not in done]
-    nums = {cfg["clients"]["num"] for _, cfg in todo}
+    nums = {experiment.clients.num for _, experiment in todo}
     if len(nums) > 1 and ray is None:
         raise ConfigError(
             "all cells of a sweep share one federation: clients.num cannot vary (with --ray "
@@ -255,7 +253,7 @@ def run_sweep(
         else:
             from flowerbed.server.engines.simulation import run_simulation_sweep
 
-            run_simulation_sweep([cfg for _, cfg in todo], [c for c, _ in todo], out, on_cell)
+            run_simulation_sweep([e for _, e in todo], [c for c, _ in todo], out, on_cell)
     write_outputs(sweep, out, [cell["id"] for cell in cells_of(sweep)])
     return out
 

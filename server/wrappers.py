@@ -16,6 +16,7 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability, alternatives, offered
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.datasets import load_table
@@ -130,68 +131,69 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
-def attack_capabilities(cfg: dict[str, Any], workload: Workload, needs: Any) -> frozenset[Capability]:  # fmt: skip
+def attack_capabilities(experiment: Experiment, workload: Workload, needs: Any) -> frozenset[Capability]:  # fmt: skip
     """What the workload offers (under its params) of the first alternative of ``needs`` it fits
     (resolution checked that one does)."""
-    available, _ = offered(type(workload), cfg["workload"]["params"])
+    available, _ = offered(type(workload), experiment.workload.params)
     fitting = [alt for alt in alternatives(needs) if alt <= available]
     return frozenset(Capability(c) for c in (fitting[0] if fitting else ()))
 
 
 def attack_context(
-    cfg: dict[str, Any], workload: Workload, needs: Any, defenses: list[Defense] | None = None
-) -> AttackContext:
+    experiment: Experiment, workload: Workload, needs: Any,
+    defenses: list[Defense] | None = None,
+) -> AttackContext:  # fmt: skip
     """What the configured attack may know: the run's seed, rounds, clients and name, the public
     knowledge of the capability it runs on (the server's ``workload``'s model for a replay, or its
     model-release setup and the release defense's deployment: ``server/model_views.py``, a table
     keyed by capability) and the defenses' published mechanisms."""
-    defenses = build_defenses(cfg) if defenses is None else defenses
-    capabilities = attack_capabilities(cfg, workload, needs)
+    defenses = build_defenses(experiment) if defenses is None else defenses
+    capabilities = attack_capabilities(experiment, workload, needs)
     return AttackContext(
-        seed=int(cfg["seed"]), rounds=int(cfg["rounds"]), num_clients=int(cfg["clients"]["num"]),
-        experiment=str(cfg["experiment"]), capabilities=capabilities,
+        seed=experiment.seed, rounds=experiment.rounds, num_clients=experiment.clients.num,
+        experiment=experiment.experiment, capabilities=capabilities,
         mechanisms=tuple(mechanisms_of(defenses)), **model_view(capabilities, workload, defenses),
     )  # fmt: skip
 
 
 def truth_source(
-    cfg: dict[str, Any], workload: Workload, capabilities: frozenset[Capability] = frozenset()
+    experiment: Experiment, workload: Workload, capabilities: frozenset[Capability] = frozenset()
 ) -> TruthSource:
     """Ground truth for the attack's scorer: the server's ``workload`` (it rebuilds a client's
     round data from (seed, partition, round)) and, where the workload reads one, the dataset's
     table."""
-    table = load_table(cfg["dataset"]) if "dataset" in getattr(workload, "reads", ()) else None
-    return TruthSource(int(cfg["seed"]), int(cfg["clients"]["num"]), str(cfg["experiment"]),
+    table = load_table(experiment.dataset) if "dataset" in getattr(workload, "reads", ()) else None
+    return TruthSource(experiment.seed, experiment.clients.num, experiment.experiment,
                        capabilities, workload, table)  # fmt: skip
 
 
 def build_attack(
-    cfg: dict[str, Any], workload: Workload, defenses: list[Defense] | None = None
+    experiment: Experiment, workload: Workload, defenses: list[Defense] | None = None
 ) -> tuple[Attack, Any]:
     """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
     its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
-    cls = ATTACKS.get(cfg["attack"]["name"])
-    ctx = attack_context(cfg, workload, cls.needs, defenses)
-    attack = cls(cls.Params(**cfg["attack"]["params"]), ctx)
-    scorer = (
-        None if cls.scorer is None else cls.scorer(truth_source(cfg, workload, ctx.capabilities))
-    )
+    cls = ATTACKS.get(experiment.attack.name or "")
+    ctx = attack_context(experiment, workload, cls.needs, defenses)
+    attack = cls(experiment.attack.params, ctx)
+    scorer = None
+    if cls.scorer is not None:
+        scorer = cls.scorer(truth_source(experiment, workload, ctx.capabilities))
     return attack, scorer
 
 
-def build_strategy(cfg: dict[str, Any], writer: ResultsWriter, workload: Workload) -> Any:
+def build_strategy(experiment: Experiment, writer: ResultsWriter, workload: Workload) -> Any:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
-    strategy = detection_tap(cfg, base_strategy(cfg, workload), writer)
-    defenses = build_defenses(cfg)
+    strategy = detection_tap(experiment, base_strategy(experiment, workload), writer)
+    defenses = build_defenses(experiment)
     for defense in defenses:
         if defense.server_position == "inner":
             strategy = defense.wrap_strategy(strategy, writer)
     audits = [a for a in (d.canary_audit() for d in defenses) if a is not None]
     if audits:  # the run-level DP audit sees replies as received, like the observer
         strategy = RunAudit(strategy, audits)
-    if cfg["attack"]["name"]:
-        attack, scorer = build_attack(cfg, workload, defenses)
+    if experiment.attack.name:
+        attack, scorer = build_attack(experiment, workload, defenses)
         strategy = attack.wrap(strategy, writer, scorer)
     for defense in defenses:
         if defense.server_position == "outer":

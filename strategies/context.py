@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flowerbed.clients.contracts import offer
 from flowerbed.clients.core.capabilities import Needs
 from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.config import ClientsConfig, Experiment
 from flowerbed.strategies import STRATEGIES
 
 if TYPE_CHECKING:
@@ -42,16 +43,17 @@ class Sampling:
     min_available_nodes: int
 
     @classmethod
-    def of(cls, clients: dict[str, Any]) -> Sampling:
-        """From a resolved config's ``clients`` section."""
-        num = clients["num"]
-        min_nodes = min(clients["min_clients"], num)
+    def of(cls, clients: ClientsConfig) -> Sampling:
+        """From a resolved experiment's ``clients`` section (whose ``sampled`` applies the rule
+        Flower's FedAvg follows with these arguments)."""
+        min_nodes = clients.least
+        fraction_evaluate = float(clients.fraction_evaluate or 0.0)
         return cls(
-            fraction_train=clients["fraction"],
-            fraction_evaluate=clients["fraction_evaluate"],
+            fraction_train=clients.fraction,
+            fraction_evaluate=fraction_evaluate,
             min_train_nodes=min_nodes,
-            min_evaluate_nodes=min_nodes if clients["fraction_evaluate"] > 0 else 0,
-            min_available_nodes=num,
+            min_evaluate_nodes=min_nodes if fraction_evaluate > 0 else 0,
+            min_available_nodes=clients.num,
         )
 
     def kwargs(self) -> dict[str, Any]:
@@ -89,7 +91,7 @@ class StrategyEntry(Component[StrategyContext]):
     """
 
     Context = StrategyContext
-    built_by = "build_strategy(cfg) builds one from a config"
+    built_by = "build_strategy(experiment) builds one from an experiment"
     #: workload capabilities the strategy depends on, checked when the config is resolved
     needs: ClassVar[Needs] = frozenset()
 
@@ -109,28 +111,24 @@ class StrategyEntry(Component[StrategyContext]):
         return None
 
 
-def strategy_params(cfg: dict[str, Any]) -> Any:
-    """The configured strategy's typed ``Params`` (from the resolved, validated config)."""
-    cls = STRATEGIES.get(cfg["strategy"]["name"])
-    return cls.Params(**cfg["strategy"]["params"])
+def strategy_context(experiment: Experiment, workload: Any = None) -> StrategyContext:
+    return StrategyContext(
+        experiment.seed, experiment.rounds, Sampling.of(experiment.clients), workload
+    )
 
 
-def strategy_context(cfg: dict[str, Any], workload: Any = None) -> StrategyContext:
-    return StrategyContext(cfg["seed"], cfg["rounds"], Sampling.of(cfg["clients"]), workload)
-
-
-def build_strategy(cfg: dict[str, Any], workload: Any = None) -> Any:
+def build_strategy(experiment: Experiment, workload: Any = None) -> Any:
     """The configured base strategy: ``cls(typed params, narrow context).strategy()``."""
-    cls = STRATEGIES.get(cfg["strategy"]["name"])
-    return cls(strategy_params(cfg), strategy_context(cfg, workload)).strategy()
+    cls = STRATEGIES.get(experiment.strategy.name or "")
+    return cls(experiment.strategy.params, strategy_context(experiment, workload)).strategy()
 
 
-def published_rule(cfg: dict[str, Any]) -> Any:
+def published_rule(experiment: Experiment) -> Any:
     """The configured strategy's published aggregation rule (``aggregation_rule(params)``, a
     ``flowerbed.clients.malicious.AggregationRule``), or ``None`` when it publishes none."""
-    cls = STRATEGIES.get(cfg["strategy"]["name"])
+    cls = STRATEGIES.get(experiment.strategy.name or "")
     publish = getattr(cls, "aggregation_rule", None)
-    return None if publish is None else publish(strategy_params(cfg))
+    return None if publish is None else publish(experiment.strategy.params)
 
 
 class RemembersSent(FedAvg):

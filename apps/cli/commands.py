@@ -81,9 +81,10 @@ def run(
 
     forced: dict[str, Any] = {"engine": engine, "seed": seed}
     if superlink is not None:
-        forced["deployment"] = {"superlink": superlink}
+        deployment = {"superlink": superlink}
         if root_certificates is not None:
-            forced["deployment"]["root_certificates"] = str(root_certificates.resolve())
+            deployment["root_certificates"] = str(root_certificates.resolve())
+        forced["deployment"] = deployment
     if ray is not None:
         forced["simulation"] = {"ray_address": ray}
     overrides = overrides or []
@@ -100,21 +101,21 @@ def run(
         # SuperLink, or its connection to a Ray cluster (simulation.ray_address)
         options = {"ray_address": str(address)} if wanted == "simulation" and address else {}
         started = stack.enter_context(booted(wanted, **options)) if wanted in ENGINES else None
-        cfg = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
+        resolved = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
         from flowerbed.apps.preflight import load_warning
 
-        warning = load_warning(cfg)
+        warning = load_warning(resolved)
         if warning is not None:
             console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
         progress.update(
-            progress.task_ids[0], total=cfg["rounds"],
-            description=f"{cfg['experiment']} [{cfg['engine']}]",
+            progress.task_ids[0], total=resolved.rounds,
+            description=f"{resolved.experiment} [{resolved.engine}]",
         )  # fmt: skip
         from flowerbed.server.results import default_run_dir
 
-        run_dir = out_dir.resolve() if out_dir is not None else default_run_dir(cfg)
-        engine_fn = started if cfg["engine"] == wanted else None
-        summary = execute(cfg, run_dir, progress, verbose, engine_fn)
+        run_dir = out_dir.resolve() if out_dir is not None else default_run_dir(resolved)
+        engine_fn = started if resolved.engine == wanted else None
+        summary = execute(resolved, run_dir, progress, verbose, engine_fn)
     out.print(summary_view(summary))
     out.print(f"run directory: {run_dir}", soft_wrap=True)
 

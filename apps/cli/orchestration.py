@@ -8,13 +8,18 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowerbed.apps.cli.flower_log import LogTail, _quiet_flower
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 
+if TYPE_CHECKING:
+    from flowerbed.clients.core.config import Experiment
 
-def prepare(experiment: str, overrides: list[str], isolated: bool = False, **forced: Any) -> dict:
+
+def prepare(
+    experiment: str, overrides: list[str], isolated: bool = False, **forced: Any
+) -> Experiment:
     """Resolve and pre-flight a config (dataset readable, workload constructible).
 
     ``isolated``: in a child process, so the heavy imports and the dataset do not stay resident
@@ -49,9 +54,11 @@ def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
 
 
 def execute(
-    cfg: dict, run_dir: Path, progress: Any = None, verbose: bool = False, engine: Any = None
-) -> dict:
-    """Run a resolved config on its engine; remove the run directory if the input was at fault.
+    experiment: Experiment, run_dir: Path, progress: Any = None, verbose: bool = False,
+    engine: Any = None,
+) -> dict:  # fmt: skip
+    """Run a resolved experiment on its engine; remove the run directory if the input was at
+    fault.
 
     ``engine``: the engine booted before the config was checked (``apps.engines.booted``); by
     default the config's engine.
@@ -64,13 +71,14 @@ def execute(
         )
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already exists and is not empty")
-    engine = engine or get_engine(cfg["engine"])
+    engine = engine or get_engine(experiment.engine)
     created = not run_dir.exists()
     log_handler = None
-    if cfg["engine"] == "inline":  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
+    inline = experiment.engine == "inline"
+    if inline:  # Flower logs in this process (elsewhere: RUN_DIR/flower.log)
         log_handler = _quiet_flower(verbose, run_dir / "flower.log")
-    rounds = cfg["rounds"]
-    tail = LogTail(run_dir / "flower.log") if verbose and cfg["engine"] != "inline" else None
+    rounds = experiment.rounds
+    tail = LogTail(run_dir / "flower.log") if verbose and not inline else None
 
     def on_round(server_round: int, final: dict) -> None:
         if progress is not None:
@@ -88,7 +96,7 @@ def execute(
             tail.flush()
 
     try:
-        summary = engine(cfg, run_dir, on_round=on_round, on_status=on_status)
+        summary = engine(experiment, run_dir, on_round=on_round, on_status=on_status)
     except ConfigError:
         _remove(run_dir, created)
         raise
@@ -105,8 +113,8 @@ def execute(
         from flowerbed.server.processes import user_problem
 
         problem = None
-        if cfg["engine"] == "deployment":  # a SuperLink the user pointed us at
-            problem = user_problem(run_dir / "flower.log", exc, cfg["deployment"])
+        if experiment.engine == "deployment":  # a SuperLink the user pointed us at
+            problem = user_problem(run_dir / "flower.log", exc, experiment.deployment)
         if problem is not None:
             _remove(run_dir, created)
             raise ConfigError(problem) from None

@@ -83,11 +83,12 @@ def describe(needs: Needs | Iterable[str]) -> str:
     return " or ".join(alts) or "nothing"
 
 
-def offered(workload_cls: type, params: dict[str, Any] | None = None) -> tuple[set[str], dict[str, str]]:  # fmt: skip
-    """What a workload offers under ``params`` and, for each offer it withholds there, why."""
+def offered(workload_cls: type, params: Any = None) -> tuple[set[str], dict[str, str]]:
+    """What a workload offers under ``params`` (an instance of its ``Params``; ``None``: the
+    class-level offers) and, for each offer it withholds there, why."""
     offers = set(getattr(workload_cls, "offers", ())) | RUN_OFFERS
     withheld_fn = getattr(workload_cls, "withheld", None)
-    withheld = dict(withheld_fn(params or {})) if withheld_fn is not None and params else {}
+    withheld = dict(withheld_fn(params)) if withheld_fn is not None and params is not None else {}
     return offers - set(withheld), {str(k): v for k, v in withheld.items()}
 
 

@@ -1,8 +1,14 @@
 """The experiment config: a structured omegaconf schema, presets, dotlist overrides and validation.
 
-It lives in ``clients`` (the bottom of the import graph) because every layer reads it. A resolved
-config is a plain nested dict: every component's ``params`` filled with its defaults, so the
-``config.yaml`` of a run says exactly what ran.
+It lives in ``clients`` (the bottom of the import graph) because every layer reads it.
+:func:`resolve` validates a raw config against the omegaconf schema (``ExperimentConfig``) and
+returns a frozen, typed :class:`Experiment`: every component a :class:`Component` holding its name
+and an instance of its ``Params`` filled with its defaults. The framework reads attributes
+(``experiment.attack.params.rounds``); the experiment becomes a plain dict (:meth:`Experiment.to_dict`)
+only where it leaves the process: ``config.yaml`` (so it says exactly what ran), Flower's run
+config and ConfigRecords (:func:`encode_config`, :func:`to_json`), Ray. A resolved experiment's
+dict resolves again to the same experiment (the ServerApp re-resolves what the CLI sent;
+a ClientApp types what the server sent with :func:`decode`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -52,7 +58,7 @@ class Partitioner(enum.StrEnum):
     dirichlet = "dirichlet"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResourcesConfig:
     """What each client gets: Flower's client resources on the simulation engine (Ray actors);
     ``gpus > 0`` also puts workloads' tensors on CUDA (``Workload.device``) on every engine."""
@@ -61,7 +67,7 @@ class ResourcesConfig:
     gpus: float = param(0.0, ge=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClientsConfig:
     num: int = param(10, ge=1)
     fraction: float = param(1.0, gt=0, le=1)
@@ -76,8 +82,19 @@ class ClientsConfig:
     #: how long the server waits for a round's replies; missing ones count as failures
     timeout_s: float = param(600.0, gt=0, lt=float("inf"))
 
+    @property
+    def least(self) -> int:
+        """The fewest clients a round waits for: ``min_clients``, capped at ``num``."""
+        return min(self.min_clients, self.num)
 
-@dataclass
+    def sampled(self, fraction: float | None = None) -> int:
+        """Clients a round samples, by Flower's rule ``max(int(num * fraction), min_clients)``
+        (:attr:`least`); ``fraction`` is ``self.fraction`` unless given."""
+        share = self.fraction if fraction is None else fraction
+        return max(int(self.num * share), self.least)
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     name: str = "adult"
     path: str | None = None
@@ -109,7 +126,7 @@ class MaliciousConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimConfig:
     """The preset's headline: ``metric`` (a summary metric) must end ``above`` or ``below`` a
     bound (a number, another summary metric, or ``{metric, overrides}``: the metric of the same
@@ -129,7 +146,7 @@ class ClaimConfig:
     hard: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputConfig:
     """Where runs go (``dir/<time>-<experiment>`` unless ``--out`` names the run directory)."""
 
@@ -142,7 +159,7 @@ class OutputConfig:
     overrides: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeploymentConfig:
     """Where the ``deployment`` engine submits: a loopback federation dir or any SuperLink."""
 
@@ -154,7 +171,7 @@ class DeploymentConfig:
     node_timeout_s: float = param(120.0, gt=0, lt=float("inf"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimulationConfig:
     """Where the ``simulation`` engine's ClientApp actors run: a private local Ray instance
     (unset), or an existing Ray cluster (``auto``, ``HOST:PORT``), with ``clients.resources``
@@ -185,6 +202,84 @@ class ExperimentConfig:
     #: that came from outside flowerbed (an entry point), so each process can import it by name
     plugins: list[str] = field(default_factory=list)
     claim: ClaimConfig = field(default_factory=ClaimConfig)
+
+
+@dataclass(frozen=True)
+class Component:
+    """A configured component: its registered ``name`` and ``params``, an instance of its class's
+    ``Params`` dataclass (built from the validated values, as the component receives it).
+
+    An unset component (``attack``, ``malicious`` without a name) holds its params as given (a
+    dict, normally empty); so do the sections of kinds a process has no registry for
+    (:func:`decode` on a ClientApp: the strategy and the attack)."""
+
+    name: str | None = None
+    params: Any = None
+
+
+@dataclass(frozen=True)
+class Malicious:
+    """Clients that lie (``MaliciousConfig``, typed like :class:`Component`): which attack and who
+    runs it, ``fraction`` of the clients drawn from the seed or the partition ids in ``clients``."""
+
+    name: str | None = None
+    fraction: float | None = None
+    clients: tuple[int, ...] = ()
+    params: Any = None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A resolved experiment: what :func:`resolve` returns, frozen; every framework module reads
+    its attributes. Field order is ``ExperimentConfig``'s, so :meth:`to_dict` writes the same
+    ``config.yaml`` and run config; ``clients.fraction_evaluate`` is always set. The sections
+    without params are the schema's own frozen dataclasses (``ClientsConfig``, ...); their list
+    fields stay lists, so omegaconf's one-line errors for them are unchanged."""
+
+    experiment: str
+    description: str
+    seed: int
+    rounds: int
+    engine: Engine
+    clients: ClientsConfig
+    dataset: DatasetConfig
+    workload: Component
+    strategy: Component
+    attack: Component
+    defenses: tuple[Component, ...]
+    malicious: Malicious
+    output: OutputConfig
+    deployment: DeploymentConfig
+    simulation: SimulationConfig
+    plugins: tuple[str, ...]
+    claim: ClaimConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain nested dict (enums as values, sequences as lists) written to files and
+        Flower's configs; :func:`resolve` (or :func:`decode`) turns it back into this experiment."""
+        data: dict[str, Any] = plain(dataclasses.asdict(self))
+        return data
+
+    def run_key(self) -> str:
+        """The experiment without its output settings, as canonical JSON: the key of state a
+        client keeps per experiment (a sweep's cells share a client's process and Context)."""
+        return json.dumps(
+            {k: v for k, v in self.to_dict().items() if k != "output"}, sort_keys=True
+        )
+
+
+T = TypeVar("T")
+
+
+def replace_at(obj: T, path: str, **changes: Any) -> T:
+    """A copy of the frozen ``obj`` (an :class:`Experiment`) with ``changes`` made to the part at
+    dotted ``path`` (``""``: ``obj`` itself; ``"clients.resources"``, ``"workload.params"``);
+    nothing is validated again (:func:`resolve` does that)."""
+    if not path:
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+    head, _, rest = path.partition(".")
+    part = replace_at(getattr(obj, head), rest, **changes)
+    return dataclasses.replace(obj, **{head: part})  # type: ignore[type-var]
 
 
 def configs_dir() -> Path:
@@ -229,13 +324,27 @@ def validate_structured(schema: type, values: dict[str, Any], where: str) -> Any
     return obj
 
 
+def _mapping(node: DictConfig, resolve: bool = True) -> dict[str, Any]:
+    """``OmegaConf.to_container`` of a mapping node: a dict with string keys (omegaconf types
+    what it returns as any container with any key type)."""
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=resolve))
+
+
 def load_preset(name: str) -> dict[str, Any]:
     path = configs_dir() / "experiments" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown experiment '{name}' (allowed: {', '.join(preset_names())})")
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    loaded = OmegaConf.load(path)
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    data = _mapping(loaded)
     data.setdefault("experiment", name)
     return data
+
+
+def preset_description(name: str) -> str:
+    """The ``description`` a preset's file gives (without resolving it: ``flowerbed list``)."""
+    return str(load_preset(name).get("description", ""))
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -267,7 +376,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             f"{configs_dir() / 'experiments' / 'quickstart.yaml'}"
         )
     try:
-        return OmegaConf.to_container(loaded, resolve=True)  # type: ignore[return-value]
+        return _mapping(loaded)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
 
@@ -282,7 +391,7 @@ def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
     if bad:
         raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. rounds=5)")
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+        return _mapping(OmegaConf.from_dotlist(list(overrides)))
     except Exception as exc:  # noqa: BLE001 - omegaconf or YAML parse errors, shown on one line
         raise ConfigError(
             f"bad override ({str(exc).splitlines()[0]}); YAML values need a space after ':', "
@@ -314,72 +423,78 @@ OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha", "clients.par
 
 def resolve(
     base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
-) -> dict[str, Any]:
-    """Validate a raw config (preset + overrides) and fill every component's params."""
-    if any(_is_set(raw, "clients.cpus") for raw in (base, overrides or {})):
+) -> Experiment:
+    """Validate a raw config (preset + overrides) into a typed :class:`Experiment`, every
+    component's params filled with its defaults."""
+    raws = [base, overrides or {}]
+    if any(_is_set(raw, "clients.cpus") for raw in raws):
         raise ConfigError(
             "clients.cpus moved to clients.resources.cpus (clients.resources: cpus, gpus)"
         )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), base, overrides or {})
-        experiment = OmegaConf.to_object(merged)
+        schema: ExperimentConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, "")) from None
-    check_rules(experiment, "")
-    cfg: dict[str, Any] = plain(dataclasses.asdict(experiment))
-    num, least = cfg["clients"]["num"], cfg["clients"]["min_clients"]
-    if least > num and any(_is_set(raw, "clients.min_clients") for raw in (base, overrides or {})):
+    check_rules(schema, "")
+    clients = schema.clients
+    num, least = clients.num, clients.min_clients
+    if least > num and any(_is_set(raw, "clients.min_clients") for raw in raws):
         raise ConfigError(  # Flower would wait for clients that never come; never cap it silently
             f"clients.min_clients={least} above clients.num={num} (allowed: 1..{num})"
         )
-    cfg["plugins"] = normalise(cfg["plugins"])
-    load_plugins(cfg["plugins"])
-    if cfg["clients"]["fraction_evaluate"] is None:
-        cfg["clients"]["fraction_evaluate"] = cfg["clients"]["fraction"]
-    components.datasets.get(cfg["dataset"]["name"])
-    workload_cls = _fill_params(cfg, "workload", components.workloads)
-    _check_reads(cfg, workload_cls, [base, overrides or {}], components.workloads)
-    strategy_cls = _fill_params(cfg, "strategy", components.strategies)
-    _check_strategy_clients(cfg, strategy_cls)
-    _check_withheld(cfg, strategy_cls, components.defenses)
-    offers = offered(workload_cls, cfg["workload"]["params"])
-    _check_needs(
-        "strategy", cfg["strategy"]["name"], strategy_cls, cfg, offers, components.workloads
-    )
-    if cfg["attack"]["name"]:
-        attack_cls = _fill_params(cfg, "attack", components.attacks)
-        _check_needs("attack", cfg["attack"]["name"], attack_cls, cfg, offers, components.workloads)
-        _check_attacked(cfg)
-    for i, defense in enumerate(cfg["defenses"]):
-        cls = components.defenses.get(defense["name"] or "")
-        params = validate_structured(cls.Params, defense["params"], f"defenses.{i}.params")
-        defense["params"] = plain(dataclasses.asdict(params))
-        _check_needs("defense", defense["name"], cls, cfg, offers, components.workloads)
-    _check_malicious(cfg, offers, components)
-    _record_outside_modules(cfg, components)
-    return cfg
+    plugins = normalise(schema.plugins)
+    load_plugins(plugins)
+    if clients.fraction_evaluate is None:
+        clients = dataclasses.replace(clients, fraction_evaluate=clients.fraction)
+    components.datasets.get(schema.dataset.name)
+    workload_cls, workload = _component(schema.workload, "workload", components.workloads)
+    _check_reads(workload, workload_cls, raws, components.workloads)
+    strategy_cls, strategy = _component(schema.strategy, "strategy", components.strategies)
+    _check_strategy_clients(strategy, strategy_cls, clients)
+    _check_withheld(strategy, strategy_cls, schema.defenses, components.defenses)
+    offers = offered(workload_cls, workload.params)
+    _check_needs("strategy", strategy, strategy_cls, workload, offers, components.workloads)
+    attack = Component(None, schema.attack.params)
+    if schema.attack.name:
+        attack_cls, attack = _component(schema.attack, "attack", components.attacks)
+        _check_needs("attack", attack, attack_cls, workload, offers, components.workloads)
+        _check_attacked(attack, schema.rounds, num)
+    defenses = []
+    for i, section in enumerate(schema.defenses):
+        cls, defense = _component(section, f"defenses.{i}", components.defenses, required=False)
+        defenses.append(defense)
+        _check_needs("defense", defense, cls, workload, offers, components.workloads)
+    malicious = _check_malicious(schema.malicious, num, workload, offers, components)
+    experiment = Experiment(
+        experiment=schema.experiment, description=schema.description, seed=schema.seed,
+        rounds=schema.rounds, engine=schema.engine, clients=clients, dataset=schema.dataset,
+        workload=workload, strategy=strategy, attack=attack, defenses=tuple(defenses),
+        malicious=malicious, output=schema.output, deployment=schema.deployment,
+        simulation=schema.simulation, plugins=tuple(plugins), claim=schema.claim,
+    )  # fmt: skip
+    return dataclasses.replace(experiment, plugins=_outside_modules(experiment, components))
 
 
 def _check_malicious(
-    cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]], components: Components
-) -> None:
+    section: MaliciousConfig, num: int, workload: Component,
+    offers: tuple[set[str], dict[str, str]], components: Components,
+) -> Malicious:  # fmt: skip
     """A malicious-client attack: its params, what it needs of the workload, and who runs it
     (a fraction or a list, never both; ids that exist; at least one client unless fraction=0)."""
-    section = cfg["malicious"]
-    name, fraction, listed = section["name"], section["fraction"], section["clients"]
+    name, fraction, listed = section.name, section.fraction, section.clients
     registry = components.malicious
     if not name:
-        if fraction is not None or listed or section["params"]:
+        if fraction is not None or listed or section.params:
             raise ConfigError(
                 "malicious.fraction/clients/params set without malicious.name "
                 f"(allowed: {', '.join(registry.names()) if registry else 'none'})"
             )
-        return
+        return Malicious(name, fraction, tuple(listed), section.params)
     if registry is None:
         raise ConfigError("malicious clients are not available here (no malicious registry)")
-    cls = _fill_params(cfg, "malicious", registry)
-    _check_needs("malicious", name, cls, cfg, offers, components.workloads)
-    num = cfg["clients"]["num"]
+    cls, typed = _component(section, "malicious", registry)
+    _check_needs("malicious", typed, cls, workload, offers, components.workloads)
     if (fraction is None) == (not listed):
         raise ConfigError(
             "malicious: give exactly one of fraction (a share of the clients, drawn from the "
@@ -396,43 +511,42 @@ def _check_malicious(
             f"malicious.fraction={fraction:g} of clients.num={num} rounds to 0 malicious clients "
             f"(allowed: 0, or >= {0.5 / num:.3g}; or list them in malicious.clients)"
         )
+    return Malicious(name, fraction, tuple(listed), typed.params)
 
 
-def _record_outside_modules(cfg: dict[str, Any], components: Components) -> None:
-    """Add to ``cfg["plugins"]`` the module of each component that came from outside flowerbed
-    (an installed package's entry point), so every process imports it by name: a Ray worker or a
+def _outside_modules(experiment: Experiment, components: Components) -> tuple[str, ...]:
+    """``plugins`` plus the module of each component that came from outside flowerbed (an
+    installed package's entry point), so every process imports it by name: a Ray worker or a
     container that has the module but not the package's metadata still finds it."""
-    used = [
-        (components.datasets, cfg["dataset"]["name"]),
-        (components.workloads, cfg["workload"]["name"]),
-        (components.strategies, cfg["strategy"]["name"]),
-        *([(components.attacks, cfg["attack"]["name"])] if cfg["attack"]["name"] else []),
-        *((components.defenses, d["name"]) for d in cfg["defenses"]),
-        *(
-            [(components.malicious, cfg["malicious"]["name"])]
-            if components.malicious is not None and cfg["malicious"]["name"]
-            else []
-        ),
+    used: list[tuple[Registry | None, str | None]] = [
+        (components.datasets, experiment.dataset.name),
+        (components.workloads, experiment.workload.name),
+        (components.strategies, experiment.strategy.name),
+        (components.attacks, experiment.attack.name),
+        *((components.defenses, d.name) for d in experiment.defenses),
+        (components.malicious, experiment.malicious.name),
     ]
+    plugins = list(experiment.plugins)
     for registry, name in used:
-        if registry.origin(name) == BUILTIN:
+        if registry is None or not name or registry.origin(name) == BUILTIN:
             continue
         module = registry.get(name).__module__
         if module != "__main__" and not module.startswith(FILE_MODULE_PREFIX):
-            if module not in cfg["plugins"]:
-                cfg["plugins"].append(module)
+            if module not in plugins:
+                plugins.append(module)
+    return tuple(plugins)
 
 
-def _check_attacked(cfg: dict[str, Any]) -> None:
+def _check_attacked(attack: Component, rounds: int, num: int) -> None:
     """Attacked rounds and target clients must exist, else they are silently never attacked."""
-    params, rounds, num = cfg["attack"]["params"], cfg["rounds"], cfg["clients"]["num"]
-    outside = [r for r in params.get("rounds") or [] if not 1 <= r <= rounds]
+    attacked = getattr(attack.params, "rounds", None) or []
+    outside = [r for r in attacked if not 1 <= r <= rounds]
     if outside:
         raise ConfigError(
             f"attack.params.rounds {outside} outside 1..{rounds} (rounds={rounds}): never attacked "
             f"(allowed: rounds 1..{rounds}; empty = every round)"
         )
-    targets = [t for t in params.get("target_clients") or [] if not 0 <= t < num]
+    targets = [t for t in getattr(attack.params, "target_clients", None) or [] if not 0 <= t < num]
     if targets:
         raise ConfigError(
             f"attack.params.target_clients {targets} outside 0..{num - 1} (clients.num={num}): "
@@ -440,13 +554,10 @@ def _check_attacked(cfg: dict[str, Any]) -> None:
         )
 
 
-_UNSET = object()
-
-
 @functools.cache
 def _schema_defaults() -> dict[str, Any]:
     """Every shared key at its schema default (built once; read only)."""
-    return OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))  # type: ignore[return-value]
+    return _mapping(OmegaConf.structured(ExperimentConfig), resolve=False)
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:
@@ -468,7 +579,7 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
 
 
 def _check_reads(
-    cfg: dict[str, Any], workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
+    workload: Component, workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
 ) -> None:
     """A shared key set for a workload that ignores it is an error, not a silent no-op."""
     reads = set(getattr(workload_cls, "reads", ()))
@@ -476,44 +587,46 @@ def _check_reads(
         if key not in reads and any(_is_set(raw, key) for raw in raws):
             users = [n for n, c in workloads.items() if key in getattr(c, "reads", ())]
             raise ConfigError(
-                f"workload '{cfg['workload']['name']}' does not use {key}; remove it "
+                f"workload '{workload.name}' does not use {key}; remove it "
                 f"(workloads that do: {', '.join(users) or 'none'})"
             )
 
 
-def _check_withheld(cfg: dict[str, Any], strategy_cls: type, defenses: Registry) -> None:
+def _check_withheld(
+    strategy: Component, strategy_cls: type, defenses: list[ComponentConfig], registry: Registry
+) -> None:
     """The strategy needs what a configured defense withholds from the server (secure aggregation
     hides the individual updates a robust aggregator needs): refused, naming both."""
     needs = getattr(strategy_cls, "needs", ())
-    for defense in cfg["defenses"]:
-        withheld = set(getattr(defenses.get(defense["name"]), "withholds", ()))
+    for defense in defenses:
+        withheld = set(getattr(registry.get(defense.name), "withholds", ()))  # type: ignore[arg-type]
         if withheld and all(alt & withheld for alt in alternatives(needs)):
             raise ConfigError(
-                f"strategy '{cfg['strategy']['name']}' needs {describe(needs)}, which defense "
-                f"'{defense['name']}' withholds from the server; use one or the other"
+                f"strategy '{strategy.name}' needs {describe(needs)}, which defense "
+                f"'{defense.name}' withholds from the server; use one or the other"
             )
 
 
-def _check_strategy_clients(cfg: dict[str, Any], strategy_cls: type) -> None:
+def _check_strategy_clients(
+    strategy: Component, strategy_cls: type, clients: ClientsConfig
+) -> None:
     """A strategy whose rule needs a number of replies per round (Krum: n >= 2f+3) gets it from
-    the clients a round samples (Flower's rule: ``max(int(num * fraction), min_clients)``)."""
+    the clients a round samples (:meth:`ClientsConfig.sampled`, Flower's rule)."""
     check = getattr(strategy_cls, "fits_clients", None)
     if check is None:
         return
-    clients = cfg["clients"]
-    num = int(clients["num"])
-    sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
-    why = check(strategy_cls.Params(**cfg["strategy"]["params"]), sampled)
+    sampled = clients.sampled()
+    why = check(strategy.params, sampled)
     if why:
         raise ConfigError(
-            f"strategy '{cfg['strategy']['name']}': {why}, but a round samples {sampled} "
-            f"(clients.num={num}, clients.fraction={clients['fraction']})"
+            f"strategy '{strategy.name}': {why}, but a round samples {sampled} "
+            f"(clients.num={clients.num}, clients.fraction={clients.fraction})"
         )
 
 
 def _check_needs(
-    kind: str, name: str, cls: type, cfg: dict[str, Any], offers: tuple[set[str], dict[str, str]],
-    workloads: Registry,
+    kind: str, component: Component, cls: type, workload: Component,
+    offers: tuple[set[str], dict[str, str]], workloads: Registry,
 ) -> None:  # fmt: skip
     """A strategy, attack or defense runs only on a workload that offers what one of its
     alternatives needs
@@ -522,26 +635,35 @@ def _check_needs(
     available, withheld = offers
     if fits(needs, available):
         return
-    workload = cfg["workload"]["name"]
     reasons = [why for cap, why in sorted(withheld.items()) if fits(needs, available | {cap})]
     where = f" here ({'; '.join(reasons)})" if reasons else ""
     fitting = supported_workloads(needs, workloads.items())
     alts = alternatives(needs)
     what = describe(alts[0] - available) if len(alts) == 1 else describe(needs)
     raise ConfigError(
-        f"{kind} '{name}' needs {what}, which workload '{workload}' does not offer"
+        f"{kind} '{component.name}' needs {what}, which workload '{workload.name}' does not offer"
         f"{where} (workloads that do: {', '.join(fitting) or 'none'})"
     )
 
 
-def _fill_params(cfg: dict[str, Any], section: str, registry: Registry) -> type:
-    name = cfg[section]["name"]
-    if not name:
-        raise ConfigError(f"{section}.name is required (allowed: {', '.join(registry.names())})")
-    cls = registry.get(name)
-    params = validate_structured(cls.Params, cfg[section]["params"], f"{section}.params")
-    cfg[section]["params"] = plain(dataclasses.asdict(params))
-    return cls
+def _component(
+    section: ComponentConfig | MaliciousConfig,
+    where: str,
+    registry: Registry,
+    required: bool = True,
+) -> tuple[type, Component]:
+    """The registered class of a config section and the section typed: its params validated
+    against the class's ``Params`` (``ConfigError`` naming ``where``) and filled with defaults."""
+    if required and not section.name:
+        raise ConfigError(f"{where}.name is required (allowed: {', '.join(registry.names())})")
+    cls = registry.get(section.name or "")
+    params = validate_structured(cls.Params, section.params, f"{where}.params")
+    return cls, Component(section.name, typed_params(cls, plain(dataclasses.asdict(params))))
+
+
+def typed_params(cls: type, values: dict[str, Any]) -> Any:
+    """``cls.Params`` from its validated plain values, as every component has received it."""
+    return cls.Params(**values)  # type: ignore[attr-defined]
 
 
 def load_base(name_or_path: str) -> dict[str, Any]:
@@ -563,8 +685,8 @@ def load_experiment(
     overrides: list[str] | str | None,
     components: Components,
     **forced: Any,
-) -> dict[str, Any]:
-    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved config dict.
+) -> Experiment:
+    """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved experiment.
 
     ``forced`` values (CLI options) are merged key by key over the overrides, so
     ``--superlink`` keeps a ``deployment.insecure=true`` given beside it.
@@ -572,11 +694,12 @@ def load_experiment(
     base = load_base(name_or_path)
     extra = parse_overrides(overrides)
     merge_into(extra, {k: v for k, v in forced.items() if v is not None})
-    cfg = resolve(base, extra, components)
+    experiment = resolve(base, extra, components)
     typed = overrides.split() if isinstance(overrides, str) else list(overrides or [])
     if typed:
-        cfg["output"]["overrides"] = [str(o) for o in typed]
-    return cfg
+        output = dataclasses.replace(experiment.output, overrides=[str(o) for o in typed])
+        experiment = dataclasses.replace(experiment, output=output)
+    return experiment
 
 
 def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -588,18 +711,66 @@ def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:
             into[key] = copy.deepcopy(value)
 
 
-def encode_config(cfg: dict[str, Any]) -> str:
+# ---- the serialisation boundary: files, Flower's run config and ConfigRecords, Ray ----------
+
+
+def decode(
+    data: dict[str, Any], *, workloads: Registry | None = None, defenses: Registry | None = None,
+    malicious: Registry | None = None, strategies: Registry | None = None,
+    attacks: Registry | None = None,
+) -> Experiment:  # fmt: skip
+    """A resolved experiment's dict (:meth:`Experiment.to_dict`, read back from JSON) typed again
+    without the checks of :func:`resolve`: what a ClientApp does with the experiment the server
+    sent (its plugins imported first), and the CLI with the one its pre-flight child resolved. A
+    kind without a registry here (a ClientApp has no strategies or attacks; the CLI none) keeps
+    its params as the plain dict, read by nobody in that process and serialised unchanged."""
+    try:
+        schema: ExperimentConfig = OmegaConf.to_object(  # type: ignore[assignment]
+            OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
+        )
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_one_line(exc, "")) from None
+    if any(r is not None for r in (workloads, defenses, malicious, strategies, attacks)):
+        load_plugins(schema.plugins)
+
+    def component(section: ComponentConfig, registry: Registry | None) -> Component:
+        if registry is None or not section.name:
+            return Component(section.name, section.params)
+        return Component(section.name, typed_params(registry.get(section.name), section.params))
+
+    bad = schema.malicious
+    return Experiment(
+        experiment=schema.experiment, description=schema.description, seed=schema.seed,
+        rounds=schema.rounds, engine=schema.engine, clients=schema.clients,
+        dataset=schema.dataset, workload=component(schema.workload, workloads),
+        strategy=component(schema.strategy, strategies),
+        attack=component(schema.attack, attacks),
+        defenses=tuple(component(d, defenses) for d in schema.defenses),
+        malicious=Malicious(
+            bad.name, bad.fraction, tuple(bad.clients),
+            component(ComponentConfig(bad.name, bad.params), malicious).params,
+        ),
+        output=schema.output, deployment=schema.deployment, simulation=schema.simulation,
+        plugins=tuple(schema.plugins), claim=schema.claim,
+    )  # fmt: skip
+
+
+def encode_config(experiment: Experiment) -> str:
     """Base64 JSON: survives Flower's flat, TOML-quoted run config on any transport."""
-    return base64.b64encode(to_json(cfg).encode()).decode()
+    return base64.b64encode(to_json(experiment).encode()).decode()
 
 
 def decode_config(encoded: str) -> dict[str, Any]:
-    return json.loads(base64.b64decode(encoded.encode()).decode())
+    """The dict :func:`encode_config` encoded (to be resolved again)."""
+    data: dict[str, Any] = json.loads(base64.b64decode(encoded.encode()).decode())
+    return data
 
 
-def to_json(cfg: dict[str, Any]) -> str:
-    return json.dumps(cfg, sort_keys=True)
+def to_json(experiment: Experiment) -> str:
+    return json.dumps(experiment.to_dict(), sort_keys=True)
 
 
-def to_yaml(cfg: dict[str, Any]) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(cfg))
+def to_yaml(experiment: Experiment | dict[str, Any]) -> str:
+    """``config.yaml``'s text of an experiment (or of its :meth:`~Experiment.to_dict`)."""
+    data = experiment.to_dict() if isinstance(experiment, Experiment) else experiment
+    return OmegaConf.to_yaml(OmegaConf.create(data))

@@ -241,9 +241,15 @@ def dataset_key(dataset_cfg: dict[str, Any]) -> str:
     return content_key({"dataset": dataset_cfg})
 
 
-def load_table(dataset_cfg: dict[str, Any]) -> Table:
+def key_section(key: str) -> dict[str, Any]:
+    """The dataset section (a plain dict) a :func:`dataset_key` was made of."""
+    section: dict[str, Any] = json.loads(key)["cfg"]["dataset"]
+    return section
+
+
+def load_table(dataset: DatasetConfig) -> Table:
     """Load the configured table (cached per process; a rewritten file is read again)."""
-    return _load_cached(dataset_key(dataset_cfg))
+    return _load_cached(dataset_key(dataclasses.asdict(dataset)))
 
 
 def table_from_key(key: str) -> Table:
@@ -253,13 +259,14 @@ def table_from_key(key: str) -> Table:
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(key: str) -> Table:
-    cfg = json.loads(key)["cfg"]["dataset"]
-    table = build_dataset(cfg).load()
-    if cfg.get("max_rows"):
-        n = int(cfg["max_rows"])
+    section = key_section(key)
+    dataset = DatasetConfig(**section)
+    table = build_dataset(section).load()
+    if dataset.max_rows:
+        n = int(dataset.max_rows)
         table = Table(table.train.iloc[:n].reset_index(drop=True), table.test, table.schema)
-    if cfg.get("resample_rows"):
-        table = Table(resample(table.train, int(cfg["resample_rows"])), table.test, table.schema)
+    if dataset.resample_rows:
+        table = Table(resample(table.train, int(dataset.resample_rows)), table.test, table.schema)
     return table
 
 

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 import pandas as pd
 
+from flowerbed.clients.core.config import ClientsConfig
 from flowerbed.clients.core.errors import ConfigError
 
 
@@ -97,10 +98,12 @@ def partition_sizes(
     return np.sum([np.diff(cuts) for _, cuts in classes], axis=0).astype(int).tolist()
 
 
-def check_partitions(labels: pd.Series | np.ndarray, clients: dict, seed: int, what: str) -> None:
+def check_partitions(
+    labels: pd.Series | np.ndarray, clients: ClientsConfig, seed: int, what: str
+) -> None:
     """Refuse a split that leaves a client without a training row (``ConfigError``, one line)."""
-    num, kind = int(clients["num"]), clients["partitioner"]
-    sizes = partition_sizes(labels, num, kind, clients["alpha"], seed)
+    num, kind = clients.num, str(clients.partitioner)
+    sizes = partition_sizes(labels, num, kind, clients.alpha, seed)
     empty = sum(size == 0 for size in sizes)
     if not empty:
         return

@@ -35,8 +35,7 @@ metric ``wire-bytes``; the server counts dense array bytes for replies without i
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,6 +43,7 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import Registry
 
 DEFENSES: Registry[Defense] = Registry("defense", (__name__,))
@@ -140,20 +140,19 @@ class DefenseContext:
     run_key: str
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any]) -> DefenseContext:
-        """The context of a resolved experiment config."""
-        clients = cfg["clients"]
-        num = int(clients["num"])
-        sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
-        key = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
-        return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, key)
+    def of(cls, experiment: Experiment) -> DefenseContext:
+        """The context of a resolved experiment."""
+        clients = experiment.clients
+        return cls(
+            experiment.seed, experiment.rounds, clients.num, clients.sampled(), experiment.run_key()
+        )
 
 
 class Defense(Component[DefenseContext]):
     """Base class: ``Defense(params, ctx)``; every hook is the identity."""
 
     Context = DefenseContext
-    built_by = "build_defenses(cfg) builds the defenses of a config"
+    built_by = "build_defenses(experiment) builds the defenses of an experiment"
     needs: ClassVar[frozenset[Capability]] = frozenset()
     #: run capabilities the defense takes from the server (secure aggregation: the individual
     #: updates); a strategy needing one is refused beside it when the config is resolved
@@ -223,12 +222,12 @@ def update_mod(
     return mod
 
 
-def build_defenses(cfg: Mapping[str, Any]) -> list[Defense]:
+def build_defenses(experiment: Experiment) -> list[Defense]:
     """The configured defenses, in the order listed, each with its Params and the run's context."""
-    if not cfg["defenses"]:
+    if not experiment.defenses:
         return []
-    ctx = DefenseContext.of(cfg)
-    return [DEFENSES.get(d["name"])(d["params"], ctx) for d in cfg["defenses"]]
+    ctx = DefenseContext.of(experiment)
+    return [DEFENSES.get(d.name or "")(d.params, ctx) for d in experiment.defenses]
 
 
 def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:
@@ -237,6 +236,6 @@ def mechanisms_of(defenses: Iterable[Defense]) -> list[Mechanism]:
     return [m for defense in defenses for m in defense.mechanism()]
 
 
-def published_mechanisms(cfg: Mapping[str, Any]) -> list[Mechanism]:
+def published_mechanisms(experiment: Experiment) -> list[Mechanism]:
     """Every configured defense's public mechanism, in the order the defenses are listed."""
-    return mechanisms_of(build_defenses(cfg))
+    return mechanisms_of(build_defenses(experiment))

@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,6 +48,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flowerbed.clients.contracts import ModelLossOffer, offer
 from flowerbed.clients.core.capabilities import Capability, Needs, alternatives
 from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
 
@@ -117,15 +117,16 @@ class MaliciousContext:
         return self.schema
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any], workload: Workload | None = None) -> MaliciousContext:
-        attack = MALICIOUS.get(cfg["malicious"]["name"])
-        clients = cfg["clients"]
-        num = int(clients["num"])
-        sampled = max(int(num * clients["fraction"]), min(int(clients["min_clients"]), num))
+    def of(cls, experiment: Experiment, workload: Workload | None = None) -> MaliciousContext:
+        attack = MALICIOUS.get(experiment.malicious.name or "")
+        clients = experiment.clients
         offers: frozenset[Capability] = getattr(workload, "offers", frozenset())
         wants_schema = any(Capability.MODEL_LOSS in alt for alt in alternatives(attack.needs))
         schema = offer(workload, ModelLossOffer).model_loss().schema if wants_schema and Capability.MODEL_LOSS in offers else None  # fmt: skip
-        return cls(int(cfg["seed"]), int(cfg["rounds"]), num, sampled, chosen(cfg), schema)
+        return cls(
+            experiment.seed, experiment.rounds, clients.num, clients.sampled(),
+            chosen(experiment), schema,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class Malicious(Component[MaliciousContext]):
     identity)."""
 
     Context = MaliciousContext
-    built_by = "build_malicious(cfg, workload) builds one from a config"
+    built_by = "build_malicious(experiment, workload) builds one from an experiment"
     needs: ClassVar[Needs] = frozenset()
     #: ``craft`` reads the colluders' benign updates (``View.benign``)
     colluding: ClassVar[bool] = False
@@ -186,21 +187,20 @@ class DataPoisoning(Malicious):
         raise NotImplementedError
 
 
-def chosen(cfg: Mapping[str, Any]) -> tuple[int, ...]:
-    """The malicious partition ids of a resolved config (none without ``malicious.name``)."""
-    section = cfg.get("malicious") or {}
-    if not section.get("name"):
+def chosen(experiment: Experiment) -> tuple[int, ...]:
+    """The malicious partition ids of a resolved experiment (none without ``malicious.name``)."""
+    section = experiment.malicious
+    if not section.name:
         return ()
     return malicious_partitions(
-        int(cfg["seed"]), int(cfg["clients"]["num"]), section.get("fraction"),
-        section.get("clients") or [],
-    )  # fmt: skip
+        experiment.seed, experiment.clients.num, section.fraction, section.clients
+    )
 
 
-def build_malicious(cfg: Mapping[str, Any], workload: Any = None) -> Malicious:
+def build_malicious(experiment: Experiment, workload: Any = None) -> Malicious:
     """The configured malicious client: its registered class, typed ``Params`` and context."""
-    cls = MALICIOUS.get(cfg["malicious"]["name"])
-    return cls(cls.Params(**cfg["malicious"]["params"]), MaliciousContext.of(cfg, workload))
+    cls = MALICIOUS.get(experiment.malicious.name or "")
+    return cls(experiment.malicious.params, MaliciousContext.of(experiment, workload))
 
 
 # -- flat updates ---------------------------------------------------------------------------------
@@ -238,30 +238,30 @@ _BENIGN: OrderedDict[tuple[str, int, str], np.ndarray] = OrderedDict()
 _KEPT = 4
 
 
-def _attacker(cfg: Mapping[str, Any], key: str, workload: Any) -> Malicious:
+def _attacker(experiment: Experiment, key: str, workload: Any) -> Malicious:
     if key not in _ATTACKERS:
-        _ATTACKERS[key] = build_malicious(cfg, workload)
+        _ATTACKERS[key] = build_malicious(experiment, workload)
         while len(_ATTACKERS) > _KEPT:
             _ATTACKERS.popitem(last=False)
     return _ATTACKERS[key]
 
 
 def train(
-    cfg: Mapping[str, Any], workload: Any, arrays: ArrayRecord, data: Any, config: dict[str, Any],
-    state: RecordDict,
+    experiment: Experiment, workload: Any, arrays: ArrayRecord, data: Any,
+    config: dict[str, Any], state: RecordDict,
 ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
     """One round of a client's training: ``workload.fit`` for an honest client; for a malicious
     one, training on its poisoned data and the update its attack crafts from what it knows."""
     partition_id = int(config[PARTITION_KEY])
-    if partition_id not in chosen(cfg):
+    if partition_id not in chosen(experiment):
         return workload.fit(arrays, data, config, state)
-    key = json.dumps({k: v for k, v in cfg.items() if k != "output"}, sort_keys=True)
-    attacker = _attacker(cfg, key, workload)
+    key = experiment.run_key()
+    attacker = _attacker(experiment, key, workload)
     server_round = int(config.get("server-round", 0))
     trained, metrics = workload.fit(arrays, attacker.poison(data, partition_id, server_round), config, state)  # fmt: skip
     sent = flat(arrays)
     benign = (
-        _benign_updates(cfg, key, workload, arrays, sent, config, attacker.ctx.colluders)
+        _benign_updates(experiment, key, workload, arrays, sent, config, attacker.ctx.colluders)
         if attacker.colluding else np.zeros((0, sent.size))
     )  # fmt: skip
     rule = config.get(AGGREGATION_KEY)
@@ -279,7 +279,7 @@ def train(
 
 
 def _benign_updates(
-    cfg: Mapping[str, Any], key: str, workload: Any, arrays: ArrayRecord, sent: np.ndarray,
+    experiment: Experiment, key: str, workload: Any, arrays: ArrayRecord, sent: np.ndarray,
     config: dict[str, Any], colluders: tuple[int, ...],
 ) -> np.ndarray:  # fmt: skip
     """Every colluder's benign update on the sent model, rows in partition order (cached per
@@ -287,7 +287,7 @@ def _benign_updates(
     digest = hashlib.sha256(sent.tobytes()).hexdigest()
     cache_key = (key, int(config.get("server-round", 0)), digest)
     if cache_key not in _BENIGN:
-        num = int(cfg["clients"]["num"])
+        num = experiment.clients.num
         rows = []
         for colluder in colluders:
             local = workload.load_partition(colluder, num)
@@ -300,9 +300,9 @@ def _benign_updates(
     return _BENIGN[cache_key]
 
 
-def scorer(cfg: Mapping[str, Any], workload: Any) -> Any:
+def scorer(experiment: Experiment, workload: Any) -> Any:
     """The configured attack's server-side success metrics (``arrays -> dict``), or ``None``
     without one; scored also at ``fraction: 0`` (the clean baseline's backdoor rate)."""
-    if not (cfg.get("malicious") or {}).get("name"):
+    if not experiment.malicious.name:
         return None
-    return build_malicious(cfg, workload).score
+    return build_malicious(experiment, workload).score

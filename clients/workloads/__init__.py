@@ -6,19 +6,16 @@ under ``clients/workloads/``. The base class below is the contract every engine 
 Inputs, typed: a workload is built from its validated ``Params`` (``self.params``) and a
 ``WorkloadContext`` (``self.ctx``: the run's seed, rounds, client count, the shared data settings it
 ``reads``, its device and the configured defenses), never the whole experiment config, so it cannot
-read another component's settings. ``build_workload(cfg)`` makes both from a resolved config.
+read another component's settings. ``build_workload(experiment)`` makes both from a resolved experiment.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 import numpy as np
@@ -30,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from flowerbed.clients.contracts import check_offers
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.config import DatasetConfig, Experiment
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed
@@ -48,14 +46,14 @@ __all__ = ["WORKLOADS", "ClassifierWorkload", "Examples", "Workload", "WorkloadC
            "score_classifier", "train_cross_entropy"]  # fmt: skip
 
 
-def assigned_device(cfg: Mapping[str, Any]) -> str:
+def assigned_device(experiment: Experiment) -> str:
     """The torch device of a client's assigned resources: ``cuda`` when
     ``clients.resources.gpus`` > 0, else ``cpu``.
 
     Ray (a sweep cell with ``--gpus-per-cell``, a simulation ClientApp actor) makes the GPUs it
     assigned the only visible ones, so ``cuda`` is the assigned GPU.
     """
-    gpus = float(cfg.get("clients", {}).get("resources", {}).get("gpus", 0.0))
+    gpus = float(experiment.clients.resources.gpus)
     if gpus <= 0:
         return "cpu"
     if not torch.cuda.is_available():
@@ -93,25 +91,25 @@ class WorkloadContext:
     partitioner: str | None = None
     alpha: float | None = None
     partition_by: str | None = None
-    dataset: Mapping[str, Any] | None = None
+    dataset: DatasetConfig | None = None
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any]) -> WorkloadContext:
-        """The context of a resolved experiment config, for its configured workload."""
+    def of(cls, experiment: Experiment) -> WorkloadContext:
+        """The context of a resolved experiment, for its configured workload."""
         from flowerbed.clients.defenses import build_defenses
 
-        reads = WORKLOADS.get(cfg["workload"]["name"]).reads
-        clients = cfg["clients"]
+        reads = WORKLOADS.get(experiment.workload.name or "").reads
+        clients = experiment.clients
         return cls(
-            seed=int(cfg["seed"]),
-            rounds=int(cfg["rounds"]),
-            num_clients=int(clients["num"]),
-            device=assigned_device(cfg),
-            defenses=tuple(build_defenses(cfg)),
-            partitioner=str(clients["partitioner"]) if "clients.partitioner" in reads else None,
-            alpha=float(clients["alpha"]) if "clients.alpha" in reads else None,
-            partition_by=clients["partition_by"] if "clients.partition_by" in reads else None,
-            dataset=MappingProxyType(copy.deepcopy(cfg["dataset"])) if "dataset" in reads else None,
+            seed=experiment.seed,
+            rounds=experiment.rounds,
+            num_clients=clients.num,
+            device=assigned_device(experiment),
+            defenses=tuple(build_defenses(experiment)),
+            partitioner=str(clients.partitioner) if "clients.partitioner" in reads else None,
+            alpha=float(clients.alpha) if "clients.alpha" in reads else None,
+            partition_by=clients.partition_by if "clients.partition_by" in reads else None,
+            dataset=experiment.dataset if "dataset" in reads else None,
         )
 
     @property
@@ -120,14 +118,14 @@ class WorkloadContext:
         what it derives from the table."""
         if self.dataset is None:
             raise ConfigError("this workload does not declare 'dataset' in its reads")
-        return json.dumps(dict(self.dataset), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self.dataset), sort_keys=True)
 
 
-def build_workload(cfg: Mapping[str, Any]) -> Workload:
-    """The configured workload of a resolved config: its registered class, built from its typed
-    ``Params`` and the run's ``WorkloadContext``."""
-    cls = WORKLOADS.get(cfg["workload"]["name"])
-    return cls(cls.Params(**cfg["workload"]["params"]), WorkloadContext.of(cfg))
+def build_workload(experiment: Experiment) -> Workload:
+    """The configured workload of a resolved experiment: its registered class, built from its
+    typed ``Params`` and the run's ``WorkloadContext``."""
+    cls = WORKLOADS.get(experiment.workload.name or "")
+    return cls(experiment.workload.params, WorkloadContext.of(experiment))
 
 
 @dataclass
@@ -278,7 +276,7 @@ class Workload(Component[WorkloadContext]):
     """
 
     Context = WorkloadContext
-    built_by = "build_workload(cfg) builds a workload from a config"
+    built_by = "build_workload(experiment) builds a workload from an experiment"
     #: what this workload offers to attacks and defenses (``flowerbed list`` shows it)
     offers: ClassVar[frozenset[Capability]] = frozenset()
     #: shared config keys it honours (``dataset``, ``clients.partitioner``, ``clients.alpha``)
@@ -290,7 +288,7 @@ class Workload(Component[WorkloadContext]):
 
     def __init__(self, params: Any, ctx: WorkloadContext) -> None:
         """``params``: this workload's ``Params``, or its fields as a mapping (validated here);
-        ``ctx``: the run (``build_workload(cfg)`` makes both from a config)."""
+        ``ctx``: the run (``build_workload(experiment)`` makes both from an experiment)."""
         super().__init__(params, ctx)
         self.device = ctx.device
         self.defenses = list(ctx.defenses)
@@ -333,8 +331,9 @@ class Workload(Component[WorkloadContext]):
 
     # -- what attacks may know --------------------------------------------------------------
     @classmethod
-    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
-        """Offers this workload withholds under ``params``, each with the reason (default none)."""
+    def withheld(cls, params: Any) -> dict[Capability, str]:
+        """Offers this workload withholds under ``params`` (an instance of its ``Params``), each
+        with the reason (default none)."""
         return {}
 
     def contract(self, kind: type[T]) -> T:

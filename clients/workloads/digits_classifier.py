@@ -119,11 +119,11 @@ class DigitsClassifier(ClassifierWorkload):
     params: Params
 
     @classmethod
-    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
+    def withheld(cls, params: Params) -> dict[Capability, str]:
         out = {}
-        if params.get("model") == "cnn":
+        if params.model == "cnn":
             out[Capability.LINEAR_FIRST_LAYER] = "model=cnn starts with a convolution"
-        elif params.get("protocol") == "fedavg" and params.get("optimizer") == "adam":
+        elif params.protocol == "fedavg" and params.optimizer == "adam":
             out[Capability.LINEAR_FIRST_LAYER] = "Adam local steps keep only gradient signs"
         return out
 

@@ -20,10 +20,18 @@ from torch import nn
 
 from flowerbed.clients import datasets as datasets_module
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.diskcache import cached_arrays
 from flowerbed.clients.core.files import referenced_files
 from flowerbed.clients.core.params import choices, param
-from flowerbed.clients.datasets import Table, TableSchema, data_dir, dataset_key, table_from_key
+from flowerbed.clients.datasets import (
+    Table,
+    TableSchema,
+    data_dir,
+    dataset_key,
+    key_section,
+    table_from_key,
+)
 from flowerbed.clients.model_loss import (
     OPTIMIZERS,
     PROTOCOLS,
@@ -136,11 +144,12 @@ def _encoded(dataset_json: str) -> EncodedTable:
 
 @functools.lru_cache(maxsize=4)
 def _encoded_table(key: str) -> EncodedTable:
-    dataset = json.loads(key)["cfg"]["dataset"]
-    if dataset.get("name") not in DISK_CACHED:  # its content may live outside the key's files
+    section = key_section(key)
+    dataset = DatasetConfig(**section)
+    if dataset.name not in DISK_CACHED:  # its content may live outside the key's files
         arrays, meta = _encode(key)
     else:
-        depends_on = [*referenced_files({"dataset": dataset}), *_SOURCES, *_bundled(dataset)]
+        depends_on = [*referenced_files({"dataset": section}), *_SOURCES, *_bundled(dataset)]
         arrays, meta = cached_arrays("encoded-table", key, depends_on, lambda: _encode(key))
     schema = TableSchema(
         tuple(meta["numeric"]), tuple(meta["categorical"]),
@@ -158,8 +167,8 @@ DISK_CACHED = ("adult", "german", "csv")
 _SOURCES = (Path(__file__), Path(datasets_module.__file__))
 
 
-def _bundled(dataset: dict[str, Any]) -> list[Path]:
-    name = str(dataset.get("name"))
+def _bundled(dataset: DatasetConfig) -> list[Path]:
+    name = str(dataset.name)
     return sorted(data_dir().glob(f"{name}.*")) if name in ("adult", "german") else []
 
 
@@ -208,8 +217,8 @@ class TabularMLP(ClassifierWorkload):
     params: Params
 
     @classmethod
-    def withheld(cls, params: dict[str, Any]) -> dict[Capability, str]:
-        if params.get("protocol") == "fedavg" and params.get("optimizer") == "adam":
+    def withheld(cls, params: Params) -> dict[Capability, str]:
+        if params.protocol == "fedavg" and params.optimizer == "adam":
             return {Capability.LINEAR_FIRST_LAYER: "Adam local steps keep only gradient signs"}
         return {}
 

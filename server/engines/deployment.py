@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowerbed.clients.core.config import encode_config, to_yaml
+from flowerbed.clients.core.config import Experiment, encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.deploy import CONNECTION, cli_error, load_state, write_connection
 from flowerbed.server.federation import ERROR_MARKER
@@ -40,11 +40,11 @@ from flowerbed.server.results import (
 )
 
 
-def _connection(cfg: dict[str, Any], home: Path) -> None:
-    deployment = cfg["deployment"]
-    if deployment["superlink"]:
-        ca = deployment["root_certificates"]
-        if not deployment["insecure"] and not ca:
+def _connection(experiment: Experiment, home: Path) -> None:
+    deployment = experiment.deployment
+    if deployment.superlink:
+        ca = deployment.root_certificates
+        if not deployment.insecure and not ca:
             raise ConfigError(
                 "deployment.superlink needs deployment.root_certificates=CA_FILE "
                 "(or deployment.insecure=true)"
@@ -52,17 +52,17 @@ def _connection(cfg: dict[str, Any], home: Path) -> None:
         if ca and not Path(ca).is_file():
             raise ConfigError(f"root certificate not found: {ca}")
         write_connection(
-            home, deployment["superlink"], None if deployment["insecure"] else Path(ca)
+            home, deployment.superlink, None if deployment.insecure or ca is None else Path(ca)
         )
         return
-    state = load_state(Path(deployment["dir"]))
-    if state["nodes"] != cfg["clients"]["num"]:
+    state = load_state(Path(deployment.dir))
+    if state["nodes"] != experiment.clients.num:
         raise ConfigError(
-            f"clients.num={cfg['clients']['num']} but the federation has {state['nodes']} "
+            f"clients.num={experiment.clients.num} but the federation has {state['nodes']} "
             f"SuperNodes (set clients.num={state['nodes']})"
         )
-    ca = None if state["insecure"] else Path(state["dir"]) / "certs" / "ca.crt"
-    write_connection(home, state["address"], ca)
+    state_ca = None if state["insecure"] else Path(state["dir"]) / "certs" / "ca.crt"
+    write_connection(home, state["address"], state_ca)
 
 
 class DeploymentError(ConfigError):
@@ -74,12 +74,12 @@ class DeploymentError(ConfigError):
 
 
 def run_deployment(
-    cfg: dict[str, Any],
+    experiment: Experiment,
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Submit ``cfg`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results.
+    """Submit ``experiment`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results.
 
     The ``flwr`` CLI runs in its own process group under a :class:`Reaper`: however this process
     ends (an error, Ctrl-C, ``kill -9``), the CLI does not outlive it.
@@ -90,15 +90,15 @@ def run_deployment(
     reaper = Reaper(home)
     proc: subprocess.Popen | None = None
     try:
-        _connection(cfg, home / "flwr")
+        _connection(experiment, home / "flwr")
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(run_dir / "config.yaml", to_yaml(cfg))
+        atomic_write(run_dir / "config.yaml", to_yaml(experiment))
         env = flower_env(home)
         env["FLWR_HOME"] = str(home / "flwr")
         # the ServerApp may be remote: it gets the run's name and writes it in its own workspace
         command = [
             bin_path("flwr"), "run", str(app_dir()), CONNECTION, "--stream",
-            "--run-config", f"config='{encode_config(cfg)}' run-dir='{run_dir.name}'",
+            "--run-config", f"config='{encode_config(experiment)}' run-dir='{run_dir.name}'",
         ]  # fmt: skip
         log_path = run_dir / "flower.log"
         with log_path.open("w") as log:
@@ -130,7 +130,7 @@ def run_deployment(
         )
     summary = dict(stream.summary, run_dir=str(run_dir))
     summary["serverapp_run_dir"] = stream.summary.get("run_dir")
-    _rebuild(run_dir, stream.history, summary, cfg)
+    _rebuild(run_dir, stream.history, summary, experiment)
     return summary
 
 
@@ -171,10 +171,10 @@ def _last_problem(log_path: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _rebuild(run_dir: Path, history: list[dict], summary: dict, cfg: dict[str, Any]) -> None:
+def _rebuild(run_dir: Path, history: list[dict], summary: dict, experiment: Experiment) -> None:
     """Write the run directory from what the (possibly remote) ServerApp streamed."""
     atomic_write(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write(run_dir / "report.md", render_report(summary, history))
-    if cfg["output"]["plots"]:
-        plot_curves(history, run_dir / "curves.png", titled(cfg), summary.get("startup_s"))
+    if experiment.output.plots:
+        plot_curves(history, run_dir / "curves.png", titled(experiment), summary.get("startup_s"))

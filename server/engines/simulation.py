@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from flowerbed.clients.core.config import encode_config, to_yaml
+from flowerbed.clients.core.config import ClientsConfig, Experiment, encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import FILE_STORE_KEY, shipped_files
 from flowerbed.server.processes import (
@@ -79,48 +79,48 @@ def own_ray_head() -> bool:
 
 
 def run_simulation(
-    cfg: dict[str, Any],
+    experiment: Experiment,
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     superlink: LocalSuperLink | None = None,
     cluster: RayCluster | None = None,
 ) -> dict[str, Any]:
-    """Run a resolved config on Ray through ``flwr run``; returns the summary.
+    """Run a resolved experiment on Ray through ``flwr run``; returns the summary.
 
     ``superlink``: a :class:`LocalSuperLink` started earlier (by default one is started here).
     With ``simulation.ray_address`` the ClientApp actors run on that Ray cluster (``cluster``: a
     :class:`~flowerbed.server.ray_cluster.RayCluster` connecting since earlier, by default one
     is started here), with a SuperLink of its own that points Flower's Ray backend at it.
     """
-    run_config = f"config='{encode_config(cfg)}' run-dir='{run_dir.resolve()}'"
+    run_config = f"config='{encode_config(experiment)}' run-dir='{run_dir.resolve()}'"
     with contextlib.ExitStack() as stack:
-        address = cfg["simulation"]["ray_address"]
+        address = experiment.simulation.ray_address
         if address:
             cluster = cluster or stack.enter_context(RayCluster(address))
             if on_status is not None:
                 on_status(f"connecting to the Ray cluster at {address}…")
-            run_config += f" {FILE_STORE_KEY}='{_on_cluster(cluster, cfg)}'"
+            run_config += f" {FILE_STORE_KEY}='{_on_cluster(cluster, experiment)}'"
             gcs = cluster.ready()["gcs"]
             superlink = stack.enter_context(LocalSuperLink({"RAY_ADDRESS": gcs}, engine=True))
-        return _run(cfg, run_dir, run_config, on_round, on_status, superlink)
+        return _run(experiment, run_dir, run_config, on_round, on_status, superlink)
 
 
-def _on_cluster(cluster: RayCluster, cfg: dict[str, Any]) -> str:
+def _on_cluster(cluster: RayCluster, experiment: Experiment) -> str:
     """Check the cluster can host the run's clients and hand it their files; returns the name of
     the actor that holds them."""
-    cluster.check_fits(cfg["clients"]["resources"])
-    return cluster.serve(shipped_files(cfg))
+    cluster.check_fits(experiment.clients.resources)
+    return cluster.serve(shipped_files(experiment.to_dict()))
 
 
 def _run(
-    cfg: dict[str, Any], run_dir: Path, run_config: str, on_round, on_status,  # noqa: ANN001
+    experiment: Experiment, run_dir: Path, run_config: str, on_round, on_status,  # noqa: ANN001
     superlink: LocalSuperLink | None,
 ) -> dict[str, Any]:  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(run_dir / "config.yaml", to_yaml(cfg))
+    atomic_write(run_dir / "config.yaml", to_yaml(experiment))
     log_path = run_dir / "flower.log"
-    phases = _Phases(log_path, cfg, on_status)
+    phases = _Phases(log_path, experiment, on_status)
     seen_round = [-1]
 
     def watch(seen: int) -> int:
@@ -133,7 +133,7 @@ def _run(
         return (run_dir / "report.md").is_file()
 
     code = flwr_run_local(
-        cfg["clients"], run_config, log_path, watch, on_status, superlink, finished
+        experiment.clients, run_config, log_path, watch, on_status, superlink, finished
     )
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
@@ -145,10 +145,10 @@ def _run(
 class _Phases:
     """Tells ``on_status`` what the simulation is doing, from the lines Flower logs."""
 
-    def __init__(self, log_path: Path, cfg: dict[str, Any], on_status) -> None:  # noqa: ANN001
+    def __init__(self, log_path: Path, experiment: Experiment, on_status) -> None:  # noqa: ANN001
         self.log_path = log_path
         self.on_status = on_status
-        self.values = {"n": cfg["clients"]["num"], "rounds": cfg["rounds"]}
+        self.values = {"n": experiment.clients.num, "rounds": experiment.rounds}
         self.next = 0
         self.offset = 0
 
@@ -165,14 +165,17 @@ class _Phases:
             self.next += 1
 
 
-def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell=None) -> None:  # noqa: ANN001
+def run_simulation_sweep(
+    experiments: list[Experiment], cells: list[dict], out: Path, on_cell=None,  # noqa: ANN001
+) -> None:  # fmt: skip
     """All cells in one ``flwr run``: the ServerApp loops over them on one Ray cluster."""
-    if any(cfg["simulation"]["ray_address"] for cfg in cfgs):
+    if any(e.simulation.ray_address for e in experiments):
         raise ConfigError(
             "simulation.ray_address is for one run (flowerbed run); a sweep runs its cells on a "
             "cluster with flowerbed sweep --ray ADDRESS"
         )
-    atomic_write(out / "todo.json", json.dumps([[c, f] for c, f in zip(cells, cfgs, strict=True)]))
+    todo = [[c, e.to_dict()] for c, e in zip(cells, experiments, strict=True)]
+    atomic_write(out / "todo.json", json.dumps(todo))
     seen_rows = [0]
 
     def watch(seen: int) -> int:
@@ -188,19 +191,19 @@ def run_simulation_sweep(cfgs: list[dict], cells: list[dict], out: Path, on_cell
                 on_cell(row)
         return seen
 
-    code = flwr_run_local(cfgs[0]["clients"], f"sweep-dir='{out}'", out / "flower.log", watch)
+    code = flwr_run_local(experiments[0].clients, f"sweep-dir='{out}'", out / "flower.log", watch)
     if code != 0:
         raise RuntimeError(
             f"sweep simulation failed (flwr run exit {code}); see {out / 'flower.log'}"
         )
 
 
-def federation_config(clients: dict[str, Any]) -> str:
+def federation_config(clients: ClientsConfig) -> str:
     """``--federation-config`` for ``clients``: N SuperNodes, ``clients.resources`` per ClientApp."""
-    resources = clients["resources"]
+    resources = clients.resources
     return (
-        f"num-supernodes={clients['num']} client-resources-num-cpus={resources['cpus']} "
-        f"client-resources-num-gpus={float(resources['gpus'])}"
+        f"num-supernodes={clients.num} client-resources-num-cpus={resources.cpus} "
+        f"client-resources-num-gpus={float(resources.gpus)}"
     )
 
 
@@ -271,7 +274,7 @@ class LocalSuperLink:
         if self.ray_port is not None:
             wait_for_port(self.ray_port, self.processes[0].pid, timeout=timeout, what="Ray head")
 
-    def flwr_run(self, app: Path, run_config: str, clients: dict) -> list[str]:
+    def flwr_run(self, app: Path, run_config: str, clients: ClientsConfig) -> list[str]:
         """The ``flwr run`` command that submits ``app`` to this SuperLink."""
         federation = federation_config(clients)
         return [
@@ -305,7 +308,7 @@ class LocalSuperLink:
 
 
 def flwr_run_local(
-    clients: dict, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
+    clients: ClientsConfig, run_config: str, log_path: Path, watch=None,  # noqa: ANN001
     on_status: Callable[[str], None] | None = None, link: LocalSuperLink | None = None,
     finished: Callable[[], bool] | None = None,
 ) -> int:  # fmt: skip

@@ -98,7 +98,7 @@ def test_users_table_in_a_federated_run_config_only(table_csv, tmp_path) -> None
         "workload.params.hidden=32", "workload.params.layers=2", "attack.params.target_clients=[0]"])  # fmt: skip
     summary = run_inline(cfg)
     assert summary["metrics"]["attack.success"] > 0.9
-    train = load_table(cfg["dataset"]).train
+    train = load_table(cfg.dataset).train
     stds = TruthScorer(truth_source(cfg, build_workload(cfg))).stds
     assert stds == pytest.approx({c: float(train[c].std()) for c in ("dose", "weight")})
     assert TOLERANCE == 0.319

@@ -4,11 +4,13 @@ aggregation's dropped rounds are said in the summary, and a run with none left e
 
 import json
 import textwrap
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
 from flowerbed.apps.cli import app
+from flowerbed.clients.core.config import decode
 from flowerbed.clients.runtime import should_fail
 from tests.cli_helpers import one_line_exit_2, run_cli
 
@@ -89,7 +91,8 @@ def test_input_that_would_run_and_lie_is_one_line_exit_2(tmp_path, case):
 def _seed_with(failing: int, rate: float, num: int, rounds: int) -> int:
     """A seed whose injected failures leave round 1 with ``failing`` failed clients and every
     later round with none."""
-    cfg = lambda s: {"clients": {"failure_rate": rate}, "seed": s}  # noqa: E731
+    base = decode({"clients": {"failure_rate": rate}})
+    cfg = lambda s: replace(base, seed=s)  # noqa: E731
     return next(
         s for s in range(500)
         if sum(should_fail(cfg(s), p, 1) for p in range(num)) == failing

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowerbed.apps.cli import app
+from flowerbed.clients.core.config import decode
 from flowerbed.clients.runtime import should_fail
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.tabular_mlp import TabularMLP
@@ -308,9 +310,10 @@ def test_round_without_a_successful_reply_exits_1_with_the_client_error(tmp_path
 
 def test_injected_failures_of_a_whole_round_keep_the_run_going(tmp_path):
     rate, num = 0.8, 3
+    base = decode({"clients": {"failure_rate": rate}})
     seed = next(
         s for s in range(200)
-        if all(should_fail({"clients": {"failure_rate": rate}, "seed": s}, p, 1) for p in range(num))
+        if all(should_fail(replace(base, seed=s), p, 1) for p in range(num))
     )  # fmt: skip
     result, out = _run(
         tmp_path, "quickstart", f"clients.failure_rate={rate}", f"clients.num={num}", "rounds=2",
@@ -405,10 +408,10 @@ def test_superlink_option_merges_with_other_deployment_overrides(tmp_path, monke
     """`--superlink` sets one key of `deployment`; `deployment.insecure=true` beside it stays."""
     import flowerbed.apps.engines as engines
 
-    seen = {}
+    seen = []
 
-    def capture(cfg, run_dir, on_round=None, on_status=None):  # the Engine protocol
-        seen.update(cfg)
+    def capture(experiment, run_dir, on_round=None, on_status=None):  # the Engine protocol
+        seen.append(experiment)
         raise SystemExit(0)
 
     monkeypatch.setattr(engines, "get_engine", lambda name: capture)
@@ -420,10 +423,11 @@ def test_superlink_option_merges_with_other_deployment_overrides(tmp_path, monke
          "--engine", "deployment", "--superlink", "10.1.2.3:8000", "--root-certificates", str(ca),
          "--out", str(tmp_path / "out")],
     )  # fmt: skip
-    assert seen["deployment"]["superlink"] == "10.1.2.3:8000"
-    assert seen["deployment"]["insecure"] is True
-    assert seen["deployment"]["node_timeout_s"] == 7
-    assert seen["deployment"]["root_certificates"] == str(ca.resolve())
+    deployment = seen[0].deployment
+    assert deployment.superlink == "10.1.2.3:8000"
+    assert deployment.insecure is True
+    assert deployment.node_timeout_s == 7
+    assert deployment.root_certificates == str(ca.resolve())
 
 
 @pytest.mark.parametrize(

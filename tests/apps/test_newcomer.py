@@ -54,13 +54,13 @@ def test_new_experiment_writes_a_yaml_that_resolves_and_keeps_an_existing_one(tm
     done = runner.invoke(app, ["new", "experiment", "mine", "--dir", str(tmp_path)])
     assert done.exit_code == 0, done.output
     cfg = load_experiment(str(tmp_path / "mine.yaml"), ["rounds=1"])
-    assert cfg["experiment"] == "mine" and cfg["workload"]["name"] == "tabular-mlp"
+    assert cfg.experiment == "mine" and cfg.workload.name == "tabular-mlp"
     assert "claim" not in (tmp_path / "mine.yaml").read_text()
     again = runner.invoke(app, ["new", "experiment", "mine", "--dir", str(tmp_path)])
     assert again.exit_code == 2 and "exists" in again.stderr
     two_lines = tmp_path / "two.yaml"
     two_lines.write_text("rounds: 2\nclients: {num: 4}\n")  # the README's smallest experiment
-    assert load_experiment(str(two_lines))["clients"]["num"] == 4
+    assert load_experiment(str(two_lines)).clients.num == 4
 
 
 def test_overrides_are_shown_by_show_report_and_plot_title():
@@ -69,11 +69,11 @@ def test_overrides_are_shown_by_show_report_and_plot_title():
     from flowerbed.server.results import render_report, titled
 
     cfg = load_experiment("quickstart", ["rounds=2", "clients.num=4"])
-    assert cfg["output"]["overrides"] == ["rounds=2", "clients.num=4"]
+    assert cfg.output.overrides == ["rounds=2", "clients.num=4"]
     assert titled(cfg) == "quickstart (rounds=2 clients.num=4)"
     summary = {"experiment": "quickstart", "engine": "inline", "seed": 0, "rounds": 2,
                "clients": 4, "wall_s": 1.0, "failures": 0, "metrics": {"central.accuracy": 0.8},
-               "overrides": cfg["output"]["overrides"]}  # fmt: skip
+               "overrides": cfg.output.overrides}  # fmt: skip
     assert "overrides: `rounds=2 clients.num=4`" in render_report(summary, [])
     assert "overrides: rounds=2 clients.num=4" in str(summary_view(summary).renderables[1])
 

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
+from flowerbed.apps.cli import app
+from tests.cli_helpers import runner
 from tests.plugin_fixture import cli, on_path, run_metrics
 
 
@@ -99,9 +101,9 @@ def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tm
     )
     script = (
         "import json, sys\n"
-        "from flowerbed.clients.runtime import _client_config\n"
+        "from flowerbed.clients.runtime import client_experiment\n"
         "from flowerbed.clients.defenses import DEFENSES\n"
-        "_client_config(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
+        "client_experiment(json.dumps({'plugins': [sys.argv[1]], 'output': {}}))\n"
         "print(DEFENSES.origin('halve'))\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(plugin)], capture_output=True,
@@ -110,20 +112,27 @@ def test_a_client_process_imports_the_configs_plugin_files_first(plugin_site, tm
     assert done.stdout.strip() == f"plugin {plugin}"
 
 
-def test_new_writes_a_package_per_kind_and_refuses_bad_input(plugin_site, tmp_path):
+def test_new_writes_a_package_per_kind_and_refuses_bad_input(tmp_path):
+    """``flowerbed new`` by typer's runner in this process (as tests/apps/test_newcomer.py's
+    ``new experiment``): the command does not read the installed packages, and five fresh
+    interpreters cost ~15 s of the suite."""
+
+    def new(*args: str):  # noqa: ANN202 - click's Result
+        return runner.invoke(app, ["new", *args])
+
     for kind, group in (("workload", "workloads"), ("strategy", "strategies")):
-        done = cli(plugin_site, "new", kind, f"my-{kind}", "--dir", str(tmp_path / kind))
-        assert done.returncode == 0, done.stderr
+        done = new(kind, f"my-{kind}", "--dir", str(tmp_path / kind))
+        assert done.exit_code == 0, done.output
         pyproject = (tmp_path / kind / "pyproject.toml").read_text()
         assert f'[project.entry-points."flowerbed.{group}"]' in pyproject
         assert f'my-{kind} = "flowerbed_my_{kind}.my_{kind}:My{kind.capitalize()}"' in pyproject
         assert (tmp_path / kind / "tests" / f"test_my_{kind}.py").is_file()
-    bad = cli(plugin_site, "new", "defense", "Clip_Noise", "--dir", str(tmp_path / "bad"))
-    assert bad.returncode == 2 and "lower-case" in bad.stderr and not (tmp_path / "bad").exists()
-    taken = cli(plugin_site, "new", "workload", "again", "--dir", str(tmp_path / "workload"))
-    assert taken.returncode == 2 and "not empty" in taken.stderr
-    kind = cli(plugin_site, "new", "gizmo", "x", "--dir", str(tmp_path / "g"))
-    assert kind.returncode == 2 and "allowed: workload, attack, defense, strategy" in kind.stderr
+    bad = new("defense", "Clip_Noise", "--dir", str(tmp_path / "bad"))
+    assert bad.exit_code == 2 and "lower-case" in bad.stderr and not (tmp_path / "bad").exists()
+    taken = new("workload", "again", "--dir", str(tmp_path / "workload"))
+    assert taken.exit_code == 2 and "not empty" in taken.stderr
+    kind = new("gizmo", "x", "--dir", str(tmp_path / "g"))
+    assert kind.exit_code == 2 and "allowed: workload, attack, defense, strategy" in kind.stderr
 
 
 def test_the_scaffolds_claim_test_fails_on_the_skeleton_and_passes_on_the_method(plugin_site):

@@ -42,7 +42,7 @@ def _setup(seed: int, defenses: str):
 
 
 def _defended_reply(cfg, work, arrays, pid: int):
-    data = work.load_partition(pid, cfg["clients"]["num"])
+    data = work.load_partition(pid, cfg.clients.num)
     config = {"partition-id": pid, "server-round": 1}
     reply, metrics = work.fit(arrays, data, config, RecordDict())
     for defense in build_defenses(cfg):  # the update transforms (quantisation), as the mods do

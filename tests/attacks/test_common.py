@@ -89,7 +89,7 @@ def test_the_replay_follows_the_capability_the_attack_runs_on() -> None:
     ctx = attack.ctx
     assert ctx.capabilities == {Capability.TABULAR_DIFFUSION} and attack.settings is DLG
     assert isinstance(ctx.replay, DiffusionReplay) and ctx.replay.model is workload.model
-    assert (ctx.seed, ctx.rounds, ctx.num_clients, ctx.experiment) == (3, 2, 2, cfg["experiment"])
+    assert (ctx.seed, ctx.rounds, ctx.num_clients, ctx.experiment) == (3, 2, 2, cfg.experiment)
     assert ctx.mechanisms == (Quantisation(4),) and ctx.release is None
     assert isinstance(attack.engine(), TabularInversion) and attack.params.target_clients == [1]
     assert attack.engine().settings.diffusion.lr == DLG.diffusion.lr

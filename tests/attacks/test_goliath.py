@@ -26,9 +26,10 @@ SMALL = ["workload.params.hidden=64", "workload.params.layers=2"]
 
 def _acc(case, rec) -> float:
     prep = case.know.replay.prep
+    from flowerbed.clients.core.config import DatasetConfig
     from flowerbed.clients.datasets import load_table
 
-    table = load_table({"name": "adult", "test_fraction": 0.2})
+    table = load_table(DatasetConfig(name="adult"))
     stds = {c: float(table.train[c].std()) for c in prep.numeric}
     return tableak_accuracy(
         case.truth_frame, rec.decoded, list(prep.numeric), list(prep.categorical), stds
@@ -42,6 +43,7 @@ def test_oracle_latents_b1_recovers_cells() -> None:
     100 steps from prior draws) do the work too: 0.978 (mixed) / 0.955 (Gaussian) on seeds 0-2,
     vs 0.600 for the random-baseline draw from the public marginals; an objective without the
     gradient match leaves the rows at their prior draws."""
+    from flowerbed.clients.core.config import DatasetConfig
     from flowerbed.clients.datasets import load_table
 
     marginals = None
@@ -57,7 +59,7 @@ def test_oracle_latents_b1_recovers_cells() -> None:
             steps = replace(oracle, iterations=100).on_diffusion(analytic_init=False)
             cold.append(_acc(case, invert(case.know, steps, oracle=case.truth_latents)))
             if marginals is None:
-                table = load_table({"name": "adult", "test_fraction": 0.2})
+                table = load_table(DatasetConfig(name="adult"))
                 marginals = case.know.replay.prep.encode(table.train)
             prior.append(_acc(case, random_reconstruction(case.know.replay, 1, marginals, i)))
     assert np.mean(accs) > 0.95

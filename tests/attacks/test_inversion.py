@@ -61,7 +61,7 @@ def test_analytic_recovers_one_tabular_row_exactly_float64_and_needs_the_bias() 
     contract = work.model_loss()
     contract.module.double()
     params = {k: v.double() for k, v in work.init_arrays().to_torch_state_dict().items()}
-    train = work.load_partition(0, cfg["clients"]["num"])["train"]
+    train = work.load_partition(0, cfg.clients.num)["train"]
     scorer = ClassifierScorer(truth_source(cfg, work))
     for i in (0, 7, 31):
         x, y = train.x[i : i + 1].double(), train.y[i : i + 1]
@@ -294,7 +294,6 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
     measured FedSGD 0.88 / 1.00 / 0.75, FedAvg 0.50 / 0.19 / 0.44), scored by the benchmark's
     own scorer (``ClassifierScorer.score``: prior, advantage). Mutant: the attack returns its
     prior guess -> advantage 0."""
-    from flowerbed.attacks import ATTACKS
     from flowerbed.attacks.inversion.types import with_budget
     from flowerbed.attacks.prior import keep_prior
 
@@ -302,12 +301,12 @@ def test_benchmark_digits_arm_leaks_above_the_prior_at_round_one(arm) -> None:
         cfg = _benchmark_arm(arm, seed)
         work = build_workload(cfg)
         sent = dict(work.init_arrays().to_torch_state_dict())
-        data = work.load_partition(0, cfg["clients"]["num"])
+        data = work.load_partition(0, cfg.clients.num)
         ex = work.round_data(data, 0, 1)
         model = work._model()
         model.load_state_dict(sent)
         fit_classifier(work, model, ex, work.training, seed, RecordDict())
-        params = ATTACKS.get(cfg["attack"]["name"]).Params(**cfg["attack"]["params"])
+        params = cfg.attack.params
         settings = with_budget(IG, params, seed)
         attack = keep_prior(ModelLossAttack(ModelLossReplay(work.model_loss()), settings), seed)
         rec = attack.invert(sent, dict(model.state_dict()), len(ex.y))

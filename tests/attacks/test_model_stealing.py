@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.errors import ConfigError
 
 TINY = [
@@ -49,7 +50,7 @@ def test_adaptive_stealing_reads_the_flip_fraction_from_the_published_mechanism(
     from flowerbed.clients.workloads import build_workload
     from flowerbed.server.wrappers import build_attack
 
-    def rho(cfg: dict) -> float:
+    def rho(cfg: Experiment) -> float:
         attack, _ = build_attack(cfg, build_workload(cfg))
         return attack.wrap(None, None, None).hooks.params.rho
 

@@ -33,7 +33,7 @@ def test_target_clients_must_be_clients_of_the_run() -> None:
 
     cfg = load_experiment("quickstart", ["attack.name=dlg", "clients.num=4",
                                          "attack.params.target_clients=[0,1,2,3]"])  # fmt: skip
-    assert cfg["attack"]["params"]["target_clients"] == [0, 1, 2, 3]
+    assert cfg.attack.params.target_clients == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match=r"target_clients \[4\] outside 0\.\.3"):
         load_experiment("quickstart", ["attack.name=dlg", "clients.num=4",
                                        "attack.params.target_clients=[0,4]"])  # fmt: skip

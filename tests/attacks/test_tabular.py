@@ -97,9 +97,9 @@ def test_the_mlp_arms_learn_past_the_majority_class():
         cfg = cell_config(sweep, cell)
         work = build_workload(cfg)
         arrays = work.init_arrays()
-        n = cfg["clients"]["num"]
+        n = cfg.clients.num
         parts = [work.load_partition(pid, n) for pid in range(n)]
-        for rnd in range(1, cfg["rounds"] + 1):
+        for rnd in range(1, cfg.rounds + 1):
             states = []
             for pid in range(n):
                 reply, m = work.fit(arrays, parts[pid], {"partition-id": pid, "server-round": rnd},
@@ -108,5 +108,5 @@ def test_the_mlp_arms_learn_past_the_majority_class():
             total = sum(w for _, w in states)
             mean = {k: sum(s[k] * w for s, w in states) / total for k in states[0][0]}
             arrays = ArrayRecord(mean)
-        scores = work.server_evaluate(cfg["rounds"], arrays)
+        scores = work.server_evaluate(cfg.rounds, arrays)
         assert scores["accuracy"] >= scores["majority_accuracy"] + 0.05, (p["arm"], scores)

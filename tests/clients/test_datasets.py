@@ -3,17 +3,18 @@
 import numpy as np
 import pytest
 
+from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.datasets import load_table
 from flowerbed.clients.datasets.partition import partition_indices
 
 
 def test_adult_and_german_schemas():
-    adult = load_table({"name": "adult", "test_fraction": 0.2})
+    adult = load_table(DatasetConfig(name="adult"))
     assert len(adult.schema.numeric) == 6 and len(adult.schema.categorical) == 8
     assert len(adult.schema.categories["native-country"]) >= 40
     assert adult.schema.classes == ("<=50K", ">50K")
     assert not adult.train[list(adult.schema.features)].isna().any().any()
-    german = load_table({"name": "german", "test_fraction": 0.2})
+    german = load_table(DatasetConfig(name="german"))
     assert len(german.schema.numeric) == 7 and len(german.schema.categorical) == 13
     assert len(german.train) + len(german.test) == 1000
 
@@ -60,7 +61,7 @@ def test_table_encoder_equals_scikit_learn(name):
 
     from flowerbed.clients.workloads.tabular_mlp import TableEncoder
 
-    table = load_table({"name": name, "test_fraction": 0.2, "max_rows": None})
+    table = load_table(DatasetConfig(name=name))
     schema = table.schema
     vocabularies = [list(schema.categories[c]) for c in schema.categorical]
     reference = ColumnTransformer([
@@ -97,10 +98,11 @@ def test_clientapp_process_imports_only_its_workload():
     import sys
     import tempfile
 
+    from flowerbed.clients.core.config import to_json
     from flowerbed.server.experiment import load_experiment
 
     with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
-        json.dump(load_experiment("quickstart", ["clients.num=2"]), fh)
+        fh.write(to_json(load_experiment("quickstart", ["clients.num=2"])))
         fh.flush()
         done = subprocess.run(
             [sys.executable, "-c", script, fh.name], capture_output=True, text=True, check=True
@@ -125,11 +127,11 @@ def test_resampled_rows_are_the_bare_flower_baselines_table():
     bare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bare)
 
-    adult = load_table({"name": "adult", "test_fraction": 0.2})
-    table = load_table({"name": "adult", "test_fraction": 0.2, "resample_rows": 40_000})
+    adult = load_table(DatasetConfig(name="adult"))
+    table = load_table(DatasetConfig(name="adult", resample_rows=40_000))
     assert len(table.train) == 40_000 > len(adult.train)
     assert table.train.duplicated().any() and table.test.equals(adult.test)
-    again = load_table({"name": "adult", "test_fraction": 0.2, "resample_rows": 40_000})
+    again = load_table(DatasetConfig(name="adult", resample_rows=40_000))
     assert again is table  # cached per config
 
     x_bare, y_bare, _, _ = bare.load(str(data_dir()), 40_000)

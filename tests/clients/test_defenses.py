@@ -229,6 +229,7 @@ def test_defenses_get_a_typed_context_not_the_experiment_config():
     import re
     from pathlib import Path
 
+    from flowerbed.clients.core.config import decode
     from flowerbed.clients.defenses import DEFENSES, build_defenses
     from flowerbed.clients.defenses.topk import TopK
 
@@ -240,8 +241,9 @@ def test_defenses_get_a_typed_context_not_the_experiment_config():
     assert len(modules) >= len(DEFENSES.names()) - 1
     readers = [p.name for p in modules if re.search(r"\bcfg\[|\.cfg\b", p.read_text())]
     assert readers == [], readers
-    cfg = {"seed": 3, "rounds": 4, "clients": {"num": 10, "fraction": 0.3, "min_clients": 2},
-           "defenses": [{"name": "quantize", "params": {"bits": 2}}], "output": {"dir": "x"}}  # fmt: skip
+    data = {"seed": 3, "rounds": 4, "clients": {"num": 10, "fraction": 0.3, "min_clients": 2},
+            "defenses": [{"name": "quantize", "params": {"bits": 2}}], "output": {"dir": "x"}}  # fmt: skip
+    cfg = decode(data, defenses=DEFENSES)
     (defense,) = build_defenses(cfg)
     assert defense.ctx == DefenseContext.of(cfg)
     assert (defense.ctx.seed, defense.ctx.rounds, defense.ctx.sampled_clients) == (3, 4, 3)

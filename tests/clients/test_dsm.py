@@ -19,11 +19,10 @@ from flowerbed.clients.workloads.dsm import (
 
 torch.set_num_threads(1)
 
-DUP, HIDDEN, STEPS = (
-    16,
-    256,
-    1600,
-)  # stronger duplication than the benchmark (dup 4) to fit the budget
+# stronger duplication than the benchmark (dup 4), and 1000 training steps, to fit the budget:
+# DSM's first-step AUROC 0.92 (>= 0.85 asserted), the curvature baseline's 0.85 (0.98 and 0.93
+# at 1600 steps)
+DUP, HIDDEN, STEPS = 16, 256, 1000
 
 
 @pytest.fixture(scope="module")

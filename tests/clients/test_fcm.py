@@ -11,8 +11,10 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import Experiment, decode, replace_at
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS, build_workload
 from flowerbed.clients.workloads.fcm import (
     FCM,
     concept_accuracy,
@@ -66,9 +68,11 @@ def test_scenario_covers_every_concept_and_grows() -> None:
     )
 
 
-def _cfg(**params: object) -> dict:
-    return {"seed": 0, "rounds": 3, "clients": {"num": 3}, "defenses": [],
+def _cfg(**params: object) -> Experiment:
+    """A bare experiment of the ``fcm`` workload, its params typed but not validated."""
+    data = {"seed": 0, "rounds": 3, "clients": {"num": 3},
             "workload": {"name": "fcm", "params": {"data": "trig", "n_train": 200, **params}}}  # fmt: skip
+    return decode(data, workloads=WORKLOADS, defenses=DEFENSES)
 
 
 def test_fit_trains_and_sends_only_held_concept_modules() -> None:
@@ -257,7 +261,7 @@ def _dag_run(tmp_path, extra: list[str]) -> dict[str, float]:
     overrides += ["clients.num=4", "clients.fraction_evaluate=0", "workload.params.n_train=200"]
     overrides += ["workload.params.n_test=400", "workload.params.scenario=schedule"]
     cfg = load_experiment("fcm-trig-evolving", overrides + extra)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule, "central_clients": 4}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule, central_clients=4)
     return run_inline(cfg)["metrics"]
 
 
@@ -290,7 +294,7 @@ def _grow_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
         overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
         overrides += ["workload.params.train_lacked=true"]
     cfg = load_experiment("fcm-trig-evolving", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule)
     return run_inline(cfg)["metrics"]
 
 
@@ -359,7 +363,7 @@ def _family_run(
     if matched_steps:
         overrides.append(f"workload.params.local_epochs={clients}")
     cfg = load_experiment("fcm-dag6-schedule", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule, "central_clients": clients}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule, central_clients=clients)
     return run_inline(cfg)["metrics"]["central.task_accuracy"]
 
 
@@ -381,10 +385,10 @@ def test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks(tmp_p
     """Claim (issue 41): on the family's three worst tasks (4, 13, 18: the largest federation /
     optimisation share of the gap to centralised, named before this was run), FedAvgM on the
     aggregated update (``strategy.params.server_momentum=0.5``, equal client compute) raises
-    F-CMs' task accuracy on every seed (15 rounds, 200 examples per client, 600 test samples;
-    measured +2.7 / +2.3 / +2.1 points for seeds 0-2, mean 0.635 -> 0.658; at the family's size,
-    30 rounds and 300 examples, seed 0 gains +3.0)."""
-    size = {"rounds": 15, "n_train": 200, "n_test": 600}
+    F-CMs' task accuracy on every seed (10 rounds, 200 examples per client, 600 test samples;
+    measured +2.2 / +1.7 / +2.1 points for seeds 0-2, mean 0.616 -> 0.636; at 15 rounds +2.7 /
+    +2.3 / +2.1; at the family's size, 30 rounds and 300 examples, seed 0 gains +3.0)."""
+    size = {"rounds": 10, "n_train": 200, "n_test": 600}
     fix = ("strategy.params.server_momentum=0.5",)
     gains = []
     for seed in (0, 1, 2):
@@ -404,11 +408,12 @@ def test_matched_local_steps_bring_fcms_to_centralised_on_the_worst_generated_ta
     decomposition); given as many sequential optimizer steps per round as the centralised arm
     (``clients`` local epochs: 50 / 60 steps against its 47 / 57 over the pool), F-CMs reach
     centralised task accuracy on the family's three worst tasks (4, 13, 18, named before this
-    was run), seeds 0-2, at a small size (10 rounds, 80 examples per client, 300 test samples).
-    Measured: mean 0.654 against centralised 0.616 (+2.1 / +3.0 / +6.3 points per seed), with
-    one local epoch 0.529 (-8.7); the mutant that ignores ``local_epochs`` gives the latter. (At
-    15 rounds and 120 examples: 0.693 against 0.703, one epoch 0.608.)"""
-    size = {"rounds": 10, "n_train": 80, "n_test": 300}
+    was run), seeds 0-2, at a small size (6 rounds, 80 examples per client, 300 test samples).
+    Measured: mean 0.612 against centralised 0.606 (+1.0 / -0.2 / +1.1 points per seed), with
+    one local epoch 0.487 (-13.4 / -6.8 / -15.2); the mutant that ignores ``local_epochs`` gives
+    the latter. (At 10 rounds: 0.654 against 0.616, one epoch 0.529; at 15 rounds and 120
+    examples: 0.693 against 0.703, one epoch 0.608.)"""
+    size = {"rounds": 6, "n_train": 80, "n_test": 300}
     matched, central = [], []
     for seed in (0, 1, 2):
         for index in (4, 13, 18):
@@ -432,8 +437,7 @@ def _pool_pair(**params: object) -> tuple[FCM, FCM]:
     """The federated workload (3 clients, POOL_SCHEDULE) and the pooled one over the same data."""
     common = {"scenario": "schedule", "schedule": POOL_SCHEDULE, "n_train": 50, **params}
     fed = build_workload(_cfg(**common))
-    cfg = _cfg(pooled=True, central_clients=3, **common)
-    cfg["clients"]["num"] = 1
+    cfg = replace_at(_cfg(pooled=True, central_clients=3, **common), "clients", num=1)
     return fed, build_workload(cfg)
 
 
@@ -503,8 +507,7 @@ def test_pooled_with_every_label_from_round_one_is_the_centralised_run(tmp_path)
 
     def run(extra: list[str], sched: dict) -> dict[str, float]:
         cfg = load_experiment("fcm-trig-evolving", small + extra)
-        cfg["workload"]["params"]["schedule"] = sched
-        return run_inline(cfg)["metrics"]
+        return run_inline(replace_at(cfg, "workload.params", schedule=sched))["metrics"]
 
     central = run(["workload.params.scenario=central"], {})
     pooled = ["workload.params.scenario=schedule", "workload.params.pooled=true"]
@@ -524,8 +527,7 @@ def test_pooled_with_every_label_from_round_one_is_the_centralised_run(tmp_path)
 )
 def test_pooled_bad_combinations_are_one_line_errors(change: dict, message: str) -> None:
     params = {"scenario": "partial", **{k: v for k, v in change.items() if k != "num"}}
-    cfg = _cfg(pooled=True, **params)
-    cfg["clients"]["num"] = change.get("num", 1)
+    cfg = replace_at(_cfg(pooled=True, **params), "clients", num=change.get("num", 1))
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         build_workload(cfg)
     assert "\n" not in str(err.value) and str(err.value).startswith("workload.params.pooled=true")

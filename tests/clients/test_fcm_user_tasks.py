@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowerbed.clients.core.config import replace_at
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads.fcm_data import (
     USER_KINDS,
@@ -89,7 +90,7 @@ def _user_run(tmp_path, seed: int, arm: str) -> dict[str, float]:
         overrides += ["strategy.params.aggregation=fedavg", "strategy.params.expansion=ignore"]
         overrides += ["workload.params.train_lacked=true"]
     cfg = load_experiment("fcm-dag9-threshold", overrides)
-    cfg["workload"]["params"] |= {"task": task, "schedule": schedule}
+    cfg = replace_at(cfg, "workload.params", task=task, schedule=schedule)
     return run_inline(cfg)["metrics"]
 
 

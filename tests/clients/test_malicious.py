@@ -4,12 +4,11 @@ simulation engines (same seed, same result)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import Engine, replace_at
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.seeding import malicious_partitions
 from flowerbed.clients.malicious import MALICIOUS, AggregationRule, MaliciousContext, View, chosen
@@ -156,8 +155,8 @@ def test_same_seed_same_result_on_inline_and_simulation(inline_cfg, tmp_path) ->
 
     cfg = inline_cfg("quickstart", *SMALL, "rounds=2", "malicious.name=alie",
                      "malicious.clients=[0, 2]")  # fmt: skip
-    inline = run_inline(json.loads(json.dumps(cfg)))
-    cfg["engine"] = "simulation"
+    inline = run_inline(cfg)
+    cfg = replace_at(cfg, "", engine=Engine.simulation)
     simulated = run_simulation(cfg, default_run_dir(cfg))
     keep = lambda m: {k: v for k, v in m.items() if k.startswith("central.")}  # noqa: E731
     assert keep(simulated["metrics"]) == pytest.approx(keep(inline["metrics"]), abs=1e-6)
@@ -176,7 +175,7 @@ def test_a_plugin_file_registers_a_malicious_client_with_its_origin(tmp_path) ->
     )
     cfg = load_experiment("quickstart", [f"plugins=[{plugin}]", "malicious.name=zero-update",
                                          "malicious.clients=[0]"])  # fmt: skip
-    assert cfg["malicious"]["name"] == "zero-update"
+    assert cfg.malicious.name == "zero-update"
     assert MALICIOUS.origin("zero-update") == f"plugin {plugin}"
 
 

@@ -4,6 +4,7 @@ names; every partition of the current config kept (no rebuilds when 1000 clients
 import json
 
 from flowerbed.clients import runtime
+from flowerbed.clients.core.config import to_json
 from flowerbed.clients.core.files import content_key, referenced_files
 from flowerbed.server.experiment import load_experiment
 
@@ -26,7 +27,7 @@ def _cfg(tmp_path, *extra):
 
 def test_a_rewritten_table_is_read_again(tmp_path):
     _csv(tmp_path / "t.csv", flip=False)
-    config_json = json.dumps(_cfg(tmp_path, "clients.num=2"), sort_keys=True)
+    config_json = to_json(_cfg(tmp_path, "clients.num=2"))
     assert referenced_files(json.loads(config_json)) == [(tmp_path / "t.csv").resolve()]
     first = runtime._entry(config_json)
     assert runtime._entry(config_json) is first
@@ -40,7 +41,7 @@ def test_a_rewritten_table_is_read_again(tmp_path):
 def test_every_partition_of_a_config_is_kept(tmp_path):
     _csv(tmp_path / "t.csv", flip=False)
     cfg = _cfg(tmp_path, "clients.num=20")
-    entry = runtime._entry(json.dumps(cfg, sort_keys=True))
+    entry = runtime._entry(to_json(cfg))
     parts = [entry.partition(i, 20) for i in range(20)]
     assert all(entry.partition(i, 20) is parts[i] for i in reversed(range(20)))
     assert len(entry.partitions) == 20
@@ -48,7 +49,7 @@ def test_every_partition_of_a_config_is_kept(tmp_path):
 
 def test_content_key_changes_with_the_file_only(tmp_path):
     _csv(tmp_path / "t.csv", flip=False)
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path).to_dict()  # keys are made of what travels
     key = content_key(cfg)
     assert content_key(json.loads(json.dumps(cfg))) == key
     _csv(tmp_path / "t.csv", flip=True)

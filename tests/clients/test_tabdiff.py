@@ -10,6 +10,7 @@ import torch
 from flwr.app import RecordDict
 
 from flowerbed.apps.inline import run_inline
+from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.datasets import load_table
 from flowerbed.clients.tabdiff.model import (
     DiffusionSpec,
@@ -84,7 +85,7 @@ def test_functional_loss_matches_module_autograd() -> None:
 
 @pytest.mark.parametrize("name", ["adult", "german"])
 def test_preprocessing_round_trip(name: str) -> None:
-    table = load_table({"name": name, "test_fraction": 0.2})
+    table = load_table(DatasetConfig(name=name, test_fraction=0.2))
     prep = TablePreprocessor.fit(table.schema, table.train)
     frame = table.train.iloc[:3000]
     num, codes = prep.encode(frame)
@@ -180,7 +181,7 @@ def test_an_untrained_denoiser_fails_the_efficacy_bar() -> None:
     """The bar above is not met by the initial model (what a server that never aggregates ships)."""
     cfg = load_experiment("tabdiff-adult-mixed", [*QUALITY, "output.dir=/tmp/fb-test-tabdiff"])
     work = build_workload(cfg)
-    report = work.server_evaluate(cfg["rounds"], work.init_arrays())
+    report = work.server_evaluate(cfg.rounds, work.init_arrays())
     assert report["efficacy_synthetic"] < report["efficacy_majority"]
 
 

@@ -11,6 +11,7 @@ import torch
 from flwr.app import RecordDict
 from torch.utils.data import DataLoader, TensorDataset
 
+from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.workloads import (
     WORKLOADS,
@@ -31,7 +32,7 @@ SMALL = {
 }  # fmt: skip
 
 
-def _cfg(name: str, *extra: str) -> dict:
+def _cfg(name: str, *extra: str) -> Experiment:
     return load_experiment(name, ["engine=inline", *SMALL[name], *extra])
 
 
@@ -71,7 +72,7 @@ def test_fit_computes_on_the_workload_device(name):
 
 def test_clients_resources_map_to_flowers_client_resources():
     cfg = _cfg("quickstart", "clients.resources.cpus=2", "clients.resources.gpus=0.25")
-    assert federation_config(cfg["clients"]) == (
+    assert federation_config(cfg.clients) == (
         "num-supernodes=2 client-resources-num-cpus=2 client-resources-num-gpus=0.25"
     )
 
@@ -127,11 +128,12 @@ def test_no_workload_reads_the_experiment_config():
 def test_a_workload_refuses_the_experiment_config():
     cfg = _cfg("quickstart")
     cls = WORKLOADS.get("tabular-mlp")
-    with pytest.raises(TypeError, match="takes its Params and a WorkloadContext, not dict"):
-        cls(cfg["workload"]["params"], cfg)
+    with pytest.raises(TypeError, match="takes its Params and a WorkloadContext, not Experiment"):
+        cls(cfg.workload.params, cfg)
     with pytest.raises(TypeError):
         cls(cfg)  # the former constructor
-    workload = cls(cfg["workload"]["params"], WorkloadContext.of(cfg))  # a mapping is validated
+    fields = dataclasses.asdict(cfg.workload.params)
+    workload = cls(fields, WorkloadContext.of(cfg))  # a mapping is validated
     assert isinstance(workload.params, cls.Params) and workload.params.hidden == [64, 32]
     assert not hasattr(workload, "cfg")
 
@@ -146,12 +148,10 @@ def test_workload_context_of_a_config():
     assert (ctx.partitioner, ctx.alpha, ctx.partition_by) == ("dirichlet", 0.7, None)
     assert [type(d).__name__ for d in ctx.defenses] == ["TopK"]
     assert ctx.defenses[0].params.fraction == 0.2 and ctx.defenses[0].ctx.num_clients == 5
-    assert dict(ctx.dataset) == cfg["dataset"] and ctx.dataset["max_rows"] == 400
-    assert json.loads(ctx.dataset_json) == cfg["dataset"]
-    with pytest.raises(TypeError):
-        ctx.dataset["max_rows"] = 1  # read-only
-    cfg["dataset"]["max_rows"] = 7  # a copy: the config changing later changes nothing
-    assert ctx.dataset["max_rows"] == 400
+    assert ctx.dataset == cfg.dataset and ctx.dataset.max_rows == 400
+    assert json.loads(ctx.dataset_json) == dataclasses.asdict(cfg.dataset)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.dataset.max_rows = 1  # type: ignore[misc]  # read-only
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.seed = 4
     workload = build_workload(cfg)

@@ -1,8 +1,8 @@
 """Engines: quickstart learns, failures are injected and survived, inline == simulation."""
 
-import json
 import os
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -10,6 +10,7 @@ import pytest
 from flwr.serverapp import Grid
 
 from flowerbed.apps.inline import InlineGrid, run_inline
+from flowerbed.clients.core.config import Engine
 
 
 def test_quickstart_beats_majority_by_five_points(inline_cfg):
@@ -75,11 +76,11 @@ def test_sampling_is_by_partition_on_every_engine(inline_cfg, monkeypatch):
     cfg = inline_cfg(
         "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3", "dataset.max_rows=2000"
     )
-    inline = run_inline(json.loads(json.dumps(cfg)))
+    inline = run_inline(cfg)
     assert (Path(inline["run_dir"]) / "model.npz").is_file()
     _sampled_as_configured(inline, 10, 0.3, 2)
     assert inline["train_partitions"][0] != inline["train_partitions"][1]  # re-sampled per round
-    cfg["engine"] = "simulation"
+    cfg = replace(cfg, engine=Engine.simulation)
     tag = uuid.uuid4().hex  # inherited by every process the engine starts
     monkeypatch.setenv("FLOWERBED_TEST_TAG", tag)
     runs = [run_simulation(cfg, default_run_dir(cfg))]
@@ -138,9 +139,9 @@ def test_nodes_that_must_be_asked_give_the_same_sample(inline_cfg, tmp_path):
     cfg = inline_cfg(
         "quickstart", "rounds=2", "clients.num=10", "clients.fraction=0.3", "dataset.max_rows=2000"
     )
-    native = run_inline(json.loads(json.dumps(cfg)))
+    native = run_inline(cfg)
     grid = AskingGrid(InlineGrid(client_app, 10))
-    asked = run_experiment(grid, json.loads(json.dumps(cfg)), tmp_path / "asked")
+    asked = run_experiment(grid, cfg, tmp_path / "asked")
     assert grid.queries == 10  # one query per node, once
     assert asked["train_partitions"] == native["train_partitions"]
     assert _strip_timing(asked["metrics"]) == _strip_timing(native["metrics"])

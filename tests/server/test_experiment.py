@@ -10,7 +10,7 @@ from flowerbed.server.experiment import load_experiment, resolve
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_resolves_and_a_resolved_config_resolves_to_itself(preset):
     cfg = load_experiment(preset)
-    assert resolve(cfg) == cfg  # what the ServerApp does with the config the CLI sends
+    assert resolve(cfg.to_dict()) == cfg  # what the ServerApp does with the config the CLI sends
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from flwr.serverapp import Grid
 
 from flowerbed.apps.inline import InlineGrid
 from flowerbed.apps.server_app import config_from_run_config
+from flowerbed.clients.core.config import decode
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server import federation
 
@@ -88,27 +89,27 @@ def test_plain_flwr_run_pins_clients_only_when_the_overrides_name_them():
     _, pinned = config_from_run_config({"experiment": "quickstart", "overrides": "rounds=1"})
     assert not pinned
     cfg, pinned = config_from_run_config({"overrides": "rounds=1 clients.num=4"})
-    assert pinned and cfg["clients"]["num"] == 4
+    assert pinned and cfg.clients.num == 4
 
 
 def test_deployed_serverapp_writes_in_its_own_workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWERBED_WORKSPACE", str(tmp_path / "ws"))
     asked = "/home/someone-else/runs/20260101-quickstart"
     default = Path("runs/x")
-    assert federation.serverapp_run_dir({"engine": "deployment"}, asked, default) == (
+    deployed, simulated = decode({"engine": "deployment"}), decode({"engine": "simulation"})
+    assert federation.serverapp_run_dir(deployed, asked, default) == (
         tmp_path / "ws" / "20260101-quickstart"
     )
-    assert federation.serverapp_run_dir({"engine": "simulation"}, asked, default) == Path(asked)
-    assert federation.serverapp_run_dir({"engine": "deployment"}, "", default) == (
-        tmp_path / "ws" / "x"
-    )
+    assert federation.serverapp_run_dir(simulated, asked, default) == Path(asked)
+    assert federation.serverapp_run_dir(deployed, "", default) == (tmp_path / "ws" / "x")
 
 
 def test_unwritable_workspace_falls_back_to_the_temp_dir(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("FLOWERBED_WORKSPACE", str(blocker / "ws"))
-    run_dir = federation.serverapp_run_dir({"engine": "deployment"}, "r1", Path("runs/x"))
+    deployed = decode({"engine": "deployment"})
+    run_dir = federation.serverapp_run_dir(deployed, "r1", Path("runs/x"))
     assert run_dir.name == "r1" and run_dir.parent.name == "flowerbed-runs"
 
 

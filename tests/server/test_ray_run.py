@@ -22,6 +22,7 @@ import yaml
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients import runtime
+from flowerbed.clients.core.config import decode, to_json
 from flowerbed.server.experiment import load_experiment
 from flowerbed.server.processes import free_port
 from flowerbed.server.ray_cluster import RayCluster
@@ -157,17 +158,17 @@ def test_actors_run_on_both_nodes_and_metrics_equal_the_local_run(tmp_path, clus
 
 def test_clients_read_the_drivers_bytes_not_its_path(tmp_path, cluster):
     exp = _experiment(tmp_path)
-    cfg = load_experiment(str(exp), [])
-    csv = Path(cfg["dataset"]["path"])
+    experiment = load_experiment(str(exp), [])
+    csv = Path(str(experiment.dataset.path))
     data = csv.read_bytes()
     with RayCluster(cluster) as held:
         store = held.serve([str(csv)])
         csv.unlink()  # what a node without the driver's filesystem sees
-        config_json = json.dumps(cfg, sort_keys=True)
-        seen = runtime._client_config(config_json, store)
-        assert seen["dataset"]["path"] != str(csv)
-        assert Path(seen["dataset"]["path"]).name == "table.csv"
-        assert Path(seen["dataset"]["path"]).read_bytes() == data
+        config_json = to_json(experiment)
+        seen = Path(str(decode(runtime._client_config(config_json, store)).dataset.path))
+        assert seen != csv
+        assert seen.name == "table.csv"
+        assert seen.read_bytes() == data
         assert runtime._entry(config_json, store).partition(0, 4) is not None
         name = store.split("/", 1)[1]
         assert ray.get_actor(name, namespace="flowerbed") is not None
@@ -227,7 +228,7 @@ def test_a_sweep_on_the_cluster_places_cells_on_both_nodes(tmp_path, cluster):
     """Four one-round cells of the tiny table, one CPU per node and two cells in flight: the
     scheduler must use both nodes (tests/server/test_ray_sweep.py: sweeps on a local Ray). Last:
     the nodes' workers are warm from the runs before."""
-    csv = load_experiment(str(_experiment(tmp_path)), [])["dataset"]["path"]
+    csv = load_experiment(str(_experiment(tmp_path)), []).dataset.path
     spec = {
         "name": "tiny", "base": "quickstart", "engine": "inline",
         "overrides": ["rounds=1", "clients.num=2", "dataset.name=csv", f"dataset.path={csv}",

@@ -24,6 +24,7 @@ import ray
 import yaml
 
 from flowerbed.apps.inline import inline_grid
+from flowerbed.clients.core.config import decode
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.ray_reaper import Reaper
 from flowerbed.server.ray_sweep import RayOptions, localise, run_remote_cell
@@ -128,17 +129,17 @@ def test_a_cell_needs_only_the_shipped_bytes(tmp_path, local_ray):
     spec = dict(SWEEP, overrides=[*_csv_overrides(csv), "rounds=1"])
     sweep = load_sweep(_write(tmp_path, spec))
     cell = cells_of(sweep)[0]
-    cfg = cell_config(sweep, cell, "inline")
+    cfg = cell_config(sweep, cell, "inline").to_dict()  # what travels to a Ray task
     ref = ray.put(csv.read_bytes())
     csv.unlink()  # what a worker without the driver's filesystem sees
     result = run_remote_cell(inline_grid, cell, cfg, {str(csv): ref})
     assert result["row"]["status"] == "ok", result["row"]
     assert str(csv) in result["files"]["config.yaml"].decode()  # the config as the driver knows it
 
-    local = localise(cfg, {str(csv): b"a,b,y\n"}, tmp_path / "worker")
-    assert local["dataset"]["path"] != str(csv)
-    assert Path(local["dataset"]["path"]).name == "table.csv"
-    assert Path(local["dataset"]["path"]).read_bytes() == b"a,b,y\n"
+    local = decode(localise(cfg, {str(csv): b"a,b,y\n"}, tmp_path / "worker"))
+    assert local.dataset.path != str(csv)
+    assert Path(str(local.dataset.path)).name == "table.csv"
+    assert Path(str(local.dataset.path)).read_bytes() == b"a,b,y\n"
 
 
 def test_plugin_packages_run_as_ray_cells_like_sequential(tmp_path, local_ray, plugin_site):
@@ -175,11 +176,11 @@ def test_a_plugin_file_travels_with_the_cell(tmp_path, local_ray, plugin_site):
     with on_path(plugin_site):
         sweep = load_sweep(_write(tmp_path, spec))
         cell = cells_of(sweep)[0]
-        cfg = cell_config(sweep, cell, "inline")
-        assert cfg["plugins"] == [str(plugin)]
+        experiment = cell_config(sweep, cell, "inline")
+        assert experiment.plugins == (str(plugin),)
         ref = ray.put(plugin.read_bytes())
         plugin.unlink()  # what a worker without the driver's filesystem sees
-        result = run_remote_cell(inline_grid, cell, cfg, {str(plugin): ref})
+        result = run_remote_cell(inline_grid, cell, experiment.to_dict(), {str(plugin): ref})
     assert result["row"]["status"] == "ok", result["row"]
 
 

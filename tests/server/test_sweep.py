@@ -180,15 +180,16 @@ def test_each_arm_gets_its_own_base_and_overrides():
         if arm not in seen:
             seen[arm] = cell_config(sweep, cell)
     assert list(seen) == [a.name for a in sweep.arms]
-    for name, cfg in seen.items():
+    for name, experiment in seen.items():
         workload = {"tabdiff": "tabdiff", "mlp": "tabular-mlp", "digits": "digits-classifier"}
-        assert cfg["workload"]["name"] == workload[name.split("-")[0]], name
-        assert cfg["workload"]["params"]["protocol"] == name.split("-")[-1], name
-        assert cfg["attack"]["params"]["rounds"] == [1, cfg["rounds"]], name
-        assert cfg["attack"]["params"]["target_clients"] == [0, 1, 2, 3], name
+        params = experiment.workload.params
+        assert experiment.workload.name == workload[name.split("-")[0]], name
+        assert params.protocol == name.split("-")[-1], name
+        assert experiment.attack.params.rounds == [1, experiment.rounds], name
+        assert experiment.attack.params.target_clients == [0, 1, 2, 3], name
         if name.endswith("fedavg"):
-            assert cfg["workload"]["params"]["batch_size"] >= 32
-            assert cfg["workload"]["params"]["local_epochs"] >= 2
+            assert params.batch_size >= 32
+            assert params.local_epochs >= 2
     assert len(cells_of(sweep)) == 6 * 13 * 3
 
 

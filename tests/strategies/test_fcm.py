@@ -9,7 +9,9 @@ import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.core.config import decode
+from flowerbed.clients.defenses import DEFENSES
+from flowerbed.clients.workloads import WORKLOADS, build_workload
 from flowerbed.clients.workloads.fcm import ModelSpec, forward, init_params
 from flowerbed.strategies.fcm import (
     FCMStrategy,
@@ -94,7 +96,7 @@ def test_client_order_does_not_change_result() -> None:
 def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
     cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig", "model": kind}}}  # fmt: skip
-    workload = build_workload(cfg)
+    workload = build_workload(decode(cfg, workloads=WORKLOADS, defenses=DEFENSES))
     strategy = FCMStrategy(workload.spec, seed=0, aggregation="concept", expansion="grow")
     start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos", "b_pos"), 0).items()}
     strategy.current = start
@@ -121,7 +123,7 @@ def test_expansion_in_strategy_leaves_predictions_unchanged(kind: str) -> None:
 def test_restart_expansion_reinitialises_everything() -> None:
     cfg = {"seed": 0, "rounds": 4, "clients": {"num": 3}, "defenses": [],
            "workload": {"name": "fcm", "params": {"data": "trig"}}}  # fmt: skip
-    workload = build_workload(cfg)
+    workload = build_workload(decode(cfg, workloads=WORKLOADS, defenses=DEFENSES))
     strategy = FCMStrategy(workload.spec, seed=0, aggregation="fedavg", expansion="restart")
     start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos",), 0).items()}
     strategy.current = start
@@ -156,7 +158,7 @@ def test_warm_up_keeps_a_grown_concepts_task_block_at_zero_until_released() -> N
                         "scenario": "schedule", "schedule": {
                             "a_pos": {"clients": [0]}, "b_pos": {"clients": [0], "round": 2},
                             "z_pos": {"clients": [1]}}}}}  # fmt: skip
-    workload = build_workload(cfg)
+    workload = build_workload(decode(cfg, workloads=WORKLOADS, defenses=DEFENSES))
     strategy = FCMStrategy(workload.spec, 0, aggregation="concept", expansion="grow", warmup=2)
     start = {k: v.numpy() for k, v in init_params(workload.spec, ("a_pos",), 0).items()}
     strategy.current, strategy.registry = start, [{"name": "a_pos", "first_round": 1}]
@@ -200,8 +202,9 @@ def test_server_step_is_momentum_on_the_aggregated_update_of_trained_keys_only()
     again = server_step(first, average, trained_keys(replies), 2.0, 0.5, buffers)
     step = 0.5 * (average[key] - base[key]) + (average[key] - first[key])
     np.testing.assert_allclose(again[key], first[key] + 2 * step, rtol=1e-5, atol=1e-7)
-    workload = build_workload({"seed": 0, "rounds": 2, "clients": {"num": 2}, "defenses": [],
-                               "workload": {"name": "fcm", "params": {"data": "trig"}}})  # fmt: skip
+    bare = {"seed": 0, "rounds": 2, "clients": {"num": 2},
+            "workload": {"name": "fcm", "params": {"data": "trig"}}}  # fmt: skip
+    workload = build_workload(decode(bare, workloads=WORKLOADS, defenses=DEFENSES))
     plain, default = (
         FCMStrategy(workload.spec, 0, **kw)
         for kw in ({}, {"server_lr": 1.0, "server_momentum": 0.0})

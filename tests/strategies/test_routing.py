@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord
 
 from flowerbed.apps.client_app import app as client_app
 from flowerbed.apps.inline import InlineGrid
-from flowerbed.clients.core.config import to_json
+from flowerbed.clients.core.config import Experiment, to_json
 from flowerbed.clients.runtime import CONFIG_KEY
 from flowerbed.clients.workloads import build_workload
 from flowerbed.clients.workloads.routing.data import pool
@@ -33,21 +33,21 @@ SMALL = ["engine=inline", "clients.num=4", "clients.fraction_evaluate=0"]
 SMALL += ["workload.params.n_train=60", "workload.params.n_global_test=100"]
 
 
-def run_flower(cfg: dict) -> dict[int, dict[str, np.ndarray]]:
+def run_flower(cfg: Experiment) -> dict[int, dict[str, np.ndarray]]:
     """Drive the registered strategy on the in-process grid; the global arrays after each round."""
     seen: dict[int, dict[str, np.ndarray]] = {}
 
     def evaluate_fn(server_round: int, arrays):  # noqa: ANN001
         seen[server_round] = {k: v.numpy().copy() for k, v in arrays.items()}
 
-    random.seed(cfg["seed"])
+    random.seed(cfg.seed)
     workload = build_workload(cfg)
     strategy = build_strategy(cfg, workload)
     config = ConfigRecord({CONFIG_KEY: to_json(cfg)})
     strategy.start(
-        grid=OrderedGrid(InlineGrid(client_app, cfg["clients"]["num"]), lambda r, n: None),
+        grid=OrderedGrid(InlineGrid(client_app, cfg.clients.num), lambda r, n: None),
         initial_arrays=workload.init_arrays(),
-        num_rounds=cfg["rounds"],
+        num_rounds=cfg.rounds,
         train_config=config,
         evaluate_config=config,
         evaluate_fn=evaluate_fn,
@@ -85,9 +85,8 @@ def test_federated_lloyd_through_flower_equals_centralised_lloyd() -> None:
         final["router-centroids"], lloyd(pooled.emb, start, 3), rtol=0, atol=1e-10
     )
     # router tables == shrunk statistics of the pooled data under the same centroids
-    tables = KMeansConfig(
-        **{k: cfg["workload"]["params"][k] for k in KMeansConfig.__dataclass_fields__}
-    )
+    params = cfg.workload.params
+    tables = KMeansConfig(**{k: getattr(params, k) for k in KMeansConfig.__dataclass_fields__})
     acc, cost = kmeans_tables(
         cluster_stats(pooled, final["router-centroids"]), final["router-centroids"], tables
     )
