@@ -27,9 +27,10 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,6 +40,7 @@ from flwr.app import RecordDict
 from flowerbed.apps.attack_eval_tables import table
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.baseline_common import ORACLE
+from flowerbed.attacks.common import InversionAttack
 from flowerbed.attacks.goliath import invert
 from flowerbed.attacks.inversion.attack import ModelLossAttack
 from flowerbed.attacks.inversion.scoring import ClassifierScorer
@@ -50,9 +52,11 @@ from flowerbed.attacks.inversion.types import (
     Reconstruction,
 )
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
+from flowerbed.clients.contracts import ModelLossOffer, TabularDiffusionOffer, offer
 from flowerbed.clients.core.config import Component, Experiment, OutputConfig, replace_at
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import (
+    Latents,
     Rows,
     build_model,
     model_params,
@@ -79,7 +83,7 @@ TRAIN_KEYS = ("protocol", "batch_size", "lr", "optimizer", "local_epochs", "max_
 class Case:
     know: Knowledge  # the attacker's: the sent model, the update, the batch size
     truth_frame: pd.DataFrame  # scorer side only
-    truth_latents: list[Any]  # scorer side only (and the oracle upper bound)
+    truth_latents: list[Latents]  # scorer side only (and the oracle upper bound)
 
 
 # -- configs and trained models ------------------------------------------------------------------
@@ -108,7 +112,7 @@ def dataset_label(cfg: Experiment) -> str:
     return Path(ds.path).stem if ds.name == "csv" and ds.path else ds.name
 
 
-def trained_params(cfg: Experiment, rounds: int, cache: Path, log: Any = print,
+def trained_params(cfg: Experiment, rounds: int, cache: Path, log: Callable[[str], object] = print,
                    also: tuple[int, ...] = ()) -> dict[str, torch.Tensor] | None:  # fmt: skip
     """The global model after ``rounds`` rounds of the preset's own federated training (same data
     and architecture as ``cfg``; protocol keys from the preset); None for 0 (initialisation).
@@ -145,8 +149,9 @@ def trained_params(cfg: Experiment, rounds: int, cache: Path, log: Any = print,
 def make_case(cfg: Experiment, batch: int, seed: int, epochs_same_rows: int = 1,
               params: dict[str, torch.Tensor] | None = None) -> list[Case]:  # fmt: skip
     """One client batch and its update(s) (several rounds of fresh latents if asked)."""
-    work = build_workload(cfg)
-    data = encoded(work.ctx.dataset_json)
+    workload = build_workload(cfg)
+    work = offer(workload, TabularDiffusionOffer)
+    data = encoded(workload.ctx.dataset_json)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.num), batch, replace=False)
     rows = onehot_rows(
@@ -170,7 +175,7 @@ def make_case(cfg: Experiment, batch: int, seed: int, epochs_same_rows: int = 1,
 
 
 def random_reconstruction(
-    replay: DiffusionReplay, batch: int, marginals: Any, seed: int
+    replay: DiffusionReplay, batch: int, marginals: tuple[np.ndarray, np.ndarray], seed: int
 ) -> Reconstruction:
     """Empirical-marginal draw in model space (the floor every attack must beat)."""
     rng = np.random.default_rng(seed)
@@ -188,10 +193,15 @@ def random_reconstruction(
 
 def settings_of(name: str) -> InversionSettings:
     """A registered attack's settings (``oracle``: Goliath given the true latents)."""
-    return ORACLE if name == "oracle" else ATTACKS.get(name).settings
+    if name == "oracle":
+        return ORACLE
+    attack = ATTACKS.get(name)
+    if not issubclass(attack, InversionAttack):
+        raise ConfigError(f"attack '{name}' is not a gradient inversion (it has no settings)")
+    return attack.settings
 
 
-def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
+def score(case: Case, rec: Reconstruction, stds: dict[str, float]) -> dict[str, float]:
     prep = case.know.replay.prep
     res = tableak_accuracy(
         case.truth_frame, rec.decoded, list(prep.numeric), list(prep.categorical), stds
@@ -206,19 +216,29 @@ def score(case: Case, rec: Any, stds: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_attack(name: str, case: Case, budget: dict[str, int], seed: int, marginals: Any) -> Any:
+class Budget(TypedDict, total=False):
+    """The command line's overrides of an attack's settings."""
+
+    iterations: int
+    restarts: int
+
+
+def run_attack(
+    name: str, case: Case, budget: Budget, seed: int, marginals: tuple[np.ndarray, np.ndarray]
+) -> Reconstruction:
     if name == "random":
         return random_reconstruction(case.know.replay, case.know.batch, marginals, seed)
     base = settings_of(name)
-    cfg = replace(
-        base, seed=seed, **{k: v for k, v in budget.items() if k != "restarts" or base.restarts > 1}
-    )
+    knobs: Budget = {**budget}
+    if base.restarts <= 1:  # a single-start attack keeps its one start
+        knobs.pop("restarts", None)
+    cfg = replace(base, seed=seed, **knobs)
     return invert(case.know, cfg, oracle=case.truth_latents if name == "oracle" else None)
 
 
 def evaluate(datasets: list[str], regimes: list[str], batch_sizes: list[int], batches: int,
-             attacks: list[str], budget: dict[str, int], protocol: str = "fedsgd",
-             log: Any = print, overrides: list[str] | None = None,
+             attacks: list[str], budget: Budget, protocol: str = "fedsgd",
+             log: Callable[[str], object] = print, overrides: list[str] | None = None,
              trained_rounds: tuple[int, ...] = (0,), cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Tabular diffusion: Goliath and its baselines."""
     torch.set_num_threads(1)
@@ -267,7 +287,7 @@ def classifier_case(work: Any, batch: int, seed: int, params: dict[str, torch.Te
 
 
 def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[int], batches: int,
-                        attacks: list[str], budget: dict[str, int], log: Any = print,
+                        attacks: list[str], budget: Budget, log: Callable[[str], object] = print,
                         overrides: list[str] | None = None, trained_rounds: tuple[int, ...] = (0,),
                         cache: Path | None = None) -> pd.DataFrame:  # fmt: skip
     """Model-loss workloads: analytic-fc, DLG, iDLG, Inverting Gradients, random prior draws."""
@@ -276,7 +296,7 @@ def evaluate_classifier(workload: str, datasets: list[str], batch_sizes: list[in
     for ds in datasets:
         cfg = classifier_experiment(workload, ds, overrides)
         work = build_workload(cfg)
-        replay = ModelLossReplay(work.model_loss())
+        replay = ModelLossReplay(offer(work, ModelLossOffer).model_loss())
         scorer = ClassifierScorer(truth_source(cfg, work))
         label, p = dataset_label(cfg), cfg.workload.params
         setting = getattr(p, "model", "mlp")
@@ -309,7 +329,8 @@ MODEL_CACHE = Path(".flowerbed") / "attack-eval-models"
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """(options, overrides): every ``key=value`` token that is not an option is an override,
     wherever it stands (so ``--attacks a b key=value`` keeps the override)."""
-    options, overrides = [], []
+    options: list[str] = []
+    overrides: list[str] = []
     for token in argv:
         (overrides if "=" in token and not token.startswith("-") else options).append(token)
     return options, overrides
@@ -354,7 +375,7 @@ def run(argv: list[str]) -> int:
                  f"(allowed: {', '.join(allowed)})")  # fmt: skip
     datasets = args.datasets or (["digits"] if args.workload == "digits-classifier" else ["adult", "german"])  # fmt: skip
     start = time.perf_counter()
-    budget = {"iterations": args.iterations}
+    budget: Budget = {"iterations": args.iterations}
     if args.restarts is not None or args.workload == "tabdiff":
         budget["restarts"] = 4 if args.restarts is None else args.restarts
     rounds, cache = tuple(args.trained_rounds), Path(args.model_cache)

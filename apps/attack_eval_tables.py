@@ -60,8 +60,8 @@ def _goliath_details(df: pd.DataFrame, piv: pd.DataFrame, index: list[str]) -> l
               "batches exact | t MAE | mask F1 | s mean / max |",
               "|---" * (len(group) + 9) + "|"]  # fmt: skip
     fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
-    for key, r in agg.iterrows():
-        cells = " | ".join(str(k) for k in key)
+    for row_key, r in agg.iterrows():
+        cells = " | ".join(str(k) for k in (row_key if isinstance(row_key, tuple) else (row_key,)))
         lines.append(
             f"| {cells} | {int(r.n)} | {100 * r.acc:.1f} ± {fmt(100 * r.sd, '.1f')} | "
             f"{100 * r.num:.1f} | {100 * r.categ:.1f} | {100 * r.exact:.0f} % | "
@@ -81,8 +81,8 @@ def _classifier_details(df: pd.DataFrame, index: list[str]) -> list[str]:
     lines = ["", f"| {' | '.join(index)} | B | batches | success | median PSNR (dB) | identified "
              "| label accuracy | s mean |", "|---" * (len(index) + 7) + "|"]  # fmt: skip
     fmt = lambda v, f: "–" if pd.isna(v) else format(v, f)  # noqa: E731
-    for key, r in agg.iterrows():
-        cells = " | ".join(str(k) for k in key)
+    for row_key, r in agg.iterrows():
+        cells = " | ".join(str(k) for k in (row_key if isinstance(row_key, tuple) else (row_key,)))
         lines.append(f"| {cells} | {int(r.n)} | {100 * r.succ:.1f} | {fmt(r.psnr, '.1f')} | "
                      f"{fmt(100 * r.ident, '.1f')} | {100 * r.lab:.1f} | {r.sec:.1f} |")  # fmt: skip
     return lines

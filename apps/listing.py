@@ -9,7 +9,7 @@ name) imports a config's plug-in first, so its entries are listed like an instal
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -105,7 +105,13 @@ def tables(kinds: tuple[str, ...]) -> RenderableType:
     return Group(*shown)
 
 
-def _described(registry: Any, entry: str, cls: type) -> str:
+class _Described(Protocol):
+    """A registered class: ``Registry.register`` sets its one-line description."""
+
+    description: str
+
+
+def _described(registry: Any, entry: str, cls: _Described) -> str:
     """The description, and for an entry from outside flowerbed where it comes from."""
     from flowerbed.clients.core.registry import BUILTIN
 

@@ -26,6 +26,8 @@ class {cls}(Defense):
         clip: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
         noise: float = param(0.1, ge=0)
 
+    params: Params
+
     #: capabilities the workload must offer (flowerbed.clients.core.capabilities.Capability)
     needs = frozenset()
 
@@ -248,6 +250,8 @@ class {cls}(StrategyEntry):
     class Params:
         server_lr: float = param(1.0, gt=0)  # TODO: your knobs, typed, each with a rule
 
+    params: Params
+
     def strategy(self) -> FedAvg:
         """The Flower strategy that runs, from ``self.params`` (its typed params) and
         ``self.ctx`` (a narrow StrategyContext: seed, rounds, client sampling, workload)."""
@@ -336,6 +340,8 @@ class {cls}(Workload):
         samples: int = param(64, ge=2)
         lr: float = param(0.1, gt=0)
         local_steps: int = param(5, ge=1)
+
+    params: Params
 
     #: what attacks and defenses may rely on (flowerbed.clients.core.capabilities.Capability)
     offers = frozenset()

@@ -58,8 +58,9 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
     module, _, function = task.partition(":")
     run = getattr(importlib.import_module(module), function)
     notes, note_sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    runtime = sys.modules.get("flowerbed.clients.runtime")
-    if runtime is not None:
+    if "flowerbed.clients.runtime" in sys.modules:  # imported above: no import cost here
+        from flowerbed.clients import runtime
+
         runtime.warm_up()
         runtime.on_built = functools.partial(_note, note_sender, "built")
     _freeze()

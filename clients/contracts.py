@@ -27,7 +27,7 @@ victim model, ``model-release`` runs) provides :class:`ReleaseDefense`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from flwr.app import ArrayRecord
@@ -189,4 +189,4 @@ def offer(workload: object, protocol: type[P]) -> P:
             f"{type(workload).__name__} does not provide {protocol.__name__} "
             f"({', '.join(members(protocol))})"
         )
-    return cast(P, workload)
+    return workload

@@ -28,7 +28,7 @@ def check_combinations(experiment: Experiment) -> None:
         cls = DEFENSES.get(defense.name or "")
         for mechanism in cls(defense.params, ctx).mechanism():
             if isinstance(mechanism, Aggregation):
-                _check_aggregation(experiment, i, defense.name, mechanism, ctx)
+                _check_aggregation(experiment, i, defense.name or "", mechanism, ctx)
 
 
 def _check_aggregation(

@@ -92,14 +92,14 @@ class OrderedGrid(Grid):
 
     def _stop(self, server_round: int, sent: int, failed: list[Message]) -> None:
         """Every training reply failed: stop, unless every failure was injected on purpose."""
-        real = [r for r in failed if INJECTED not in r.error.reason]
+        real = [r for r in failed if INJECTED not in (r.error.reason or "")]
         if failed and not real:
             return  # clients.failure_rate: the strategy keeps the model and the run goes on
         if not real:
             raise RunFailed(f"round {server_round}: none of {sent} clients replied in time")
         first = real[0]
         node = first.metadata.src_node_id
-        cause = client_error(first.error.reason)
+        cause = client_error(first.error.reason or "")
         named = re.match(r"partition (\d+): (.*)", cause)
         partition = named[1] if named else self.partition_of(node)
         cause = named[2] if named else cause
@@ -193,9 +193,9 @@ def ask_partitions(grid: Grid, node_ids: list[int], timeout: float = 600.0) -> d
         node = reply.metadata.src_node_id
         if reply.has_error():
             raise RunFailed(
-                f"node {node} did not report its partition id: {client_error(reply.error.reason)}"
+                f"node {node} did not report its partition id: {client_error(reply.error.reason or '')}"
             )
-        mapping[node] = int(reply.content["metrics"][PARTITION_KEY])
+        mapping[node] = int(scalar(reply.content["metrics"][PARTITION_KEY]))
     missing = sorted(set(node_ids) - set(mapping))
     if missing:
         raise RunFailed(
@@ -242,10 +242,17 @@ def poll_replies(
     return replies
 
 
+def scalar(value: object) -> int | float | str:
+    """A record entry that holds one value (``TypeError`` for a list, an array or bytes)."""
+    if isinstance(value, (int, float, str)):
+        return value
+    raise TypeError(f"expected one number, got {type(value).__name__}")
+
+
 def _round_of(msg: Message) -> int:
     for record in msg.content.config_records.values():
         if "server-round" in record:
-            return int(record["server-round"])
+            return int(scalar(record["server-round"]))
     return int(msg.metadata.group_id or 0)
 
 
@@ -254,5 +261,5 @@ def _reply_order(msg: Message) -> tuple[int, int]:
         return (1, msg.metadata.src_node_id)
     for record in msg.content.metric_records.values():
         if PARTITION_KEY in record:
-            return (0, int(record[PARTITION_KEY]))
+            return (0, int(scalar(record[PARTITION_KEY])))
     return (0, msg.metadata.src_node_id)

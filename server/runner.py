@@ -86,7 +86,7 @@ def _run(
         final_arrays[:] = [arrays]
         if on_round is not None:
             on_round(server_round, writer.final)
-        return MetricRecord(central) if central else None
+        return MetricRecord({**central}) if central else None
 
     config = ConfigRecord({CONFIG_KEY: to_json(experiment), **published_to_clients(experiment)})
     initial_arrays = workload.init_arrays()

@@ -4,7 +4,15 @@ line back to it), and the key table under a panel that names the setting of each
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.backend_bases import RendererBase
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
 
 KEY_COLUMNS = 2  # columns of a panel's key table
 KEY_LINE_IN = 0.17  # height of a key-table line, inches
@@ -13,7 +21,7 @@ SLOTS = [(r * math.cos(a * math.pi / 8), r * math.sin(a * math.pi / 8))
          for r in (9, 14, 20, 28, 38, 50, 64, 80) for a in range(16)]  # fmt: skip
 
 
-def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> list[Any]:
+def place_labels(fig: Figure, ax: Axes, points: list[tuple[str, float, float]]) -> list[Text]:
     """Number the points 1..n (the key table names them): each number goes to the nearest slot
     whose box is inside the axes and clear of the other numbers and of everything drawn (the
     points, the lines and error bars: ``_drawn``), else to the slot that overlaps least, with a
@@ -21,11 +29,11 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
     find free slots where their names would collide."""
     from matplotlib.text import Text
 
-    renderer = fig.canvas.get_renderer()
+    renderer = _renderer(fig)
     frame = ax.get_window_extent(renderer)
     drawn = _drawn(ax)
-    placed: list[Any] = []
-    texts = []
+    placed: list[Bbox] = []
+    texts: list[Text] = []
     for number, (_, x, y) in enumerate(points, 1):
         best = None
         for dx, dy in SLOTS:
@@ -47,12 +55,13 @@ def place_labels(fig: Any, ax: Any, points: list[tuple[str, float, float]]) -> l
                 text.remove()
             if overlap == 0:
                 break
+        assert best is not None  # SLOTS is not empty: the first slot always sets it
         placed.append(best[2])
         texts.append(best[1])
     return texts
 
 
-def _drawn(ax: Any, step: float = 2.0) -> Any:
+def _drawn(ax: Axes, step: float = 2.0) -> np.ndarray:
     """Display coordinates of what the axes draw (lines, error bars, markers), sampled every
     ``step`` pixels along each segment, plus a ring around each marker."""
     import numpy as np
@@ -76,11 +85,11 @@ def _drawn(ax: Any, step: float = 2.0) -> Any:
     return np.concatenate(samples)
 
 
-def key_table(fig: Any, kax: Any, entries: list[tuple[str, str]]) -> list[Any]:
+def key_table(fig: Figure, kax: Axes, entries: list[tuple[str, str]]) -> list[Text]:
     """The key under a panel: ``number  setting`` per point, in the point's colour, in
     ``KEY_COLUMNS`` columns of lines ``KEY_LINE_IN`` high (the key axes are sized for them); an
     entry wider than its column is cut (with "…") to fit."""
-    renderer = fig.canvas.get_renderer()
+    renderer = _renderer(fig)
     frame = kax.get_window_extent(renderer)
     width = frame.width / KEY_COLUMNS - 6  # pixels, a gap between the columns
     rows = max(math.ceil(len(entries) / KEY_COLUMNS), 1)
@@ -98,7 +107,13 @@ def key_table(fig: Any, kax: Any, entries: list[tuple[str, str]]) -> list[Any]:
     return texts
 
 
-def _area(a: Any, b: Any) -> float:
+def _renderer(fig: Figure) -> RendererBase:
+    """The canvas's renderer (the Agg canvases the reports draw on have one)."""
+    # matplotlib's stubs declare get_renderer only on FigureCanvasAgg, not on FigureCanvasBase
+    return fig.canvas.get_renderer()  # type: ignore[attr-defined]
+
+
+def _area(a: Bbox, b: Bbox) -> float:
     w = min(a.x1, b.x1) - max(a.x0, b.x0)
     h = min(a.y1, b.y1) - max(a.y0, b.y0)
     return max(w, 0.0) * max(h, 0.0)

@@ -135,7 +135,9 @@ class Estimate:
 NONE = Estimate(math.nan, math.nan, math.nan, 0)
 
 
-def bootstrap(values: Sequence[float] | np.ndarray, seed: int = BOOTSTRAP_SEED) -> Estimate:
+def bootstrap(
+    values: Sequence[float] | np.ndarray | pd.Series, seed: int = BOOTSTRAP_SEED
+) -> Estimate:
     """Mean and its 95 % percentile-bootstrap interval (seeded; NaNs dropped)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]

@@ -30,6 +30,7 @@ from flowerbed.clients.defenses import (
 from flowerbed.clients.defenses.canaries import RunAudit
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.clients.workloads import Workload
+from flowerbed.server.grid import scalar
 from flowerbed.server.model_views import model_view
 from flowerbed.server.results import ResultsWriter
 from flowerbed.server.robustness import detection_tap
@@ -59,7 +60,8 @@ class SeededSampling(StrategyWrapper):
         seed = client_seed(self.seed, 0, server_round, salt=salt)
         random.seed(seed)  # strategies that draw from ``random`` themselves
         module = strategy_utils.random
-        strategy_utils.random = random.Random(seed)
+        # Flower's strategy_utils samples with the module `random`; a seeded Random stands in
+        strategy_utils.random = random.Random(seed)  # type: ignore[assignment]
         try:
             return configure()
         finally:
@@ -96,15 +98,17 @@ class MetricsTap(StrategyWrapper):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error() and "metrics" in r.content]
         self.partitions[server_round] = sorted(
-            int(r.content["metrics"][PARTITION_KEY]) for r in ok
+            int(scalar(r.content["metrics"][PARTITION_KEY])) for r in ok
             if PARTITION_KEY in r.content["metrics"]
         )  # fmt: skip
         epsilons = [
-            float(r.content["metrics"]["epsilon"]) for r in ok if "epsilon" in r.content["metrics"]
+            float(scalar(r.content["metrics"]["epsilon"]))
+            for r in ok
+            if "epsilon" in r.content["metrics"]
         ]
         sizes = [
-            float(r.content["metrics"][WIRE_BYTES]) if WIRE_BYTES in r.content["metrics"]
-            else float(dense_bytes(r.content["arrays"]))
+            float(scalar(r.content["metrics"][WIRE_BYTES])) if WIRE_BYTES in r.content["metrics"]
+            else float(dense_bytes(r.content.array_records["arrays"]))
             for r in ok if "arrays" in r.content
         ]  # fmt: skip
         if sizes:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from flwr.serverapp.strategy import Bulyan
+from flwr.serverapp.strategy import Bulyan, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -25,6 +24,8 @@ class BulyanEntry(StrategyEntry):
     class Params(PreAggregationParams):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: BulyanEntry.Params, sampled: int) -> str | None:
         # below 4f+3 replies Flower's Bulyan skips the round (a warning, the model unchanged)
@@ -35,7 +36,7 @@ class BulyanEntry(StrategyEntry):
             else f"Bulyan needs n >= 4f+3 = {need} inputs"
         )
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = Bulyan(
             num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
             **self.ctx.sampling.kwargs(),

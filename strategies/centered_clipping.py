@@ -9,10 +9,10 @@ it by at most ``tau / n``, so a few arbitrarily bad updates shift the aggregate 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -51,7 +51,9 @@ class CenteredClippingEntry(StrategyEntry):
         tau: float = param(1.0, gt=0)  # clipping radius around the centre
         iterations: int = param(3, ge=1)  # L, clipping iterations per round
 
-    def strategy(self) -> Any:
+    params: Params
+
+    def strategy(self) -> Strategy:
         strategy = CenteredClipping(
             self.params.tau,
             self.params.iterations,

@@ -257,6 +257,8 @@ class FCMEntry(StrategyEntry):
         server_lr: float = param(1.0, gt=0)
         server_momentum: float = param(0.0, ge=0, lt=1)
 
+    params: Params
+
     def strategy(self) -> FCMStrategy:
         return FCMStrategy(
             self.ctx.offer(ConceptRegistryOffer).spec, self.ctx.seed, aggregation=self.params.aggregation,

@@ -108,9 +108,14 @@ class FedKMeansEntry(StrategyEntry):
     class Params:
         init_iters: int = param(20, ge=1)
 
+    params: Params
+
     def strategy(self) -> FedRouterKMeans:
+        workload = self.ctx.workload
+        if workload is None:
+            raise TypeError("fed-kmeans needs the server's workload (kmeans-statistics)")
         return FedRouterKMeans(
-            tables=self.ctx.workload.contract(KMeansConfig),
+            tables=workload.contract(KMeansConfig),
             init_iters=self.params.init_iters,
             seed=self.ctx.seed,
             **self.ctx.sampling.kwargs(),

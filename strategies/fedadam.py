@@ -21,5 +21,7 @@ class FedAdamEntry(StrategyEntry):
         beta_2: float = param(0.99, ge=0, lt=1)
         tau: float = param(0.001, gt=0)
 
+    params: Params
+
     def strategy(self) -> FedAdam:
         return FedAdam(**asdict(self.params), **self.ctx.sampling.kwargs())

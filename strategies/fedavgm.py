@@ -18,5 +18,7 @@ class FedAvgMEntry(StrategyEntry):
         server_learning_rate: float = param(1.0, gt=0)
         server_momentum: float = param(0.9, ge=0, lt=1)
 
+    params: Params
+
     def strategy(self) -> FedAvgM:
         return FedAvgM(**asdict(self.params), **self.ctx.sampling.kwargs())

@@ -17,5 +17,7 @@ class FedProxEntry(StrategyEntry):
     class Params:
         proximal_mu: float = param(0.01, ge=0)
 
+    params: Params
+
     def strategy(self) -> FedProx:
         return FedProx(proximal_mu=self.params.proximal_mu, **self.ctx.sampling.kwargs())

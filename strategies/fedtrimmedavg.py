@@ -21,6 +21,8 @@ class FedTrimmedAvgEntry(StrategyEntry):
     class Params:
         beta: float = param(0.2, ge=0, lt=0.5)
 
+    params: Params
+
     def strategy(self) -> FedTrimmedAvg:
         return FedTrimmedAvg(beta=self.params.beta, **self.ctx.sampling.kwargs())
 

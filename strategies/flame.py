@@ -82,5 +82,7 @@ class FlameEntry(StrategyEntry):
     class Params:
         noise_factor: float = param(0.001, ge=0)  # lambda: noise std = lambda × median norm
 
+    params: Params
+
     def strategy(self) -> Flame:
         return Flame(self.params.noise_factor, seed=self.ctx.seed, **self.ctx.sampling.kwargs())

@@ -74,6 +74,8 @@ class FLTrustEntry(StrategyEntry):
     class Params:
         root_size: int = param(100, ge=1)  # examples in the server's root dataset (paper: 100)
 
+    params: Params
+
     def strategy(self) -> FLTrust:
         return FLTrust(
             self.ctx.offer(RootDataOffer),

@@ -9,10 +9,10 @@ point is 1/2: fewer than half the updates cannot move it arbitrarily far.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -56,7 +56,9 @@ class GeomedEntry(StrategyEntry):
         iterations: int = param(10, ge=1)  # R, Weiszfeld steps at most
         nu: float = param(1e-6, gt=0)  # smoothing: distances below nu count as nu
 
-    def strategy(self) -> Any:
+    params: Params
+
+    def strategy(self) -> Strategy:
         strategy = GeometricMedian(
             self.params.iterations, self.params.nu, seed=self.ctx.seed, **self.ctx.sampling.kwargs()
         )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from flwr.serverapp.strategy import Krum
+from flwr.serverapp.strategy import Krum, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -24,6 +23,8 @@ class KrumEntry(StrategyEntry):
     class Params(PreAggregationParams):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: KrumEntry.Params, sampled: int) -> str | None:
         need = 2 * params.num_malicious + 3
@@ -33,7 +34,7 @@ class KrumEntry(StrategyEntry):
             else f"Krum needs n >= 2f+3 = {need} inputs"
         )
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = Krum(
             num_malicious_nodes=self.params.num_malicious, train_metrics_aggr_fn=selection_metrics,
             **self.ctx.sampling.kwargs(),

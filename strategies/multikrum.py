@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from flwr.serverapp.strategy import MultiKrum
+from flwr.serverapp.strategy import MultiKrum, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
@@ -25,12 +24,14 @@ class MultiKrumEntry(StrategyEntry):
         num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
         num_selected: int = param(1, ge=1)  # m, the replies averaged
 
+    params: Params
+
     @staticmethod
     def fits_clients(params: MultiKrumEntry.Params, sampled: int) -> str | None:
         need = max(2 * params.num_malicious + 3, params.num_selected)
         return None if inputs_after(params, sampled) >= need else f"MultiKrum needs n >= max(2f+3, m) = {need} inputs"  # fmt: skip
 
-    def strategy(self) -> Any:
+    def strategy(self) -> Strategy:
         strategy = MultiKrum(
             num_malicious_nodes=self.params.num_malicious, num_nodes_to_select=self.params.num_selected,
             train_metrics_aggr_fn=selection_metrics, **self.ctx.sampling.kwargs(),

@@ -59,6 +59,8 @@ class NormBoundingEntry(StrategyEntry):
         norm_bound: float = param(1.0, gt=0)  # M, the largest update norm that passes unscaled
         noise_std: float = param(0.0, ge=0)  # sigma of the Gaussian noise on the aggregate
 
+    params: Params
+
     def strategy(self) -> NormBoundedFedAvg:
         return NormBoundedFedAvg(
             self.params.norm_bound,

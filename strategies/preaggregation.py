@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.wrapper import StrategyWrapper
@@ -42,21 +43,21 @@ class PreAggregationParams:
     nnm_malicious: int = param(0, ge=0)  # f of NNM: each reply becomes the mean of its n-f nearest
 
 
-def inputs_after(params: Any, sampled: int) -> int:
+def inputs_after(params: PreAggregationParams, sampled: int) -> int:
     """How many replies the robust rule sees behind the configured pre-aggregation."""
     if params.pre_aggregation == "bucketing":
         return math.ceil(sampled / params.bucket_size)
     return sampled
 
 
-def pre_aggregated(strategy: Any, params: Any, seed: int) -> Any:
+def pre_aggregated(strategy: Strategy, params: PreAggregationParams, seed: int) -> Strategy:
     """``strategy`` behind the configured pre-aggregation (itself for ``none``)."""
     if params.pre_aggregation == "none":
         return strategy
     return PreAggregated(strategy, str(params.pre_aggregation), params.bucket_size, params.nnm_malicious, seed)  # fmt: skip
 
 
-def _reply(like: RecordDict, arrays: Any, metrics: MetricRecord) -> Message:
+def _reply(like: RecordDict, arrays: ArrayRecord, metrics: MetricRecord) -> Message:
     key = next(iter(like.array_records))
     mkey = next(iter(like.metric_records))
     return Message(RecordDict({key: arrays, mkey: metrics}), dst_node_id=0, message_type="train")
@@ -79,7 +80,7 @@ def _metrics(contents: list[RecordDict], partition: int) -> MetricRecord:
 class PreAggregated(StrategyWrapper):
     """Hands the inner (robust) strategy bucket means or nearest-neighbour mixtures."""
 
-    def __init__(self, inner: Any, kind: str, bucket_size: int, nnm_malicious: int, seed: int) -> None:  # fmt: skip
+    def __init__(self, inner: Strategy, kind: str, bucket_size: int, nnm_malicious: int, seed: int) -> None:  # fmt: skip
         super().__init__(inner)
         self.kind = kind
         self.bucket_size = bucket_size

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table as RichTable
@@ -212,7 +213,7 @@ class _SweepCommand(TyperCommand):
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         for param in self.params:
-            if param.name == "ray":
+            if isinstance(param, click.Option) and param.name == "ray":
                 param.flag_value = "local"
                 param._flag_needs_value = True  # click's marker for "the value may be omitted"
 

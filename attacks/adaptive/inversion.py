@@ -49,6 +49,7 @@ from flowerbed.attacks.goliath.closed_forms import analytic_mixed, analytic_time
 from flowerbed.attacks.goliath.knowledge import GOLIATH, local_steps
 from flowerbed.attacks.goliath.objective import match_loss, simulate
 from flowerbed.attacks.goliath.optimisation import invert, rows_score
+from flowerbed.attacks.inversion.simulate import tensor_sum
 from flowerbed.attacks.inversion.types import (
     DiffusionReplay,
     InversionSettings,
@@ -255,7 +256,7 @@ class DefenseAwareInversion(TabularInversion):
         variance = self.noise_variance(members, seen[-1].batch)
         if variance is None:
             return None
-        mean = {k: sum(o.update[k] for o in seen) / len(seen) for k in seen[-1].update}
+        mean = {k: tensor_sum(o.update[k] for o in seen) / len(seen) for k in seen[-1].update}
         return carries_evidence(mean, variance / len(seen))
 
     def objective(self, members: tuple[int, ...], rec: Reconstruction) -> float:
@@ -335,7 +336,7 @@ class DefenseAwareInversion(TabularInversion):
         """R noisy FedSGD gradients of the same rows: their sum is R steps of local SGD on them."""
         latest = seen[-1]
         steps = Protocol("fedavg", latest.batch, AVERAGE_LR, len(seen), "sgd")
-        target = {k: AVERAGE_LR * sum(o.update[k] for o in seen) for k in latest.update}
+        target = {k: AVERAGE_LR * tensor_sum(o.update[k] for o in seen) for k in latest.update}
         return invert(Knowledge(replace(self.replay, protocol=steps), latest.params, target,
                                 latest.batch), self.settings)  # fmt: skip
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from flowerbed.attacks.goliath.knowledge import BOUND, GROUPS
+from flowerbed.attacks.inversion.simulate import tensor_sum
 from flowerbed.attacks.inversion.types import DiffusionReplay, InversionSettings, Knowledge
 from flowerbed.clients.tabdiff.model import (
     T_MIN,
@@ -45,11 +46,11 @@ def match_loss(
 ) -> torch.Tensor:  # fmt: skip
     names = [k for k in target if k != "k_raw"]
     if cfg.objective == "l2":
-        return sum(((sim[k] - target[k]) ** 2).sum() for k in names)
+        return tensor_sum(((sim[k] - target[k]) ** 2).sum() for k in names)
     if cfg.objective == "cosine":
-        dot = sum((sim[k] * target[k]).sum() for k in names)
-        ns = sum((sim[k] ** 2).sum() for k in names).sqrt()
-        nt = sum((target[k] ** 2).sum() for k in names).sqrt()
+        dot = tensor_sum((sim[k] * target[k]).sum() for k in names)
+        ns = tensor_sum((sim[k] ** 2).sum() for k in names).sqrt()
+        nt = tensor_sum((target[k] ** 2).sum() for k in names).sqrt()
         return 1 - dot / (ns * nt + 1e-12)
     gs, gt = group_vectors(sim, spec), group_vectors(target, spec)
     total = sim[names[0]].new_zeros(())

@@ -143,7 +143,9 @@ def invert_once(know: Knowledge[DiffusionReplay], cfg: InversionSettings, restar
             v.set_t(torch.stack([x.t for x in oracle[:steps]]))
             v.e.copy_(torch.stack([x.eps for x in oracle[:steps]]))
             if mixed:
-                v.l.copy_(torch.stack([x.mask for x in oracle[:steps]]) * 16 - 8)
+                v.l.copy_(
+                    torch.stack([x.mask for x in oracle[:steps] if x.mask is not None]) * 16 - 8
+                )
     row_vars, lat_vars = [v.u, v.z], [v.a, v.e] + ([v.l] if mixed else [])
     frozen_latents = knobs.latents in ("fixed", "oracle")
     lr_lat = knobs.lr * 0.5

@@ -95,7 +95,7 @@ def invert_once(know: Knowledge[ModelLossReplay], cfg: InversionSettings, restar
         fixed = recover_labels(know, cfg.seed)
     low = schema.low.to(dtype).reshape(x.shape[1:])
     high = schema.high.to(dtype).reshape(x.shape[1:])
-    groups = [{"params": [t]} for t in tensors]
+    groups: list[dict[str, list[torch.Tensor] | float]] = [{"params": [t]} for t in tensors]
     if blocks and knobs.numeric_lr > 0:
         groups[0]["lr"] = knobs.numeric_lr
     opt = torch.optim.Adam(groups, lr=knobs.lr)
@@ -141,7 +141,10 @@ def invert_optimised(
     first = None
     contract = know.replay.contract
     if cfg.model_loss.analytic_init and contract.first_linear is not None:
-        first = invert_analytic(know, cfg.seed, assign=False).x
+        analytic = invert_analytic(know, cfg.seed, assign=False).x
+        if not isinstance(analytic, torch.Tensor):
+            raise TypeError("the analytic start of a model-loss inversion is a tensor")
+        first = analytic
     runs = [invert_once(know, cfg, r, first if r == 0 else None) for r in range(cfg.restarts)]
     runs.sort(key=lambda run: run[2])
     x, y, score = runs[0]

@@ -31,7 +31,7 @@ from flowerbed.attacks.metrics import TOLERANCE, tableak_accuracy
 from flowerbed.attacks.pictures import Shown, image_grid, rows_markdown
 from flowerbed.attacks.protocols import Key, Tensors
 from flowerbed.attacks.truth import BesidePrior, TruthSource
-from flowerbed.clients.contracts import ModelLossOffer
+from flowerbed.clients.contracts import LabelledBatch, ModelLossOffer
 from flowerbed.clients.workloads import Examples
 
 PSNR_RECOVERED = 20.0  # dB: RMSE <= 0.1 of the pixel range
@@ -53,7 +53,7 @@ def image_scores(truth: torch.Tensor, rec: torch.Tensor, peak: float = 1.0) -> d
     }
 
 
-class ClassifierScorer(BesidePrior[Examples]):
+class ClassifierScorer(BesidePrior[LabelledBatch]):
     """Rebuilds the examples behind an attacked reply and scores a reconstruction against them
     (and the prior guesses beside it: ``BesidePrior``)."""
 
@@ -67,7 +67,7 @@ class ClassifierScorer(BesidePrior[Examples]):
             self.numeric, self.categorical = list(schema.numeric), list(schema.categorical)
             self.stds = {c: float(train[c].std()) for c in self.numeric}
 
-    def truth(self, partition_id: Key, server_round: int) -> Examples:
+    def truth(self, partition_id: Key, server_round: int) -> LabelledBatch:
         """A client's examples of a round, or the union of a group's (a tuple of members)."""
         if isinstance(partition_id, tuple):
             parts = [self.truth(p, server_round) for p in partition_id]
@@ -82,7 +82,7 @@ class ClassifierScorer(BesidePrior[Examples]):
             self._pool = torch.cat(parts).reshape(sum(len(p) for p in parts), -1).double()
         return self._pool
 
-    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> Examples:
+    def truth_of(self, partition_id: Key, server_round: int, sent: Tensors) -> LabelledBatch:
         """The examples behind an attacked reply (``BesidePrior``; ``sent`` is not needed)."""
         return self.truth(partition_id, server_round)
 
@@ -115,7 +115,7 @@ class ClassifierScorer(BesidePrior[Examples]):
             rows_markdown(Path(run_dir) / f"attack_r{server_round}.md", title, shown, self.numeric,
                           self.stds, TOLERANCE)  # fmt: skip
 
-    def score_against(self, truth: Examples, rec: Reconstruction, identify: bool = True) -> dict[str, float]:  # fmt: skip
+    def score_against(self, truth: LabelledBatch, rec: Reconstruction, identify: bool = True) -> dict[str, float]:  # fmt: skip
         """``success`` = identified images (the nearest training image is the true one) or TabLeak
         cell accuracy; label accuracy. ``identify=False``: images without the lineup (``success`` =
         the PSNR-recovered share)."""

@@ -4,6 +4,7 @@ workload; plus the distances that compare a simulated update with the observed o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +15,14 @@ if TYPE_CHECKING:
     from flowerbed.attacks.inversion.types import Knowledge, ModelLossReplay
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults (what clients use)
+
+
+def tensor_sum(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum(terms)`` (0 + t1 + t2 ..., the same float operations) as a tensor: at least one term."""
+    out = sum(terms)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError("a sum of no tensors")
+    return out
 
 
 def simulate(
@@ -78,7 +87,7 @@ def observed(know: Knowledge[ModelLossReplay], x: torch.Tensor, y: torch.Tensor,
     else:
         chunks = [simulate(know.replay.contract, know.params, xs, ys, create_graph)
                   for xs, ys in zip(x.chunk(know.members), y.chunk(know.members), strict=True)]  # fmt: skip
-        sim = {k: sum(c[k] for c in chunks) / len(chunks) for k in chunks[0]}
+        sim = {k: tensor_sum(c[k] for c in chunks) / len(chunks) for k in chunks[0]}
     return sim if know.reading is None else know.reading(sim)
 
 
@@ -86,10 +95,10 @@ def distance(sim: dict[str, torch.Tensor], target: dict[str, torch.Tensor], obje
     """``l2``: squared distance (DLG); ``cosine``: 1 - cosine similarity over all parameters (IG)."""
     names = [k for k in target if k in sim]
     if objective == "l2":
-        return sum(((sim[k] - target[k]) ** 2).sum() for k in names)
-    dot = sum((sim[k] * target[k]).sum() for k in names)
-    ns = sum((sim[k] ** 2).sum() for k in names).sqrt()
-    nt = sum((target[k] ** 2).sum() for k in names).sqrt()
+        return tensor_sum(((sim[k] - target[k]) ** 2).sum() for k in names)
+    dot = tensor_sum((sim[k] * target[k]).sum() for k in names)
+    ns = tensor_sum((sim[k] ** 2).sum() for k in names).sqrt()
+    nt = tensor_sum((target[k] ** 2).sum() for k in names).sqrt()
     return 1 - dot / (ns * nt + 1e-12)
 
 

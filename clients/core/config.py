@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -324,11 +324,20 @@ def validate_structured(schema: type, values: dict[str, Any], where: str) -> Any
     return obj
 
 
+def _mapping(node: DictConfig, resolve: bool = True) -> dict[str, Any]:
+    """``OmegaConf.to_container`` of a mapping node: a dict with string keys (omegaconf types
+    what it returns as any container with any key type)."""
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=resolve))
+
+
 def load_preset(name: str) -> dict[str, Any]:
     path = configs_dir() / "experiments" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown experiment '{name}' (allowed: {', '.join(preset_names())})")
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    loaded = OmegaConf.load(path)
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    data = _mapping(loaded)
     data.setdefault("experiment", name)
     return data
 
@@ -367,7 +376,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             f"{configs_dir() / 'experiments' / 'quickstart.yaml'}"
         )
     try:
-        return OmegaConf.to_container(loaded, resolve=True)  # type: ignore[return-value]
+        return _mapping(loaded)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
 
@@ -382,7 +391,7 @@ def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
     if bad:
         raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. rounds=5)")
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+        return _mapping(OmegaConf.from_dotlist(list(overrides)))
     except Exception as exc:  # noqa: BLE001 - omegaconf or YAML parse errors, shown on one line
         raise ConfigError(
             f"bad override ({str(exc).splitlines()[0]}); YAML values need a space after ':', "
@@ -548,7 +557,7 @@ def _check_attacked(attack: Component, rounds: int, num: int) -> None:
 @functools.cache
 def _schema_defaults() -> dict[str, Any]:
     """Every shared key at its schema default (built once; read only)."""
-    return OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))  # type: ignore[return-value]
+    return _mapping(OmegaConf.structured(ExperimentConfig), resolve=False)
 
 
 def _is_set(raw: dict[str, Any], dotted: str) -> bool:

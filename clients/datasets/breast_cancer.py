@@ -15,6 +15,7 @@ from flowerbed.clients.datasets import (
 @DATASETS.register("breast-cancer", "scikit-learn breast cancer (569 rows, 30 numeric)")
 class BreastCancerDataset(Dataset):
     Params = SplitParams
+    params: SplitParams
 
     def load(self) -> Table:
         return split_table(

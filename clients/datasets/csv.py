@@ -53,11 +53,13 @@ class CsvDataset(Dataset):
         numeric: list[str] = param(factory=list, check=_column_names)
         categorical: list[str] = param(factory=list, check=_column_names)
 
+    params: Params
+
     def load(self) -> Table:
-        path = self.params.path
-        if not path:
+        given = self.params.path
+        if not given:
             raise ConfigError("dataset 'csv' needs dataset.path (a CSV file with a header row)")
-        path = Path(path)
+        path = Path(given)
         if not path.is_file():
             raise ConfigError(f"dataset file not found: {path}")
         label, numeric, categorical = (

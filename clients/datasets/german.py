@@ -33,6 +33,7 @@ GERMAN_NUMERIC = [
 @DATASETS.register("german", "UCI Statlog German Credit (1,000 rows, 7 numeric + 13 categorical)")
 class GermanDataset(Dataset):
     Params = SplitParams
+    params: SplitParams
 
     def load(self) -> Table:
         return split_table(_german(self.ctx.data_dir), self.params.test_fraction, self.ctx.name)

@@ -15,6 +15,7 @@ from flowerbed.clients.datasets import (
 @DATASETS.register("iris", "scikit-learn iris (150 rows, 4 numeric, 3 classes)")
 class IrisDataset(Dataset):
     Params = SplitParams
+    params: SplitParams
 
     def load(self) -> Table:
         return split_table(sklearn_table("load_iris"), self.params.test_fraction, self.ctx.name)

@@ -15,6 +15,7 @@ from flowerbed.clients.datasets import (
 @DATASETS.register("wine", "scikit-learn wine (178 rows, 13 numeric, 3 classes)")
 class WineDataset(Dataset):
     Params = SplitParams
+    params: SplitParams
 
     def load(self) -> Table:
         return split_table(sklearn_table("load_wine"), self.params.test_fraction, self.ctx.name)

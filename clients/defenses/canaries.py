@@ -36,14 +36,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 from torch.utils.data import Dataset
 
 from flowerbed.clients.core.dp_audit import DEFAULT_CONFIDENCE, OneRunResult, one_run_audit
@@ -418,7 +418,7 @@ class _Discard:
 
 
 @contextlib.contextmanager
-def _audit_rng(seed: int, salt: int, server_round: int) -> Any:
+def _audit_rng(seed: int, salt: int, server_round: int) -> Iterator[None]:
     """NumPy's global generator (Flower's DP noise source) and Python's ``random`` (Flower's node
     sampling) seeded for the auditor's own draws, and restored: the run's draws are untouched."""
     state = random.getstate()
@@ -440,7 +440,7 @@ class RunAudit(StrategyWrapper):
     received): remembers the arrays sent each round and hands the round's replies to every
     defense's ``CanaryAudit`` before the inner strategy aggregates them."""
 
-    def __init__(self, inner: Any, audits: Sequence[CanaryAudit]) -> None:
+    def __init__(self, inner: Strategy, audits: Sequence[CanaryAudit]) -> None:
         super().__init__(inner)
         self.audits = list(audits)
         self.sent: dict[int, ArrayRecord] = {}

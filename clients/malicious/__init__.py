@@ -46,7 +46,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.contracts import ModelLossOffer, offer
-from flowerbed.clients.core.capabilities import Capability, alternatives
+from flowerbed.clients.core.capabilities import Capability, Needs, alternatives
 from flowerbed.clients.core.component import Component
 from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import Registry
@@ -110,6 +110,12 @@ class MaliciousContext:
     colluders: tuple[int, ...]
     schema: InputSchema | None = None
 
+    def model_schema(self) -> InputSchema:
+        """``schema`` for an attack that needs ``model-loss`` (resolution sets it for those)."""
+        if self.schema is None:
+            raise TypeError("no input schema: the attack does not declare that it needs model-loss")
+        return self.schema
+
     @classmethod
     def of(cls, experiment: Experiment, workload: Workload | None = None) -> MaliciousContext:
         attack = MALICIOUS.get(experiment.malicious.name or "")
@@ -150,7 +156,7 @@ class Malicious(Component[MaliciousContext]):
 
     Context = MaliciousContext
     built_by = "build_malicious(experiment, workload) builds one from an experiment"
-    needs: ClassVar[Any] = frozenset()
+    needs: ClassVar[Needs] = frozenset()
     #: ``craft`` reads the colluders' benign updates (``View.benign``)
     colluding: ClassVar[bool] = False
 

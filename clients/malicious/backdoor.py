@@ -64,7 +64,7 @@ class Backdoor(DataPoisoning):
     def trigger(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` with the trigger stamped on every row (a copy)."""
         x = x.clone()
-        if self.ctx.schema.kind == "image":
+        if self.ctx.model_schema().kind == "image":
             side = self.params.patch
             x[..., -side:, -side:] = self.params.patch_value
             return x

@@ -35,7 +35,7 @@ class LabelFlip(DataPoisoning):
     params: Params
 
     def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
-        classes = self.ctx.schema.num_classes
+        classes = self.ctx.model_schema().num_classes
         y = train.y.clone()
         if self.params.target < 0:
             y = classes - 1 - y
@@ -57,7 +57,7 @@ class LabelFlip(DataPoisoning):
     def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
         test = workload.test_pool()
         flipped = torch.isin(
-            test.y, torch.tensor(self.flipped_classes(self.ctx.schema.num_classes))
+            test.y, torch.tensor(self.flipped_classes(self.ctx.model_schema().num_classes))
         )
         if not bool(flipped.any()):
             return {}
