@@ -53,7 +53,7 @@ from flowerbed.attacks.inversion.types import (
 )
 from flowerbed.attacks.metrics import mask_f1, tableak_accuracy, timestep_mae
 from flowerbed.clients.contracts import ModelLossOffer, TabularDiffusionOffer, offer
-from flowerbed.clients.core.config import Component, Experiment, OutputConfig, replace_at
+from flowerbed.clients.core.config import ChosenComponent, Experiment, OutputConfig, replace_at
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.tabdiff.model import (
     Latents,
@@ -128,7 +128,7 @@ def trained_params(cfg: Experiment, rounds: int, cache: Path, log: Callable[[str
     if hasattr(cfg.workload.params, "quality_rows"):
         changes["quality_rows"] = 0
     train = replace_at(cfg, "workload.params", **changes)
-    train = replace(train, attack=Component(None, {}), defenses=())
+    train = replace(train, attack=ChosenComponent(None, {}), defenses=())
     train = replace_at(train, "clients", fraction_evaluate=0.0)
     key = hashlib.sha256(train.run_key().encode()).hexdigest()[:16]  # without its output
     path = cache / f"{key}.r{rounds}.pt"

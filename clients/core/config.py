@@ -2,7 +2,7 @@
 
 It lives in ``clients`` (the bottom of the import graph) because every layer reads it.
 :func:`resolve` validates a raw config against the omegaconf schema (``ExperimentConfig``) and
-returns a frozen, typed :class:`Experiment`: every component a :class:`Component` holding its name
+returns a frozen, typed :class:`Experiment`: every component a :class:`ChosenComponent` holding its name
 and an instance of its ``Params`` filled with its defaults. The framework reads attributes
 (``experiment.attack.params.rounds``); the experiment becomes a plain dict (:meth:`Experiment.to_dict`)
 only where it leaves the process: ``config.yaml`` (so it says exactly what ran), Flower's run
@@ -205,7 +205,7 @@ class ExperimentConfig:
 
 
 @dataclass(frozen=True)
-class Component:
+class ChosenComponent:
     """A configured component: its registered ``name`` and ``params``, an instance of its class's
     ``Params`` dataclass (built from the validated values, as the component receives it).
 
@@ -219,7 +219,7 @@ class Component:
 
 @dataclass(frozen=True)
 class Malicious:
-    """Clients that lie (``MaliciousConfig``, typed like :class:`Component`): which attack and who
+    """Clients that lie (``MaliciousConfig``, typed like :class:`ChosenComponent`): which attack and who
     runs it, ``fraction`` of the clients drawn from the seed or the partition ids in ``clients``."""
 
     name: str | None = None
@@ -243,10 +243,10 @@ class Experiment:
     engine: Engine
     clients: ClientsConfig
     dataset: DatasetConfig
-    workload: Component
-    strategy: Component
-    attack: Component
-    defenses: tuple[Component, ...]
+    workload: ChosenComponent
+    strategy: ChosenComponent
+    attack: ChosenComponent
+    defenses: tuple[ChosenComponent, ...]
     malicious: Malicious
     output: OutputConfig
     deployment: DeploymentConfig
@@ -455,7 +455,7 @@ def resolve(
     _check_withheld(strategy, strategy_cls, schema.defenses, components.defenses)
     offers = offered(workload_cls, workload.params)
     _check_needs("strategy", strategy, strategy_cls, workload, offers, components.workloads)
-    attack = Component(None, schema.attack.params)
+    attack = ChosenComponent(None, schema.attack.params)
     if schema.attack.name:
         attack_cls, attack = _component(schema.attack, "attack", components.attacks)
         _check_needs("attack", attack, attack_cls, workload, offers, components.workloads)
@@ -477,7 +477,7 @@ def resolve(
 
 
 def _check_malicious(
-    section: MaliciousConfig, num: int, workload: Component,
+    section: MaliciousConfig, num: int, workload: ChosenComponent,
     offers: tuple[set[str], dict[str, str]], components: Components,
 ) -> Malicious:  # fmt: skip
     """A malicious-client attack: its params, what it needs of the workload, and who runs it
@@ -537,7 +537,7 @@ def _outside_modules(experiment: Experiment, components: Components) -> tuple[st
     return tuple(plugins)
 
 
-def _check_attacked(attack: Component, rounds: int, num: int) -> None:
+def _check_attacked(attack: ChosenComponent, rounds: int, num: int) -> None:
     """Attacked rounds and target clients must exist, else they are silently never attacked."""
     attacked = getattr(attack.params, "rounds", None) or []
     outside = [r for r in attacked if not 1 <= r <= rounds]
@@ -579,7 +579,7 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
 
 
 def _check_reads(
-    workload: Component, workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
+    workload: ChosenComponent, workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
 ) -> None:
     """A shared key set for a workload that ignores it is an error, not a silent no-op."""
     reads = set(getattr(workload_cls, "reads", ()))
@@ -593,7 +593,10 @@ def _check_reads(
 
 
 def _check_withheld(
-    strategy: Component, strategy_cls: type, defenses: list[ComponentConfig], registry: Registry
+    strategy: ChosenComponent,
+    strategy_cls: type,
+    defenses: list[ComponentConfig],
+    registry: Registry,
 ) -> None:
     """The strategy needs what a configured defense withholds from the server (secure aggregation
     hides the individual updates a robust aggregator needs): refused, naming both."""
@@ -608,7 +611,7 @@ def _check_withheld(
 
 
 def _check_strategy_clients(
-    strategy: Component, strategy_cls: type, clients: ClientsConfig
+    strategy: ChosenComponent, strategy_cls: type, clients: ClientsConfig
 ) -> None:
     """A strategy whose rule needs a number of replies per round (Krum: n >= 2f+3) gets it from
     the clients a round samples (:meth:`ClientsConfig.sampled`, Flower's rule)."""
@@ -625,7 +628,7 @@ def _check_strategy_clients(
 
 
 def _check_needs(
-    kind: str, component: Component, cls: type, workload: Component,
+    kind: str, component: ChosenComponent, cls: type, workload: ChosenComponent,
     offers: tuple[set[str], dict[str, str]], workloads: Registry,
 ) -> None:  # fmt: skip
     """A strategy, attack or defense runs only on a workload that offers what one of its
@@ -651,14 +654,14 @@ def _component(
     where: str,
     registry: Registry,
     required: bool = True,
-) -> tuple[type, Component]:
+) -> tuple[type, ChosenComponent]:
     """The registered class of a config section and the section typed: its params validated
     against the class's ``Params`` (``ConfigError`` naming ``where``) and filled with defaults."""
     if required and not section.name:
         raise ConfigError(f"{where}.name is required (allowed: {', '.join(registry.names())})")
     cls = registry.get(section.name or "")
     params = validate_structured(cls.Params, section.params, f"{where}.params")
-    return cls, Component(section.name, typed_params(cls, plain(dataclasses.asdict(params))))
+    return cls, ChosenComponent(section.name, typed_params(cls, plain(dataclasses.asdict(params))))
 
 
 def typed_params(cls: type, values: dict[str, Any]) -> Any:
@@ -733,10 +736,12 @@ def decode(
     if any(r is not None for r in (workloads, defenses, malicious, strategies, attacks)):
         load_plugins(schema.plugins)
 
-    def component(section: ComponentConfig, registry: Registry | None) -> Component:
+    def component(section: ComponentConfig, registry: Registry | None) -> ChosenComponent:
         if registry is None or not section.name:
-            return Component(section.name, section.params)
-        return Component(section.name, typed_params(registry.get(section.name), section.params))
+            return ChosenComponent(section.name, section.params)
+        return ChosenComponent(
+            section.name, typed_params(registry.get(section.name), section.params)
+        )
 
     bad = schema.malicious
     return Experiment(
