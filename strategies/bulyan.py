@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from flwr.serverapp.strategy import Bulyan, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import param
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyEntry
-from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.preaggregation import ToleratingParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
 
@@ -20,14 +17,11 @@ from flowerbed.strategies.robust_common import selection_metrics
 class BulyanEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
-    @dataclass
-    class Params(PreAggregationParams):
-        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
-
-    params: Params
+    Params = ToleratingParams
+    params: ToleratingParams
 
     @staticmethod
-    def fits_clients(params: BulyanEntry.Params, sampled: int) -> str | None:
+    def fits_clients(params: ToleratingParams, sampled: int) -> str | None:
         # below 4f+3 replies Flower's Bulyan skips the round (a warning, the model unchanged)
         need = 4 * params.num_malicious + 3
         return (

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from flwr.serverapp.strategy import Krum, Strategy
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyEntry
-from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.preaggregation import ToleratingParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
 
@@ -19,14 +16,11 @@ from flowerbed.strategies.robust_common import selection_metrics
 class KrumEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
-    @dataclass
-    class Params(PreAggregationParams):
-        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
-
-    params: Params
+    Params = ToleratingParams
+    params: ToleratingParams
 
     @staticmethod
-    def fits_clients(params: KrumEntry.Params, sampled: int) -> str | None:
+    def fits_clients(params: ToleratingParams, sampled: int) -> str | None:
         need = 2 * params.num_malicious + 3
         return (
             None
@@ -42,7 +36,7 @@ class KrumEntry(StrategyEntry):
         return pre_aggregated(strategy, self.params, self.ctx.seed)
 
     @staticmethod
-    def aggregation_rule(params: KrumEntry.Params) -> AggregationRule:
+    def aggregation_rule(params: ToleratingParams) -> AggregationRule:
         """Published to clients: distance selection set for ``num_malicious``."""
         return AggregationRule("distance-selection", assumed_malicious=params.num_malicious,
                                selected=1)  # fmt: skip

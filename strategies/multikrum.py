@@ -11,7 +11,7 @@ from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import AggregationRule
 from flowerbed.strategies import STRATEGIES
 from flowerbed.strategies.context import StrategyEntry
-from flowerbed.strategies.preaggregation import PreAggregationParams, inputs_after, pre_aggregated
+from flowerbed.strategies.preaggregation import ToleratingParams, inputs_after, pre_aggregated
 from flowerbed.strategies.robust_common import selection_metrics
 
 
@@ -20,8 +20,7 @@ class MultiKrumEntry(StrategyEntry):
     needs = frozenset({Capability.INDIVIDUAL_UPDATES})
 
     @dataclass
-    class Params(PreAggregationParams):
-        num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
+    class Params(ToleratingParams):
         num_selected: int = param(1, ge=1)  # m, the replies averaged
 
     params: Params

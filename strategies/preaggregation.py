@@ -43,6 +43,14 @@ class PreAggregationParams:
     nnm_malicious: int = param(0, ge=0)  # f of NNM: each reply becomes the mean of its n-f nearest
 
 
+@dataclass
+class ToleratingParams(PreAggregationParams):
+    """A Byzantine-tolerant rule's ``Params`` (Krum, MultiKrum, Bulyan): its pre-aggregation and
+    the number of malicious clients it tolerates per round."""
+
+    num_malicious: int = param(0, ge=0)  # f, the malicious clients tolerated per round
+
+
 def inputs_after(params: PreAggregationParams, sampled: int) -> int:
     """How many replies the robust rule sees behind the configured pre-aggregation."""
     if params.pre_aggregation == "bucketing":
