@@ -17,21 +17,23 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from flowerbed.clients import malicious
 from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.defenses import DEFENSES
 from flowerbed.clients.workloads import WORKLOADS, Workload, build_workload
 
 CONFIG_KEY = "fb-config"
-PARTITION_KEY = "partition-id"
+PARTITION_KEY: Final = "partition-id"
 #: the class name Flower puts in the error reason of an injected failure
 INJECTED = "InjectedFailure"
 #: workloads (with their partitions) kept per process: the configs of the latest runs
@@ -53,9 +55,9 @@ class _Entry:
         torch.set_num_threads(1)
         self.experiment = experiment
         self.workload: Workload = build_workload(experiment)
-        self.partitions: dict[tuple[int, int], Any] = {}
+        self.partitions: dict[tuple[int, int], object] = {}
 
-    def partition(self, partition_id: int, num_partitions: int) -> Any:
+    def partition(self, partition_id: int, num_partitions: int) -> object:
         key = (partition_id, num_partitions)
         if key not in self.partitions:
             self.partitions[key] = self.workload.load_partition(partition_id, num_partitions)
@@ -118,11 +120,11 @@ def _with_shipped_files(cfg: dict[str, Any], file_store: str) -> dict[str, Any]:
     return localise(cfg, files, into)
 
 
-def message_config(msg: Message) -> dict[str, Any]:
+def message_config(msg: Message) -> RoundConfig:
     """The ConfigRecord of a message as a plain dict (without the experiment config)."""
     records = msg.content.config_records
     record = records["config"] if "config" in records else ConfigRecord()
-    return {k: v for k, v in record.items() if k != CONFIG_KEY}
+    return cast(RoundConfig, {k: v for k, v in record.items() if k != CONFIG_KEY})
 
 
 #: called with (config JSON, partition id, number of partitions) when this process had to build a
@@ -153,7 +155,7 @@ def warm_up() -> None:
         optimizer.step()
 
 
-def _setup(msg: Message, context: Context) -> tuple[Experiment, Workload, dict, Any]:
+def _setup(msg: Message, context: Context) -> tuple[Experiment, Workload, RoundConfig, object]:
     config_json = str(msg.content["config"][CONFIG_KEY])
     known = config_json in _BUILT
     entry = _entry(config_json, str(context.run_config.get(FILE_STORE_KEY) or ""))
@@ -195,13 +197,13 @@ def handle_train(msg: Message, context: Context) -> Message:
     (``[topk, quantize]`` sparsifies, then quantises).
     """
     _, workload, _, _ = _setup(msg, context)
-    call: Any = _train
+    call: ClientAppCallable = _train
     for mod in [m for d in workload.defenses for m in d.mods()]:
         call = functools.partial(_through_mod, mod, call)
     return call(msg, context)
 
 
-def _through_mod(mod: Any, call_next: Any, msg: Message, context: Context) -> Message:
+def _through_mod(mod: Mod, call_next: ClientAppCallable, msg: Message, context: Context) -> Message:
     return mod(msg, context, call_next)
 
 

@@ -9,15 +9,23 @@ experiment config. ``tests/test_components.py`` enumerates the kinds and checks 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Mapping
+from typing import ClassVar, Generic, cast
+
+from typing_extensions import TypeVar
 
 from flowerbed.clients.core.registry import NoParams
 
 C = TypeVar("C")
+#: the component's typed ``Params``: a kind's base leaves it open (``object``), a component
+#: narrows it with ``params: Params`` (or names it: ``Component[Ctx, MyParams]``)
+P = TypeVar("P", default=object)
 
 
-class Component(Generic[C]):
+class Component(Generic[C, P]):
     """Base of each kind's base: keeps ``self.params`` and ``self.ctx`` (a ``Context``)."""
+
+    params: P
 
     Params: ClassVar[type] = NoParams
     #: the kind's context type (``WorkloadContext``, ``DefenseContext``, ...)
@@ -27,7 +35,7 @@ class Component(Generic[C]):
     registry_name: ClassVar[str]
     description: ClassVar[str]
 
-    def __init__(self, params: Any, ctx: C) -> None:
+    def __init__(self, params: P | Mapping[str, object] | None, ctx: C) -> None:
         """``params``: this component's ``Params``, or its fields as a mapping; ``ctx``: its
         kind's context (``TypeError`` for anything else, e.g. a config dict)."""
         if not isinstance(ctx, self.Context):
@@ -35,5 +43,9 @@ class Component(Generic[C]):
                 f"{type(self).__name__} takes its Params and a {self.Context.__name__}, not "
                 f"{type(ctx).__name__} ({self.built_by})"
             )
-        self.params = params if isinstance(params, self.Params) else self.Params(**(params or {}))
+        self.params = (
+            cast(P, params)
+            if isinstance(params, self.Params)
+            else self.Params(**cast(Mapping[str, object], params or {}))
+        )
         self.ctx: C = ctx

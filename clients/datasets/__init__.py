@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.component import Component, P
 from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import content_key
@@ -72,7 +72,7 @@ class DatasetContext:
 SECTION_KEYS = frozenset(f.name for f in dataclasses.fields(DatasetConfig)) - {"name"}
 
 
-class Dataset(Component[DatasetContext]):
+class Dataset(Component[DatasetContext, P]):
     """Base class of a registered dataset: ``Dataset(params, ctx)`` and ``load() -> Table``.
 
     ``Params`` declares the ``dataset.*`` keys the dataset reads (a subset of the section's:
@@ -94,7 +94,7 @@ class Dataset(Component[DatasetContext]):
                     f"section (allowed: {', '.join(sorted(SECTION_KEYS))})"
                 )
 
-    def __init__(self, params: Any, ctx: DatasetContext) -> None:
+    def __init__(self, params: P | Mapping[str, object] | None, ctx: DatasetContext) -> None:
         """``params``: this dataset's ``Params``, or its fields as a mapping (rules checked here);
         ``ctx``: its context (``build_dataset(section)`` makes both from a config)."""
         super().__init__(params, ctx)

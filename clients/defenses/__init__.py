@@ -37,26 +37,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
+from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.component import Component, P
 from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import Registry
+from flowerbed.clients.core.values import RoundConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+    from torch.utils.data import DataLoader
+
+    from flowerbed.clients.defenses.canaries import CanaryAudit
 
 DEFENSES: Registry[Defense] = Registry("defense", (__name__,))
 
 __all__ = [
     "DEFENSES", "WIRE_BYTES", "Aggregation", "Defense", "DefenseContext", "GaussianNoise", "Mechanism",
-    "Quantisation", "Sparsification", "WeightFlipping", "build_defenses", "dense_bytes",
+    "Quantisation", "RunWriter", "Sparsification", "WeightFlipping", "build_defenses", "dense_bytes",
     "mechanisms_of", "published_mechanisms", "update_mod",
 ]  # fmt: skip
 
 #: a transform of the client update: (arrays sent, arrays trained, round config) -> arrays to send
 UpdateTransform = Callable[
-    [ArrayRecord, ArrayRecord, dict[str, Any]], ArrayRecord | tuple[ArrayRecord, int]
+    [ArrayRecord, ArrayRecord, RoundConfig], ArrayRecord | tuple[ArrayRecord, int]
 ]
 #: the size of an encoded update in bytes: (arrays sent, arrays the transform returned) -> bytes
 WireSize = Callable[[ArrayRecord, ArrayRecord], int]
@@ -148,7 +158,17 @@ class DefenseContext:
         )
 
 
-class Defense(Component[DefenseContext]):
+class RunWriter(Protocol):
+    """What a defense's server half tells the run (the server's ``ResultsWriter``)."""
+
+    def log(self, server_round: int, scope: str, metrics: dict[str, float]) -> None:
+        """Round metrics of ``scope`` (``dp``: ``dp.epsilon``)."""
+
+    def drop_round(self, server_round: int, why: str) -> None:
+        """The round's update was dropped (the global model kept), and why."""
+
+
+class Defense(Component[DefenseContext, P]):
     """Base class: ``Defense(params, ctx)``; every hook is the identity."""
 
     Context = DefenseContext
@@ -159,7 +179,7 @@ class Defense(Component[DefenseContext]):
     withholds: ClassVar[frozenset[Capability]] = frozenset()
     server_position: ClassVar[str | None] = None  # "inner" | "outer" when there is a server half
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         """Flower client mods, innermost first."""
         return []
 
@@ -167,7 +187,9 @@ class Defense(Component[DefenseContext]):
         """The public mechanism, as typed data (none: the defense publishes nothing to adapt to)."""
         return []
 
-    def make_private(self, model: Any, optimizer: Any, loader: Any, state: RecordDict) -> tuple:
+    def make_private(
+        self, model: nn.Module, optimizer: Optimizer, loader: DataLoader, state: RecordDict
+    ) -> tuple[nn.Module, Optimizer, DataLoader]:
         return model, optimizer, loader
 
     def after_training(self, state: RecordDict, metrics: dict[str, float]) -> None:
@@ -179,19 +201,17 @@ class Defense(Component[DefenseContext]):
         workload's ``private_training_path``. Nothing for defenses that claim no DP guarantee."""
         return {}
 
-    def canary_audit(self) -> Any:
+    def canary_audit(self) -> CanaryAudit | None:
         """The run-level audit's canaries for this defense (a ``canaries.CanaryAudit``: inserted
         into the run, scored from what the server receives; ``dp.epsilon_audit``), or None."""
         return None
 
-    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
+    def wrap_strategy(self, strategy: Strategy, writer: RunWriter) -> Strategy:
         """The server half: wrap the strategy (identity unless ``server_position`` is set)."""
         return strategy
 
 
-def update_mod(
-    transform: UpdateTransform, wire_size: WireSize | None = None
-) -> Callable[[Message, Context, Any], Message]:
+def update_mod(transform: UpdateTransform, wire_size: WireSize | None = None) -> Mod:
     """A Flower client mod that rewrites the trained arrays of a train reply.
 
         The transform sees the arrays the server sent, the trained arrays and the round config with
@@ -200,11 +220,11 @@ def update_mod(
     builds its encoding returns ``(arrays, len(encoding))`` instead, the length measured.
     """
 
-    def mod(msg: Message, context: Context, call_next: Any) -> Message:
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         reply = call_next(msg, context)
         if reply.has_error() or "arrays" not in reply.content:
             return reply
-        config = dict(msg.content["config"]) if "config" in msg.content else {}
+        config = cast(RoundConfig, dict(msg.content["config"]) if "config" in msg.content else {})
         config["partition-id"] = int(context.node_config["partition-id"])
         out = transform(
             msg.content.array_records["arrays"], reply.content.array_records["arrays"], config
@@ -216,7 +236,7 @@ def update_mod(
         if measured is None and wire_size is not None:
             measured = wire_size(msg.content.array_records["arrays"], out)
         if measured is not None:
-            reply.content["metrics"][WIRE_BYTES] = measured
+            cast(MetricRecord, reply.content["metrics"])[WIRE_BYTES] = measured
         return reply
 
     return mod

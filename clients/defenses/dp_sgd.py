@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -101,7 +102,7 @@ class DpSgd(Defense):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: DefenseContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: DefenseContext) -> None:
         super().__init__(params, ctx)
         # one accountant per experiment (a sweep's cells share a client's Context)
         self.namespace = ctx.run_key

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
+from flwr.clientapp.typing import Mod
 
 from flowerbed.clients.core.params import param
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.defenses import (
     DEFENSES,
     Defense,
@@ -32,18 +33,20 @@ class Quantize(Defense):
 
     params: Params
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         return [update_mod(self.sent_and_size)]
 
     def mechanism(self) -> list[Mechanism]:
         return [Quantisation(self.params.bits)]
 
-    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
+    def transform(
+        self, sent: ArrayRecord, updated: ArrayRecord, config: RoundConfig
+    ) -> ArrayRecord:
         """What the server receives: the update decoded from the bytes the client sends."""
         return self.sent_and_size(sent, updated, config)[0]
 
     def sent_and_size(
-        self, sent: ArrayRecord, updated: ArrayRecord, config: dict
+        self, sent: ArrayRecord, updated: ArrayRecord, config: RoundConfig
     ) -> tuple[ArrayRecord, int]:
         """The arrays the server decodes from the client's encoding, and its length in bytes."""
         key = [

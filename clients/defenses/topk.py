@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flwr.app import ArrayRecord
+from flwr.clientapp.typing import Mod
 
 from flowerbed.clients.core.params import param
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.defenses import (
     DEFENSES,
     Defense,
@@ -26,11 +27,13 @@ class TopK(Defense):
 
     params: Params
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         return [update_mod(self.transform, topk_wire_bytes)]
 
     def mechanism(self) -> list[Mechanism]:
         return [Sparsification(self.params.fraction)]
 
-    def transform(self, sent: ArrayRecord, updated: ArrayRecord, config: dict) -> ArrayRecord:
+    def transform(
+        self, sent: ArrayRecord, updated: ArrayRecord, config: RoundConfig
+    ) -> ArrayRecord:
         return _rebuild(sent, topk(_deltas(sent, updated), self.params.fraction))

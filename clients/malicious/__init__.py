@@ -40,17 +40,18 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.contracts import ModelLossOffer, offer
 from flowerbed.clients.core.capabilities import Capability, Needs, alternatives
-from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.component import Component, P
 from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed, malicious_partitions
+from flowerbed.clients.core.values import RoundConfig
 
 if TYPE_CHECKING:
     from flowerbed.clients.model_loss import InputSchema
@@ -65,7 +66,7 @@ __all__ = [
 
 #: the round config's key holding the published aggregation rule (JSON)
 AGGREGATION_KEY = "fb-aggregation"
-PARTITION_KEY = "partition-id"
+PARTITION_KEY: Final = "partition-id"
 #: seed salts of the malicious clients' own draws and of the draws colluders share
 _OWN_SALT, _SHARED_SALT = 54, 55
 
@@ -150,7 +151,7 @@ class View:
     aggregation: AggregationRule | None
 
 
-class Malicious(Component[MaliciousContext]):
+class Malicious(Component[MaliciousContext, P]):
     """Base class: ``Malicious(params, ctx)``, a client that behaves honestly (both hooks are the
     identity)."""
 
@@ -248,7 +249,7 @@ def _attacker(experiment: Experiment, key: str, workload: Any) -> Malicious:
 
 def train(
     experiment: Experiment, workload: Any, arrays: ArrayRecord, data: Any,
-    config: dict[str, Any], state: RecordDict,
+    config: RoundConfig, state: RecordDict,
 ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
     """One round of a client's training: ``workload.fit`` for an honest client; for a malicious
     one, training on its poisoned data and the update its attack crafts from what it knows."""
@@ -280,7 +281,7 @@ def train(
 
 def _benign_updates(
     experiment: Experiment, key: str, workload: Any, arrays: ArrayRecord, sent: np.ndarray,
-    config: dict[str, Any], colluders: tuple[int, ...],
+    config: RoundConfig, colluders: tuple[int, ...],
 ) -> np.ndarray:  # fmt: skip
     """Every colluder's benign update on the sent model, rows in partition order (cached per
     round and global model in this process: each colluder trains once)."""
@@ -291,7 +292,7 @@ def _benign_updates(
         rows = []
         for colluder in colluders:
             local = workload.load_partition(colluder, num)
-            own_config = {**config, PARTITION_KEY: colluder}
+            own_config: RoundConfig = {**config, PARTITION_KEY: colluder}
             trained, _ = workload.fit(arrays, local, own_config, RecordDict())
             rows.append(flat(trained) - sent)
         _BENIGN[cache_key] = np.stack(rows)

@@ -19,6 +19,7 @@ decision boundary, sends them to the target).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.params import param
-from flowerbed.clients.malicious import MALICIOUS, DataPoisoning, View
+from flowerbed.clients.malicious import MALICIOUS, DataPoisoning, MaliciousContext, View
 
 
 @MALICIOUS.register("backdoor", "Backdoor trigger (table: fixed feature values; image: pixel patch) + model replacement")  # fmt: skip
@@ -49,7 +50,7 @@ class Backdoor(DataPoisoning):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: Any) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: MaliciousContext) -> None:
         super().__init__(params, ctx)
         p, schema = self.params, self.ctx.schema
         if len(p.features) != len(p.values):

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
@@ -26,11 +27,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from flowerbed.clients.contracts import check_offers
 from flowerbed.clients.core.capabilities import Capability
-from flowerbed.clients.core.component import Component
+from flowerbed.clients.core.component import Component, P
 from flowerbed.clients.core.config import DatasetConfig, Experiment
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.registry import Registry
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.model_loss import LocalTraining
 
 if TYPE_CHECKING:
@@ -266,7 +268,7 @@ def score_classifier(model: nn.Module, data: Examples) -> dict[str, float]:
     return {"num-examples": len(data.y), "loss": loss, "accuracy": accuracy}
 
 
-class Workload(Component[WorkloadContext]):
+class Workload(Component[WorkloadContext, P]):
     """Contract between the engines and a client-side method.
 
     ``params`` is its typed ``workload.params``; ``ctx`` the ``WorkloadContext`` of the run;
@@ -286,7 +288,7 @@ class Workload(Component[WorkloadContext]):
     #: runs the same path
     private_training_path: ClassVar[str] = "opacus"
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: P | Mapping[str, object] | None, ctx: WorkloadContext) -> None:
         """``params``: this workload's ``Params``, or its fields as a mapping (validated here);
         ``ctx``: the run (``build_workload(experiment)`` makes both from an experiment)."""
         super().__init__(params, ctx)
@@ -316,12 +318,12 @@ class Workload(Component[WorkloadContext]):
         raise NotImplementedError
 
     def fit(
-        self, arrays: ArrayRecord, data: Any, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: Any, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """One round of local training. Metrics must include ``num-examples``."""
         raise NotImplementedError
 
-    def evaluate(self, arrays: ArrayRecord, data: Any, config: dict[str, Any]) -> dict[str, float]:
+    def evaluate(self, arrays: ArrayRecord, data: Any, config: RoundConfig) -> dict[str, float]:
         """Local evaluation. Metrics must include ``num-examples``."""
         raise NotImplementedError
 
@@ -408,7 +410,7 @@ class ClassifierWorkload(Workload):
         rng = np.random.default_rng(client_seed(self.ctx.seed, self.ctx.num_clients, 0, salt=53))
         idx = np.sort(rng.choice(len(pool.y), size=min(size, len(pool.y)), replace=False))
         root = {"train": Examples(pool.x[idx], pool.y[idx])}
-        config = {"partition-id": self.ctx.num_clients, "server-round": server_round}
+        config: RoundConfig = {"partition-id": self.ctx.num_clients, "server-round": server_round}
         trained, _ = self.fit(arrays, root, config, RecordDict())
         return trained
 
@@ -427,7 +429,7 @@ class ClassifierWorkload(Workload):
         return ArrayRecord(OrderedDict((k, v.cpu()) for k, v in model.state_dict().items()))
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any],
+        self, arrays: ArrayRecord, data: dict[str, Examples], config: RoundConfig,
         state: RecordDict,
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
         model = self.loaded_model(arrays)
@@ -438,7 +440,7 @@ class ClassifierWorkload(Workload):
                                  float(config.get("proximal-mu", 0.0)))  # fmt: skip
         return self._cpu_arrays(model), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Examples], config: dict[str, Any]) -> dict[str, float]:  # fmt: skip
+    def evaluate(self, arrays: ArrayRecord, data: dict[str, Examples], config: RoundConfig) -> dict[str, float]:  # fmt: skip
         return score_classifier(self.loaded_model(arrays), data["test"])
 
     def loaded_model(self, arrays: ArrayRecord) -> nn.Module:

@@ -19,7 +19,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---------------------------------------------------------------------------------------------
@@ -671,7 +672,7 @@ class ACCpp(Workload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: LanguageShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: LanguageShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         model = self._model(arrays)
@@ -684,7 +685,7 @@ class ACCpp(Workload):
         }
 
     def evaluate(
-        self, arrays: ArrayRecord, data: LanguageShard, config: dict[str, Any]
+        self, arrays: ArrayRecord, data: LanguageShard, config: RoundConfig
     ) -> dict[str, float]:
         torch.set_num_threads(1)
         model = self._model(arrays).double().requires_grad_(False)

@@ -22,8 +22,8 @@ majority-votes the graph. No raw data leaves a client.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -34,6 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 CRITERIA = ("alo", "acv", "bic", "ebic")
@@ -320,7 +321,7 @@ class ACVGraph(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.lambdas = default_lambdas(self.params.num_lambdas)
         self.theta = make_precision(
@@ -340,7 +341,7 @@ class ACVGraph(Workload):
         return ArrayRecord(arrays)
 
     def fit(
-        self, arrays: ArrayRecord, data: np.ndarray, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: np.ndarray, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """Local criteria on the shared grid; per-example normalisation makes FedAvg's
         example-weighted mean equal the pooled (summed) criterion."""
@@ -368,7 +369,7 @@ class ACVGraph(Workload):
         k = int(np.argmin(agg[self.params.criterion]))
         return k, agg["supports"][k] > 0.5
 
-    def evaluate(self, arrays: ArrayRecord, data: np.ndarray, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: np.ndarray, config: RoundConfig):
         """The client's own graph at the federated lambda*."""
         k, _ = self.global_graph(arrays)
         node_supports = graph_criteria(data, self.lambdas[k : k + 1], np.random.default_rng(0), 1)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---------------------------------------------------------------------------------------------
@@ -249,16 +250,25 @@ def featurise(texts: list[str], n_features: int) -> sparse.csr_matrix:
     return sparse.csr_matrix((data, indices, indptr), shape=(len(texts), n_features))
 
 
+if TYPE_CHECKING:
+    from torch.autograd.function import BackwardCFunction
+
+    class _SparseCtx(BackwardCFunction):
+        """The autograd context of :class:`_SparseMatmul`: it keeps the fixed ``X``."""
+
+        x: sparse.csr_matrix
+
+
 class _SparseMatmul(torch.autograd.Function):
     """``X @ W`` for a fixed scipy CSR ``X``; the backward is ``X^T @ grad`` (fast on CPU)."""
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, x: sparse.csr_matrix) -> torch.Tensor:
+    def forward(ctx: _SparseCtx, weight: torch.Tensor, x: sparse.csr_matrix) -> torch.Tensor:
         ctx.x = x
         return torch.from_numpy(np.asarray(x @ weight.detach().numpy()))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: _SparseCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return torch.from_numpy(np.asarray(ctx.x.T @ grad.numpy())), None
 
 
@@ -573,7 +583,7 @@ class ARAO(Workload):
         return self._pack(model, np.zeros(K), np.zeros(K))
 
     def fit(
-        self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientData, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model, attr, directions = self._unpack(arrays)
         server_round = int(config["server-round"])
@@ -611,7 +621,7 @@ class ARAO(Workload):
             "attack_success_rate": float(attack.success.mean()),
         }
 
-    def evaluate(self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ClientData, config: RoundConfig):
         model, _, _ = self._unpack(arrays)
         seed = client_seed(self.ctx.seed, config["partition-id"], 0, salt=3)
         return {"num-examples": len(data.test.texts), **self._report(model, data.test, seed)}

@@ -23,7 +23,6 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # -- 1. data generators ----------------------------------------------------------------------------
@@ -411,7 +411,7 @@ class Chamfer(Workload):
         return _record(reference=refs, profile=np.zeros((n, len(refs))), present=np.zeros(n))
 
     def fit(
-        self, arrays: ArrayRecord, data: ClientCloud, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientCloud, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """Chamfer(client -> each reference): estimate, exact on a subsample, exact (small n), time."""
         torch.set_num_threads(1)
@@ -454,7 +454,7 @@ class Chamfer(Workload):
         return _record(reference=refs, profile=out_profile, present=present), metrics
 
     def evaluate(
-        self, arrays: ArrayRecord, data: ClientCloud, config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ClientCloud, config: RoundConfig
     ) -> dict[str, float]:
         return {"num-examples": 1}
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from torch.nn import functional as F
 
 from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.nn import PreLNBlock
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
@@ -508,7 +510,7 @@ class ConceptSafety(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self.world = make_world(self.ctx.seed, p.tasks, p.concepts, p.answer_len)
@@ -535,7 +537,7 @@ class ConceptSafety(Workload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientData, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model = self._model(arrays)
         torch.manual_seed(client_seed(self.ctx.seed, config["partition-id"],
@@ -547,7 +549,7 @@ class ConceptSafety(Workload):
         metrics |= {f"local_{k}": v for k, v in local.items()}
         return ArrayRecord(model.state_dict()), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: ClientData, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ClientData, config: RoundConfig):
         table = concept_table(self._model(arrays), self.world)
         covered = data.counts > 0
         return {

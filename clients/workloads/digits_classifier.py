@@ -12,8 +12,8 @@ train images partitioned over clients (iid or Dirichlet); no downloads.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -127,7 +127,7 @@ class DigitsClassifier(ClassifierWorkload):
             out[Capability.LINEAR_FIRST_LAYER] = "Adam local steps keep only gradient signs"
         return out
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         if p.model not in MODELS:

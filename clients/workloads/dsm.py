@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from typing import TypedDict, cast
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # -- data generator --------------------------------------------------------------------------
@@ -374,7 +375,7 @@ class DSM(Workload):
         return model
 
     def fit(
-        self, arrays: ArrayRecord, data: ConditionShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ConditionShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         model = self._load(arrays)
@@ -392,7 +393,7 @@ class DSM(Workload):
             train_x=x,
         )  # fmt: skip
 
-    def evaluate(self, arrays: ArrayRecord, data: ConditionShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ConditionShard, config: RoundConfig):
         """The client audits its own conditions (it knows which of them it duplicated)."""
         seed = client_seed(self.ctx.seed, data["partition"], config["server-round"], salt=1)
         res = self._audit(self._load(arrays), data["own"], seed)

@@ -25,8 +25,9 @@ each round's strategic reports best-respond to the previous round's.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 
@@ -480,7 +482,7 @@ class FairTune(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.sellers = self.ctx.num_clients
         self.num_buyers = self.params.families * self.params.buyers_per_family
@@ -511,7 +513,7 @@ class FairTune(Workload):
         return ArrayRecord(arrays)
 
     def fit(
-        self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: SellerShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """List the checkpoint with reports: honest, or the best response to last round's
         reports (all zero before round 1)."""
@@ -535,7 +537,7 @@ class FairTune(Workload):
         }
         return ArrayRecord(reply), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: SellerShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: SellerShard, config: RoundConfig):
         return {"num-examples": 1, "own_domain_accuracy": data["own_acc"]}
 
     def server_evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:

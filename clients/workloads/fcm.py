@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 from flowerbed.clients.workloads.fcm_data import (
     SCENARIOS,
@@ -343,7 +345,7 @@ class FCM(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self.task = get_task(p.data, p.task)
@@ -423,7 +425,7 @@ class FCM(Workload):
         return np.repeat(np.asarray(rows, dtype=bool).reshape(-1, len(names)), p.n_train, axis=0)
 
     def fit(
-        self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ConceptData, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         pid, rnd = int(config["partition-id"]), int(config["server-round"])
         p = self.params
@@ -465,7 +467,7 @@ class FCM(Workload):
         return to_arrays(trained, send), metrics
 
     def evaluate(
-        self, arrays: ArrayRecord, data: ConceptData, config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ConceptData, config: RoundConfig
     ) -> dict[str, float]:
         pid, rnd = int(config["partition-id"]), int(config.get("server-round", 0))
         final = rnd >= self.ctx.rounds

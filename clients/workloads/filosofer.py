@@ -21,8 +21,8 @@ defense and runs the stealing attack.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from torch import nn
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.training import accuracy, fisher_diagonal
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
@@ -146,7 +147,7 @@ class Filosofer(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.split = digits_split(self.ctx.seed, self.params.train_size)
 
@@ -169,7 +170,7 @@ class Filosofer(Workload):
         return pack(model, {k: torch.zeros_like(v) for k, v in model.state_dict().items()})
 
     def fit(
-        self, arrays: ArrayRecord, data: Shard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: Shard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         model = self._model()
@@ -180,7 +181,7 @@ class Filosofer(Workload):
                      self.params.batch_size, torch.Generator().manual_seed(seed))  # fmt: skip
         return pack(model, fisher), {"num-examples": len(data.y), "loss": loss}
 
-    def evaluate(self, arrays: ArrayRecord, data: Shard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: Shard, config: RoundConfig):
         model = self._model()
         model.load_state_dict(unpack(arrays)[0])
         return {"num-examples": len(data.y), "accuracy": accuracy(model, data.x, data.y)}

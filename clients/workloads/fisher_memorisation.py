@@ -32,7 +32,7 @@ the previous round's global model with the pooled Fisher.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -45,6 +45,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext, train_cross_entropy
 
@@ -545,7 +546,7 @@ class FisherMemorisation(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         x, y = (
             digits_data()
@@ -603,7 +604,7 @@ class FisherMemorisation(Workload):
         return self._pack(self._model(), zeros)
 
     def fit(
-        self, arrays: ArrayRecord, data: ClientShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model, _ = self._split_arrays(arrays)
         factors = kfac_factors(model, data.x)  # of the received global model
@@ -621,7 +622,7 @@ class FisherMemorisation(Workload):
         }
         return self._pack(model, factors), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: ClientShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ClientShard, config: RoundConfig):
         model, _ = self._split_arrays(arrays)
         pred = _no_grad_eval(model, data.x).argmax(1)
         flipped = data.y_noisy != data.y_clean

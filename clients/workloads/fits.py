@@ -30,9 +30,11 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
+from torch.autograd.function import BackwardCFunction
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 ARMS = ("lif", "fs", "fits")
@@ -139,12 +141,12 @@ class SpikeFn(torch.autograd.Function):
     """Heaviside forward, fast-sigmoid surrogate ``1 / (1 + 10|v|)^2`` backward."""
 
     @staticmethod
-    def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: BackwardCFunction, v: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(v)
         return (v > 0).to(v.dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: BackwardCFunction, grad: torch.Tensor) -> torch.Tensor:
         (v,) = ctx.saved_tensors
         return grad / (1 + 10 * v.abs()) ** 2
 
@@ -456,7 +458,7 @@ class FiTS(Workload):
         return self._pack(models)
 
     def fit(
-        self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: PitchShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         p = self.params
         seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
@@ -469,7 +471,7 @@ class FiTS(Workload):
             metrics[f"rate_{kind}"] = rates[-1]
         return self._pack(models), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: PitchShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: PitchShard, config: RoundConfig):
         metrics: dict[str, float] = {"num-examples": len(data["test"].y)}
         for kind, model in self._load(arrays).items():
             scores = evaluate_model(model, data["test"])

@@ -21,6 +21,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 # ---- task space --------------------------------------------------------------------------------
@@ -416,13 +417,13 @@ class FlowLeak(Workload):
             )
         return prior, {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
 
-    def fit(self, arrays: ArrayRecord, data: ClientId, config: dict[str, Any], state: RecordDict):
+    def fit(self, arrays: ArrayRecord, data: ClientId, config: RoundConfig, state: RecordDict):
         bandit, scores = self._audit(arrays, data["partition_id"], int(config["server-round"]))
         out = ArrayRecord({"op_value": Array(bandit.value), "op_count": Array(bandit.count)})
         return out, {"num-examples": self.params.budget * self.params.mas_per_client, **scores}
 
     def evaluate(
-        self, arrays: ArrayRecord, data: ClientId, config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ClientId, config: RoundConfig
     ) -> dict[str, float]:
         _, scores = self._audit(
             arrays, data["partition_id"], 10_000 + int(config.get("server-round", 0))

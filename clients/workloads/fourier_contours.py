@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload
 
 STRUCTURES = ("lv_endo", "lv_epi")  # myocardium = inside epi and outside endo
@@ -735,7 +736,7 @@ class FourierContours(Workload):
         return self._arrays(*self._models())
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, Phantoms], config: dict[str, Any],
+        self, arrays: ArrayRecord, data: dict[str, Phantoms], config: RoundConfig,
         state: RecordDict,
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
         torch.set_num_threads(1)
@@ -755,7 +756,7 @@ class FourierContours(Workload):
         out.update({f"unet_{k}": v for k, v in evaluate_unet(unet, data).items()})
         return out
 
-    def evaluate(self, arrays: ArrayRecord, data: dict[str, Phantoms], config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: dict[str, Phantoms], config: RoundConfig):
         torch.set_num_threads(1)
         out = self._both(*self._models(arrays), data["test"])
         out["num-examples"] = len(data["test"])

@@ -18,10 +18,10 @@ from __future__ import annotations
 import functools
 import math
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, SupportsInt
+from typing import SupportsInt
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.nn import PreLNBlock
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
@@ -320,7 +321,7 @@ class GEM(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self.lm = LMConfig(**{f.name: getattr(p, f.name) for f in fields(LMConfig)})
@@ -342,7 +343,7 @@ class GEM(Workload):
         return ArrayRecord(build_model(self.lm, self.ctx.seed).state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: LMData, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: LMData, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         model = self._model(arrays)
         server_round = int(config["server-round"])
@@ -352,7 +353,7 @@ class GEM(Workload):
         metrics["num-examples"] = steps * self.lm.batch_size
         return ArrayRecord(model.state_dict()), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: LMData, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: LMData, config: RoundConfig):
         metrics = lm_metrics(self._model(arrays), data.val, self.lm.ctx, self.params.eval_windows)
         metrics["num-examples"] = self.params.eval_windows * self.lm.ctx
         return metrics

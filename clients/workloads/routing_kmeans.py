@@ -5,13 +5,13 @@ The shared routing code: ``clients/workloads/routing/``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing.data import BenchmarkParams
 from flowerbed.clients.workloads.routing.federated import RoutingShard, RoutingWorkload
@@ -51,7 +51,7 @@ class RoutingKMeans(RoutingWorkload):
         return ArrayRecord({name: _array(v) for name, v in zeros.items()})
 
     def fit(
-        self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: RoutingShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         """``phase=init``: local centroids and sizes; ``phase=lloyd``: per-centroid sums and
         counts plus per-(cluster, model) correctness/evaluation/cost sums, all sufficient stats."""
@@ -85,7 +85,7 @@ class RoutingKMeans(RoutingWorkload):
         own = self.router(arrays).personalised(data["train"], self.params.personal_strength)
         return own.predict(emb)
 
-    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: RoundConfig):
         """The global and personalised routers (``RoutingWorkload.evaluate``) and, as the
         baseline of the paper's claim, ``local_*``: the client-local router (the same learner on
         the client's own evaluations alone, as many Lloyd steps as the federated run, routing only

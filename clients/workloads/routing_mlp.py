@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS
 from flowerbed.clients.workloads.routing.data import BenchmarkParams
 from flowerbed.clients.workloads.routing.federated import RoutingShard, RoutingWorkload
@@ -50,7 +51,7 @@ class RoutingMLP(RoutingWorkload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: RoutingShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, Any]]:
         model = self._load(arrays)
         p = self.params

@@ -21,8 +21,9 @@ FedAvg'ing the weights of the stage being trained; the masks of stage 2 never le
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import defaults, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 LENGTH = 128  # samples per window (100 Hz: 1.28 s, three beats)
@@ -571,7 +573,7 @@ class SensoryGating(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         shared = {f.name: getattr(p, f.name) for f in fields(StageSetup)}
@@ -640,7 +642,7 @@ class SensoryGating(Workload):
         return self._pack(self._modules(), 0.0, 1.0)
 
     def fit(
-        self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientBeats, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         mods, threshold, mask_keep = self._unpack(arrays)
@@ -690,7 +692,7 @@ class SensoryGating(Workload):
         )
         return out
 
-    def evaluate(self, arrays: ArrayRecord, data: ClientBeats, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: ClientBeats, config: RoundConfig):
         torch.set_num_threads(1)
         seed = client_seed(self.ctx.seed, config["partition-id"], 0, salt=203)
         return {"num-examples": len(data.test.y)} | self._score(arrays, data.test, seed)

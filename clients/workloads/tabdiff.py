@@ -14,6 +14,7 @@ import json
 import time
 import typing
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
@@ -25,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.datasets import Table, dataset_key, table_from_key
 from flowerbed.clients.datasets.partition import partition_indices
 from flowerbed.clients.tabdiff.model import (
@@ -199,7 +201,7 @@ class TabDiff(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self._key = self.ctx.dataset_json
@@ -238,7 +240,7 @@ class TabDiff(Workload):
 
     # -- local step -----------------------------------------------------------------------------
     def fit(
-        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: ClientRows, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         torch.set_num_threads(1)
         params = to_params(arrays)
@@ -302,7 +304,7 @@ class TabDiff(Workload):
         return {k: float(v) for k, v in terms.items()} | {"num-examples": n}
 
     def evaluate(
-        self, arrays: ArrayRecord, data: ClientRows, config: dict[str, Any]
+        self, arrays: ArrayRecord, data: ClientRows, config: RoundConfig
     ) -> dict[str, float]:
         return self._heldout_loss(to_params(arrays), data["num"].numpy(), data["codes"].numpy())
 

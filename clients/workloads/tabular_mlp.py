@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.diskcache import cached_arrays
 from flowerbed.clients.core.files import referenced_files
 from flowerbed.clients.core.params import choices, param
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.datasets import (
     Table,
     TableSchema,
@@ -222,7 +224,7 @@ class TabularMLP(ClassifierWorkload):
             return {Capability.LINEAR_FIRST_LAYER: "Adam local steps keep only gradient signs"}
         return {}
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self._key = self.ctx.dataset_json
         data = _encoded(self._key)
@@ -276,6 +278,6 @@ def train_alone(work: TabularMLP, partition_id: int) -> dict[str, float]:
     data = work.load_partition(partition_id, ctx.num_clients)
     arrays, state = work.init_arrays(), RecordDict()
     for server_round in range(1, ctx.rounds + 1):
-        config = {"partition-id": partition_id, "server-round": server_round}
+        config: RoundConfig = {"partition-id": partition_id, "server-round": server_round}
         arrays, _ = work.fit(arrays, data, config, state)
     return work.server_evaluate(ctx.rounds, arrays)

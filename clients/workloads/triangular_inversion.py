@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 DTYPES: dict[str, torch.dtype] = {
@@ -452,7 +453,7 @@ class TriangularInversion(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         p = self.params
         self.vocab = p.num_keys + p.num_values + 1
@@ -482,7 +483,7 @@ class TriangularInversion(Workload):
         return ArrayRecord(self._model().state_dict())
 
     def fit(
-        self, arrays: ArrayRecord, data: dict[str, RecallData], config: dict[str, Any],
+        self, arrays: ArrayRecord, data: dict[str, RecallData], config: RoundConfig,
         state: RecordDict,
     ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
         torch.set_num_threads(1)
@@ -513,7 +514,7 @@ class TriangularInversion(Workload):
         return ArrayRecord(model.state_dict()), metrics
 
     def evaluate(
-        self, arrays: ArrayRecord, data: dict[str, RecallData], config: dict[str, Any]
+        self, arrays: ArrayRecord, data: dict[str, RecallData], config: RoundConfig
     ) -> dict[str, float]:
         """Recall accuracy (configured and exact kernel), and the kernel report on this client's A."""
         torch.set_num_threads(1)

@@ -33,9 +33,8 @@ and the server computes the 2RDM across rounds with the global model's checkpoin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +43,7 @@ from torch import nn
 
 from flowerbed.clients.core.params import choices, defaults, param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import WORKLOADS, Workload, WorkloadContext
 
 # ---------------------------------------------------------------------------------------------
@@ -637,7 +637,7 @@ class TwoRDM(Workload):
 
     params: Params
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(self, params: Params | Mapping[str, object], ctx: WorkloadContext) -> None:
         super().__init__(params, ctx)
         self.teacher = make_teacher(
             self.params.dim, list(self.params.singular_values), self.ctx.seed
@@ -681,7 +681,7 @@ class TwoRDM(Workload):
         }
 
     def fit(
-        self, arrays: ArrayRecord, data: DLNShard, config: dict[str, Any], state: RecordDict
+        self, arrays: ArrayRecord, data: DLNShard, config: RoundConfig, state: RecordDict
     ) -> tuple[ArrayRecord, dict[str, float]]:
         params = self._params(arrays)
         seed = client_seed(self.ctx.seed, config["partition-id"], config["server-round"])
@@ -705,7 +705,7 @@ class TwoRDM(Workload):
         metrics |= self._observables(c_gauss, data.probe_x, "gauss_")
         return ArrayRecord({k: Array(v) for k, v in params.items()}), metrics
 
-    def evaluate(self, arrays: ArrayRecord, data: DLNShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: DLNShard, config: RoundConfig):
         params = self._params(arrays)
         losses = dln_losses(params, data.probe_x, data.probe_y)
         return {"num-examples": len(data.probe_x), "loss": float(losses.mean())}

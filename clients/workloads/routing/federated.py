@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import TypedDict
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import Workload, WorkloadContext
 from flowerbed.clients.workloads.routing.data import Benchmark, BenchmarkParams, RouterData
 from flowerbed.clients.workloads.routing.metrics import score_metrics, score_router
@@ -61,7 +63,9 @@ class RoutingWorkload(Workload):
     reads = frozenset({"clients.alpha", "clients.partition_by"})
     params: BenchmarkParams
 
-    def __init__(self, params: Any, ctx: WorkloadContext) -> None:
+    def __init__(
+        self, params: BenchmarkParams | Mapping[str, object], ctx: WorkloadContext
+    ) -> None:
         super().__init__(params, ctx)
         self.bench = benchmark_for(self.contract(BenchmarkParams), ctx)
         self.dim = int(self.bench.global_test.emb.shape[1])  # an encoder may differ from params.dim
@@ -82,7 +86,7 @@ class RoutingWorkload(Workload):
         """The client's personalised router (global router adapted to its own evaluations)."""
         raise NotImplementedError
 
-    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: dict[str, Any]):
+    def evaluate(self, arrays: ArrayRecord, data: RoutingShard, config: RoundConfig):
         """The global and the client's personalised router on the client's own test
         distribution (every model evaluated); personalised metrics are ``personal_*``."""
         test = data["test"]
