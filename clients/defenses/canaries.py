@@ -36,12 +36,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from torch.utils.data import Dataset
@@ -49,6 +50,12 @@ from torch.utils.data import Dataset
 from flowerbed.clients.core.dp_audit import DEFAULT_CONFIDENCE, OneRunResult, one_run_audit
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.defenses.flower_dp import AuditGrid, AuditProcess
+
+if TYPE_CHECKING:
+    from opacus.optimizers import DPOptimizer
+
+    from flowerbed.clients.defenses.central_dp import CentralDp
+    from flowerbed.clients.defenses.local_dp import LocalDp
 
 PARTITION_KEY = "partition-id"
 #: canary gradients and updates have norm ``CANARY * C``: clipping always acts on them, and a run
@@ -69,7 +76,7 @@ def canary_coins(seed: int, unit: int, count: int) -> np.ndarray:
     return np.random.default_rng([seed, COINS, unit]).random(count) < 0.5
 
 
-def layout_of(arrays: Mapping[str, Any]) -> Layout:
+def layout_of(arrays: Mapping[str, np.ndarray | torch.Tensor]) -> Layout:
     """The parameter layout canaries live in: floating-point arrays, sorted by name."""
     out = []
     for key in sorted(arrays):
@@ -228,13 +235,21 @@ class DpSgdCanaries(CanaryAudit):
 
 
 # -- dp-sgd: canary slots in the client's dataset -----------------------------------------------
+class IndexedExamples(Protocol):
+    """A client's training examples as a DataLoader indexes them (a ``TensorDataset``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]: ...
+
+
 class CanarySlots(Dataset):
     """A client's dataset plus ``count`` canary slots (index ``n + i``: canary i). A slot's input
     is a zero row of the data's shape with the first example's label; its per-example gradient is
     replaced before clipping (``plant``). ``last`` holds (batch position, canary) of the slots
     in the batch fetched last (``__getitems__``: one call per batch)."""
 
-    def __init__(self, data: Any, count: int) -> None:
+    def __init__(self, data: IndexedExamples, count: int) -> None:
         self.data, self.count = data, count
         # a zero input (floating tensors zeroed, labels and the rest as the first example's)
         self.filler = tuple(torch.zeros_like(t) if torch.is_tensor(t) and t.is_floating_point() else t
@@ -244,11 +259,11 @@ class CanarySlots(Dataset):
     def __len__(self) -> int:
         return len(self.data) + self.count
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
         n = len(self.data)
         return self.data[index] if index < n else self.filler
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
         n = len(self.data)
         self.last = [(pos, int(i) - n) for pos, i in enumerate(indices) if i >= n]
         return [self[int(i)] for i in indices]
@@ -267,7 +282,7 @@ def canary_gradients(
     ]  # fmt: skip
 
 
-def plant(optimizer: Any, names: Mapping[int, str], slots: CanarySlots,
+def plant(optimizer: DPOptimizer, names: Mapping[int, str], slots: CanarySlots,
           grads: Sequence[dict[str, torch.Tensor] | None]) -> None:  # fmt: skip
     """Set the per-example gradients of the canary slots in the current batch (Opacus'
     ``grad_sample``, before the DP optimizer clips, sums and noises them)."""
@@ -284,7 +299,7 @@ def plant(optimizer: Any, names: Mapping[int, str], slots: CanarySlots,
 
 
 # -- local and central DP: canary clients -------------------------------------------------------
-def through_mods(mods: Sequence[Any], msg: Message, trained: Mapping[str, np.ndarray],
+def through_mods(mods: Sequence[Mod], msg: Message, trained: Mapping[str, np.ndarray],
                  weight: float, node: int) -> Message:  # fmt: skip
     """A canary client's train reply (its ``trained`` arrays, in the sent record's key order)
     passed out through the defense's client ``mods`` (first listed innermost, as
@@ -295,7 +310,7 @@ def through_mods(mods: Sequence[Any], msg: Message, trained: Mapping[str, np.nda
         metrics = MetricRecord({"num-examples": weight})
         return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=m)
 
-    call: Any = train
+    call: ClientAppCallable = train
     for mod in mods:
         call = (lambda mod_, next_: lambda m, c: mod_(m, c, next_))(mod, call)
     context = Context(run_id=0, node_id=node, node_config={PARTITION_KEY: -1},
@@ -319,7 +334,7 @@ class LocalDpCanaries(CanaryAudit):
     min(C, sensitivity), what LocalDpMod's epsilon is calibrated for; the rest is along a second
     random direction). Each goes out through ``defense.mods()``; its reply is scored."""
 
-    def __init__(self, seed: int, delta: float, count: int, defense: Any) -> None:
+    def __init__(self, seed: int, delta: float, count: int, defense: LocalDp) -> None:
         super().__init__(seed, delta)
         self.count, self.defense = count, defense
         self.units[CANARY_CLIENTS] = UnitScores(canary_coins(seed, CANARY_CLIENTS, count), 1.0)
@@ -357,7 +372,10 @@ class CentralDpCanaries(CanaryAudit):
     sum is the configured sigma C) and client mods. The release (minus the sent model) is
     scored; ``final``: the sum of the releases (what a final model carrying them would)."""
 
-    def __init__(self, seed: int, delta: float, count: int, defense: Any, rebuild: Any) -> None:
+    def __init__(
+        self, seed: int, delta: float, count: int, defense: CentralDp,
+        rebuild: Callable[[int], CentralDp],
+    ) -> None:  # fmt: skip
         super().__init__(seed, delta)
         self.count, self.defense, self.rebuild = count, defense, rebuild
         self.units[CANARY_CLIENTS] = UnitScores(canary_coins(seed, CANARY_CLIENTS, count), 1.0)
@@ -382,7 +400,7 @@ class CentralDpCanaries(CanaryAudit):
                                                min_train_nodes=n, min_available_nodes=n), _Discard())  # fmt: skip
         mods = shadow.mods()
         with _audit_rng(self.seed, NOISE, server_round):
-            messages = list(strategy.configure_train(server_round, sent, ConfigRecord(), AuditGrid(n)))  # fmt: skip
+            messages = list(strategy.configure_train(server_round, sent, ConfigRecord(), cast(Grid, AuditGrid(n))))  # fmt: skip
             copies = [_copy_reply(r, m) for r, m in zip(ok, messages, strict=False)]
             canaries = []
             for i, msg in enumerate(messages[len(ok) :]):
@@ -413,7 +431,10 @@ def _copy_reply(reply: Message, to: Message) -> Message:
 class _Discard:
     """A results writer that keeps nothing (the shadow release's accountant)."""
 
-    def log(self, *_: Any, **__: Any) -> None:
+    def log(self, *_: object, **__: object) -> None:
+        pass
+
+    def drop_round(self, *_: object) -> None:
         pass
 
 
@@ -464,7 +485,7 @@ class RunAudit(StrategyWrapper):
         return out
 
 
-def find_run_audit(strategy: Any) -> RunAudit | None:
+def find_run_audit(strategy: Strategy | None) -> RunAudit | None:
     """The ``RunAudit`` in a chain of strategy wrappers, if any."""
     while strategy is not None:
         if isinstance(strategy, RunAudit):

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.typing import Mod
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     FedAvg,
+    Strategy,
 )
 
 from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
-from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
-from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, CentralDpCanaries
+from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism, RunWriter
+from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, CanaryAudit, CentralDpCanaries
 from flowerbed.clients.defenses.dp_sgd import step_epsilon
 from flowerbed.clients.defenses.flower_dp import (
     AUDIT_DIM,
@@ -55,7 +58,7 @@ class CentralDp(Defense):
 
     params: Params
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         if self.params.clipping != Clipping.client:
             return []
         return [adaptiveclipping_mod if self.params.adaptive else fixedclipping_mod]
@@ -64,7 +67,7 @@ class CentralDp(Defense):
         p = self.params
         return [GaussianNoise(p.noise_multiplier, p.clipping_norm, "aggregate", on_update=False)]
 
-    def canary_audit(self) -> Any:
+    def canary_audit(self) -> CanaryAudit | None:
         if not self.params.canaries or self.params.adaptive:  # adaptive: the norm moves
             return None
         return CentralDpCanaries(self.ctx.seed, self.params.delta, self.params.canaries, self,
@@ -76,7 +79,7 @@ class CentralDp(Defense):
         total = self.ctx.num_clients + sampled - self.ctx.sampled_clients
         return type(self)(self.params, dataclasses.replace(self.ctx, sampled_clients=sampled, num_clients=total))  # fmt: skip
 
-    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
+    def wrap_strategy(self, strategy: Strategy, writer: RunWriter) -> Strategy:
         n, params = self.ctx.sampled_clients, dataclasses.asdict(self.params)
         return CentralDpAccounting(flower_wrapper(strategy, params, n), params, writer, n,
                                    self.ctx.num_clients)  # fmt: skip
@@ -95,7 +98,7 @@ class CentralDp(Defense):
             return {"epsilon_step": step}
         n = self.ctx.sampled_clients
         params = {f: getattr(p, f) for f in ("noise_multiplier", "clipping_norm", "clipping", "adaptive")}  # fmt: skip
-        mods, grid = self.mods(), AuditGrid(n)
+        mods, grid = self.mods(), cast(Grid, AuditGrid(n))  # FedAvg reads its node ids only
         scores: dict[bool, list[float]] = {True: [], False: []}
         with AuditProcess(seed):
             for canary in (True, False):
@@ -111,7 +114,9 @@ class CentralDp(Defense):
                         for m in messages for node in [m.metadata.dst_node_id]
                     ]  # fmt: skip
                     arrays, _ = strategy.aggregate_train(rnd, replies)
-                    value = float(arrays[AUDIT_KEY].numpy()[0]) * n / p.clipping_norm
+                    value = (
+                        float(cast(ArrayRecord, arrays)[AUDIT_KEY].numpy()[0]) * n / p.clipping_norm
+                    )
                     scores[canary].append(value + 0.5)
         result = epsilon_lower_bound(np.array(scores[True]), np.array(scores[False]), p.delta)
         return {**result.metrics(), "epsilon_step": step}

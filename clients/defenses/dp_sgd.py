@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable, Mod
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 from torch import nn
@@ -28,6 +29,7 @@ from flowerbed.clients.core.dp_audit import AUTO, AuditResult, epsilon_lower_bou
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, DefenseContext, GaussianNoise, Mechanism
 from flowerbed.clients.defenses.canaries import (
+    CanaryAudit,
     CanarySlots,
     DpSgdCanaries,
     canary_gradients,
@@ -110,12 +112,14 @@ class DpSgd(Defense):
         self._training: tuple[int, int] | None = None  # (partition, round) being trained
         self._canaries: tuple[tuple[int, int], list, np.random.Generator] | None = None
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         """With the run audit on: a pass-through mod telling the training loop which client and
         round it trains (the canaries' directions depend on both)."""
         return [self._training_mod] if self.params.canaries else []
 
-    def _training_mod(self, msg: Message, context: Context, call_next: Any) -> Message:
+    def _training_mod(
+        self, msg: Message, context: Context, call_next: ClientAppCallable
+    ) -> Message:
         config = msg.content.config_records.get("config", ConfigRecord())
         self._training = (int(context.node_config["partition-id"]), int(cast(int, config.get("server-round", 0))))  # fmt: skip
         try:
@@ -123,7 +127,7 @@ class DpSgd(Defense):
         finally:
             self._training = None
 
-    def canary_audit(self) -> Any:
+    def canary_audit(self) -> CanaryAudit | None:
         if not self.params.canaries:
             return None
         return DpSgdCanaries(self.ctx.seed, self.params.delta, self.params.canaries)
@@ -150,7 +154,8 @@ class DpSgd(Defense):
             dp_optimizer = private[1]
             pre_step = dp_optimizer.pre_step
 
-            def planted(closure: Any = None) -> Any:  # the canaries' gradients, then Opacus
+            def planted(closure: Callable[[], float] | None = None) -> float | None:
+                # the canaries' gradients, then Opacus
                 plant(dp_optimizer, names, slots, grads)
                 return pre_step(closure)
 
@@ -239,7 +244,9 @@ class DpSgd(Defense):
             result = self.audit_scores(run, trials, seed)
         return {**result.metrics(), "epsilon_step": step}
 
-    def audit_scores(self, run: Any, trials: int, seed: int) -> AuditResult:
+    def audit_scores(
+        self, run: Callable[[bool, int, int], np.ndarray], trials: int, seed: int
+    ) -> AuditResult:
         scores_in, scores_out = run(True, trials, seed), run(False, trials, seed + 1)
         return epsilon_lower_bound(scores_in, scores_out, self.params.delta)
 

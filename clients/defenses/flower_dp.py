@@ -20,21 +20,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.typing import Mod
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
     DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
+    Strategy,
 )
 from flwr.supercore import differential_privacy as _flower_dp
 from flwr.supercore.task_identity import TaskIdentity
 from opacus.accountants import RDPAccountant
 
 from flowerbed.clients.core.wrapper import StrategyWrapper
+
+if TYPE_CHECKING:
+    from flowerbed.clients.defenses import RunWriter
 
 AUDIT_DIM = 4  # audit model: 4 coordinates; client j's update moves coordinate j
 CANARY = 10.0  # audit updates' norms, in units of the clipping norm (all are clipped)
@@ -50,7 +55,7 @@ def audit_arrays(values: np.ndarray) -> ArrayRecord:
     return ArrayRecord({AUDIT_KEY: Array(np.asarray(values, dtype=np.float64))})
 
 
-def through_mods(mods: list[Any], msg: Message, context: Context, update: np.ndarray) -> Message:
+def through_mods(mods: list[Mod], msg: Message, context: Context, update: np.ndarray) -> Message:
     """A train reply of ``sent + update`` passed out through ``mods`` (first listed innermost),
     as ``clients.runtime.handle_train`` chains a client's defenses."""
 
@@ -135,7 +140,7 @@ class Clipping(StrEnum):
     server = "server"
 
 
-def flower_wrapper(strategy: Any, params: dict[str, Any], n: int) -> Any:
+def flower_wrapper(strategy: Strategy, params: dict[str, Any], n: int) -> Strategy:
     """Flower's DP strategy wrapper for ``params`` (clipping side, fixed / adaptive), n clients."""
     noise = params["noise_multiplier"]
     client = params["clipping"] == Clipping.client
@@ -171,7 +176,7 @@ class CentralDpAccounting(StrategyWrapper):
     the same subsampled-Gaussian bound, so flowerbed reports ``dp.epsilon`` from it.
     """
 
-    def __init__(self, inner: Any, params: dict, writer: Any, sampled: int, num_clients: int) -> None:  # fmt: skip
+    def __init__(self, inner: Strategy, params: dict, writer: RunWriter, sampled: int, num_clients: int) -> None:  # fmt: skip
         super().__init__(inner)
         self.writer, self.params = writer, params
         self.rate = sampled / num_clients

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp.mod import LocalDpMod
+from flwr.clientapp.typing import Mod
 
 from flowerbed.clients.core.dp_audit import AUTO, epsilon_lower_bound, trials_for
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import DEFENSES, Defense, GaussianNoise, Mechanism
-from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, LocalDpCanaries
+from flowerbed.clients.defenses.canaries import CANARY_CLIENT_COUNT, CanaryAudit, LocalDpCanaries
 from flowerbed.clients.defenses.flower_dp import (
     AUDIT_DIM,
     AUDIT_KEY,
@@ -43,11 +43,11 @@ class LocalDp(Defense):
 
     params: Params
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         p = self.params
         return [LocalDpMod(p.clipping_norm, p.sensitivity, p.epsilon, p.delta)]
 
-    def canary_audit(self) -> Any:
+    def canary_audit(self) -> CanaryAudit | None:
         if not self.params.canaries:
             return None
         return LocalDpCanaries(self.ctx.seed, self.params.delta, self.params.canaries, self)

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.wrapper import StrategyWrapper
-from flowerbed.clients.defenses import DEFENSES, Aggregation, Defense, Mechanism
+from flowerbed.clients.defenses import DEFENSES, Aggregation, Defense, Mechanism, RunWriter
 
 MEMBERS_RECORD = "secagg"  # ConfigRecord of an aggregate reply: {"members": [partition ids]}
 
@@ -46,7 +47,7 @@ class SecAgg(Defense):
     def mechanism(self) -> list[Mechanism]:
         return [Aggregation(self.params.group_size, self.params.min_clients)]
 
-    def wrap_strategy(self, strategy: Any, writer: Any) -> Any:
+    def wrap_strategy(self, strategy: Strategy, writer: RunWriter) -> Strategy:
         return AggregateOnlyView(
             strategy, self.params.min_clients, self.params.group_size, writer=writer
         )
@@ -89,7 +90,11 @@ class AggregateOnlyView(StrategyWrapper):
     """Hands the wrapped strategy one reply per group: the example-weighted aggregate of the group."""
 
     def __init__(
-        self, inner: Any, min_clients: int, group_size: int = 0, writer: Any = None
+        self,
+        inner: Strategy,
+        min_clients: int,
+        group_size: int = 0,
+        writer: RunWriter | None = None,
     ) -> None:
         """``writer``: told of each dropped round (``drop_round``), so the run says it."""
         super().__init__(inner)

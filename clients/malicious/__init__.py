@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -55,7 +56,7 @@ from flowerbed.clients.core.values import RoundConfig
 
 if TYPE_CHECKING:
     from flowerbed.clients.model_loss import InputSchema
-    from flowerbed.clients.workloads import Workload
+    from flowerbed.clients.workloads import Examples, Workload
 
 MALICIOUS: Registry[Malicious] = Registry("malicious", (__name__,), group="flowerbed.malicious")
 
@@ -180,11 +181,13 @@ class DataPoisoning(Malicious):
 
     needs = frozenset({Capability.LABELLED_EXAMPLES, Capability.MODEL_LOSS})
 
-    def poison(self, data: Any, partition_id: int, server_round: int) -> Any:
+    def poison(
+        self, data: dict[str, Examples], partition_id: int, server_round: int
+    ) -> dict[str, Examples]:
         rng = np.random.default_rng(client_seed(self.ctx.seed, partition_id, 0, salt=_OWN_SALT))
         return {**data, "train": self.poison_examples(data["train"], rng)}
 
-    def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
+    def poison_examples(self, train: Examples, rng: np.random.Generator) -> Examples:
         raise NotImplementedError
 
 
@@ -198,7 +201,7 @@ def chosen(experiment: Experiment) -> tuple[int, ...]:
     )
 
 
-def build_malicious(experiment: Experiment, workload: Any = None) -> Malicious:
+def build_malicious(experiment: Experiment, workload: Workload | None = None) -> Malicious:
     """The configured malicious client: its registered class, typed ``Params`` and context."""
     cls = MALICIOUS.get(experiment.malicious.name or "")
     return cls(experiment.malicious.params, MaliciousContext.of(experiment, workload))
@@ -239,7 +242,7 @@ _BENIGN: OrderedDict[tuple[str, int, str], np.ndarray] = OrderedDict()
 _KEPT = 4
 
 
-def _attacker(experiment: Experiment, key: str, workload: Any) -> Malicious:
+def _attacker(experiment: Experiment, key: str, workload: Workload) -> Malicious:
     if key not in _ATTACKERS:
         _ATTACKERS[key] = build_malicious(experiment, workload)
         while len(_ATTACKERS) > _KEPT:
@@ -248,7 +251,7 @@ def _attacker(experiment: Experiment, key: str, workload: Any) -> Malicious:
 
 
 def train(
-    experiment: Experiment, workload: Any, arrays: ArrayRecord, data: Any,
+    experiment: Experiment, workload: Workload, arrays: ArrayRecord, data: object,
     config: RoundConfig, state: RecordDict,
 ) -> tuple[ArrayRecord, dict[str, float]]:  # fmt: skip
     """One round of a client's training: ``workload.fit`` for an honest client; for a malicious
@@ -280,7 +283,7 @@ def train(
 
 
 def _benign_updates(
-    experiment: Experiment, key: str, workload: Any, arrays: ArrayRecord, sent: np.ndarray,
+    experiment: Experiment, key: str, workload: Workload, arrays: ArrayRecord, sent: np.ndarray,
     config: RoundConfig, colluders: tuple[int, ...],
 ) -> np.ndarray:  # fmt: skip
     """Every colluder's benign update on the sent model, rows in partition order (cached per
@@ -301,7 +304,9 @@ def _benign_updates(
     return _BENIGN[cache_key]
 
 
-def scorer(experiment: Experiment, workload: Any) -> Any:
+def scorer(
+    experiment: Experiment, workload: Workload
+) -> Callable[[Workload, ArrayRecord], dict[str, float]] | None:
     """The configured attack's server-side success metrics (``arrays -> dict``), or ``None``
     without one; scored also at ``fraction: 0`` (the clean baseline's backdoor rate)."""
     if not experiment.malicious.name:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import MALICIOUS, DataPoisoning, MaliciousContext, View
+
+if TYPE_CHECKING:
+    from flowerbed.clients.workloads import ClassifierWorkload, Examples
 
 
 @MALICIOUS.register("backdoor", "Backdoor trigger (table: fixed feature values; image: pixel patch) + model replacement")  # fmt: skip
@@ -76,7 +79,7 @@ class Backdoor(DataPoisoning):
         x[:, self.params.features] = torch.tensor(self.params.values, dtype=x.dtype)
         return x
 
-    def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
+    def poison_examples(self, train: Examples, rng: np.random.Generator) -> Examples:
         count = int(round(self.params.poison_fraction * len(train.y)))
         rows = torch.from_numpy(rng.choice(len(train.y), size=count, replace=False))
         x, y = train.x.clone(), train.y.clone()
@@ -88,7 +91,7 @@ class Backdoor(DataPoisoning):
         boost = self.params.boost or self.ctx.sampled_clients / max(len(self.ctx.colluders), 1)
         return boost * view.own
 
-    def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
+    def score(self, workload: ClassifierWorkload, arrays: ArrayRecord) -> dict[str, float]:
         test = workload.test_pool()
         others = test.y != self.target
         model = workload.loaded_model(arrays).eval()

@@ -11,7 +11,7 @@ of the classes the attack relabels (the ``source`` classes, every class but ``ta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from flwr.app import ArrayRecord
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.malicious import MALICIOUS, DataPoisoning
+
+if TYPE_CHECKING:
+    from flowerbed.clients.workloads import ClassifierWorkload, Examples
 
 
 @MALICIOUS.register(
@@ -34,7 +37,7 @@ class LabelFlip(DataPoisoning):
 
     params: Params
 
-    def poison_examples(self, train: Any, rng: np.random.Generator) -> Any:
+    def poison_examples(self, train: Examples, rng: np.random.Generator) -> Examples:
         classes = self.ctx.model_schema().num_classes
         y = train.y.clone()
         if self.params.target < 0:
@@ -54,7 +57,7 @@ class LabelFlip(DataPoisoning):
             return [c for c in range(classes) if classes - 1 - c != c]
         return list(self.params.source) or [c for c in range(classes) if c != self.params.target]
 
-    def score(self, workload: Any, arrays: ArrayRecord) -> dict[str, float]:
+    def score(self, workload: ClassifierWorkload, arrays: ArrayRecord) -> dict[str, float]:
         test = workload.test_pool()
         flipped = torch.isin(
             test.y, torch.tensor(self.flipped_classes(self.ctx.model_schema().num_classes))
