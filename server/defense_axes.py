@@ -33,12 +33,13 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
 from flowerbed.clients.core.config import load_base, parse_overrides
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.values import JsonObject
 from flowerbed.server.robustness_report import ACCURACY, ASR, ATTACK, FRACTION, SPLIT, worst_case
 from flowerbed.server.sweep import load_sweep
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
@@ -108,10 +109,10 @@ def read_sweep_dir(directory: Path, kind: str) -> tuple[str, pd.DataFrame]:
 def _strategy(sweep: Any, arm: Any) -> str:
     """The strategy an arm runs: its base's, then the sweep's and the arm's overrides."""
     overrides = parse_overrides([*sweep.overrides, *(arm.overrides if arm else [])])
-    name = (overrides.get("strategy") or {}).get("name")
+    name = cast(JsonObject, overrides.get("strategy") or {}).get("name")
     if name is None:
         base = load_base((arm.base if arm and arm.base else None) or sweep.base)
-        name = (base.get("strategy") or {}).get("name", PLAIN)
+        name = cast(JsonObject, base.get("strategy") or {}).get("name", PLAIN)
     return str(name)
 
 

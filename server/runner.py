@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -156,7 +156,7 @@ def evaluate_saved(run_dir: Path) -> dict[str, float]:
     written = load_config_file(run_dir / "config.yaml")
     plugins = written.get("plugins", [])  # the file, before anything is typed
     try:
-        load_plugins(plugins)
+        load_plugins(cast(list[str], plugins))
     except ConfigError as exc:
         raise ConfigError(
             f"plug-in missing: {run_dir} ran with plugins {plugins} ({exc})"

@@ -20,6 +20,7 @@ import enum
 import functools
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,6 +46,7 @@ from flowerbed.clients.core.params import check_rules, param, plain
 from flowerbed.clients.core.plugins import FILE_MODULE_PREFIX, load_plugins, normalise
 from flowerbed.clients.core.registry import BUILTIN, Registry
 from flowerbed.clients.core.seeding import malicious_count
+from flowerbed.clients.core.values import JsonObject, JsonValue
 
 
 class Engine(enum.StrEnum):
@@ -254,10 +256,10 @@ class Experiment:
     plugins: tuple[str, ...]
     claim: ClaimConfig
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The plain nested dict (enums as values, sequences as lists) written to files and
         Flower's configs; :func:`resolve` (or :func:`decode`) turns it back into this experiment."""
-        data: dict[str, Any] = plain(dataclasses.asdict(self))
+        data: JsonObject = plain(dataclasses.asdict(self))
         return data
 
     def run_key(self) -> str:
@@ -271,7 +273,7 @@ class Experiment:
 T = TypeVar("T")
 
 
-def replace_at(obj: T, path: str, **changes: Any) -> T:
+def replace_at(obj: T, path: str, **changes: object) -> T:
     """A copy of the frozen ``obj`` (an :class:`Experiment`) with ``changes`` made to the part at
     dotted ``path`` (``""``: ``obj`` itself; ``"clients.resources"``, ``"workload.params"``);
     nothing is validated again (:func:`resolve` does that)."""
@@ -313,24 +315,24 @@ def _one_line(exc: OmegaConfBaseException, where: str) -> str:
     return f"invalid config at '{key}': {str(exc).splitlines()[0]}"
 
 
-def validate_structured(schema: type, values: dict[str, Any], where: str) -> Any:
+def validate_structured(schema: type[T], values: Mapping[str, object], where: str) -> T:
     """Merge ``values`` into the dataclass ``schema``; returns the dataclass instance."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
-        obj = OmegaConf.to_object(merged)
+        obj = cast(T, OmegaConf.to_object(merged))  # an instance of ``schema``
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, where)) from None
     check_rules(obj, where)
     return obj
 
 
-def _mapping(node: DictConfig, resolve: bool = True) -> dict[str, Any]:
+def _mapping(node: DictConfig, resolve: bool = True) -> JsonObject:
     """``OmegaConf.to_container`` of a mapping node: a dict with string keys (omegaconf types
     what it returns as any container with any key type)."""
-    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=resolve))
+    return cast(JsonObject, OmegaConf.to_container(node, resolve=resolve))
 
 
-def load_preset(name: str) -> dict[str, Any]:
+def load_preset(name: str) -> JsonObject:
     path = configs_dir() / "experiments" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown experiment '{name}' (allowed: {', '.join(preset_names())})")
@@ -347,7 +349,7 @@ def preset_description(name: str) -> str:
     return str(load_preset(name).get("description", ""))
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
+def load_config_file(path: str | Path) -> JsonObject:
     """A YAML mapping from ``path``; every way a file can fail is one ``ConfigError`` line."""
     import yaml
 
@@ -381,7 +383,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
 
 
-def parse_overrides(overrides: list[str] | str | None) -> dict[str, Any]:
+def parse_overrides(overrides: list[str] | str | None) -> JsonObject:
     """Dotlist ``rounds=5 clients.num=100`` to a nested dict."""
     if not overrides:
         return {}
@@ -421,9 +423,7 @@ class Components:
 OPTIONAL_KEYS = ("dataset", "clients.partitioner", "clients.alpha", "clients.partition_by")
 
 
-def resolve(
-    base: dict[str, Any], overrides: dict[str, Any] | None, components: Components
-) -> Experiment:
+def resolve(base: JsonObject, overrides: JsonObject | None, components: Components) -> Experiment:
     """Validate a raw config (preset + overrides) into a typed :class:`Experiment`, every
     component's params filled with its defaults."""
     raws = [base, overrides or {}]
@@ -555,19 +555,19 @@ def _check_attacked(attack: ChosenComponent, rounds: int, num: int) -> None:
 
 
 @functools.cache
-def _schema_defaults() -> dict[str, Any]:
+def _schema_defaults() -> JsonObject:
     """Every shared key at its schema default (built once; read only)."""
     return _mapping(OmegaConf.structured(ExperimentConfig), resolve=False)
 
 
-def _is_set(raw: dict[str, Any], dotted: str) -> bool:
+def _is_set(raw: JsonObject, dotted: str) -> bool:
     """The key is present with a value other than the schema default.
 
     A resolved config carries every key (at its default when nobody set it), so it resolves again
     unchanged (the ServerApp re-resolves what the CLI sent).
     """
-    node: Any = raw
-    default: Any = _schema_defaults()
+    node: JsonValue = raw
+    default: JsonValue = _schema_defaults()
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
@@ -579,7 +579,7 @@ def _is_set(raw: dict[str, Any], dotted: str) -> bool:
 
 
 def _check_reads(
-    workload: ChosenComponent, workload_cls: type, raws: list[dict[str, Any]], workloads: Registry
+    workload: ChosenComponent, workload_cls: type, raws: list[JsonObject], workloads: Registry
 ) -> None:
     """A shared key set for a workload that ignores it is an error, not a silent no-op."""
     reads = set(getattr(workload_cls, "reads", ()))
@@ -664,12 +664,12 @@ def _component(
     return cls, ChosenComponent(section.name, typed_params(cls, plain(dataclasses.asdict(params))))
 
 
-def typed_params(cls: type, values: dict[str, Any]) -> Any:
+def typed_params(cls: type, values: Mapping[str, object]) -> object:
     """``cls.Params`` from its validated plain values, as every component has received it."""
     return cls.Params(**values)  # type: ignore[attr-defined]
 
 
-def load_base(name_or_path: str) -> dict[str, Any]:
+def load_base(name_or_path: str) -> JsonObject:
     """The raw (unresolved) config of a preset name or a YAML path."""
     if name_or_path.endswith((".yaml", ".yml")):
         base = load_config_file(name_or_path)
@@ -687,7 +687,7 @@ def load_experiment(
     name_or_path: str,
     overrides: list[str] | str | None,
     components: Components,
-    **forced: Any,
+    **forced: JsonValue,
 ) -> Experiment:
     """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved experiment.
 
@@ -705,11 +705,11 @@ def load_experiment(
     return experiment
 
 
-def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:
+def merge_into(into: JsonObject, extra: JsonObject) -> None:
     """Deep-merge ``extra`` into ``into`` (mappings merged key by key, anything else replaced)."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):
-            merge_into(into[key], value)
+            merge_into(cast(JsonObject, into[key]), value)
         else:
             into[key] = copy.deepcopy(value)
 
@@ -718,7 +718,7 @@ def merge_into(into: dict[str, Any], extra: dict[str, Any]) -> None:
 
 
 def decode(
-    data: dict[str, Any], *, workloads: Registry | None = None, defenses: Registry | None = None,
+    data: JsonObject, *, workloads: Registry | None = None, defenses: Registry | None = None,
     malicious: Registry | None = None, strategies: Registry | None = None,
     attacks: Registry | None = None,
 ) -> Experiment:  # fmt: skip
@@ -765,9 +765,9 @@ def encode_config(experiment: Experiment) -> str:
     return base64.b64encode(to_json(experiment).encode()).decode()
 
 
-def decode_config(encoded: str) -> dict[str, Any]:
+def decode_config(encoded: str) -> JsonObject:
     """The dict :func:`encode_config` encoded (to be resolved again)."""
-    data: dict[str, Any] = json.loads(base64.b64decode(encoded.encode()).decode())
+    data: JsonObject = json.loads(base64.b64decode(encoded.encode()).decode())
     return data
 
 
@@ -775,7 +775,7 @@ def to_json(experiment: Experiment) -> str:
     return json.dumps(experiment.to_dict(), sort_keys=True)
 
 
-def to_yaml(experiment: Experiment | dict[str, Any]) -> str:
+def to_yaml(experiment: Experiment | JsonObject) -> str:
     """``config.yaml``'s text of an experiment (or of its :meth:`~Experiment.to_dict`)."""
     data = experiment.to_dict() if isinstance(experiment, Experiment) else experiment
     return OmegaConf.to_yaml(OmegaConf.create(data))

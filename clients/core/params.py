@@ -25,11 +25,18 @@ import dataclasses
 import enum
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast, overload
 
 from flowerbed.clients.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from flowerbed.clients.core.values import JsonObject, JsonValue
+
+T = TypeVar("T")
 
 RULE_KEY = "flowerbed.rule"
 
@@ -45,7 +52,8 @@ class Rule:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
-    check: Callable[[Any], str | None] | None = dataclasses.field(default=None, compare=False)
+    #: takes the field's value (its type is the field's: erased here, where every rule is kept)
+    check: Callable[..., str | None] | None = dataclasses.field(default=None, compare=False)
 
     def holds(self, value: float) -> bool:
         if isinstance(value, float) and math.isnan(value):
@@ -73,16 +81,36 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
+@overload
 def param(
-    default: Any = dataclasses.MISSING,
+    default: T,
     *,
-    factory: Callable[[], Any] | None = None,
     gt: float | None = None,
     ge: float | None = None,
     lt: float | None = None,
     le: float | None = None,
-    check: Callable[[Any], str | None] | None = None,
-) -> Any:
+    check: Callable[..., str | None] | None = None,
+) -> T: ...
+@overload
+def param(
+    *,
+    factory: Callable[[], T],
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    check: Callable[..., str | None] | None = None,
+) -> T: ...
+def param(
+    default: object = dataclasses.MISSING,
+    *,
+    factory: Callable[[], object] | None = None,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    check: Callable[..., str | None] | None = None,
+) -> object:
     """A dataclass field with a numeric rule (applied to each element of a list value) and/or a
     ``check`` of the whole value (returns ``None`` or the problem, with the allowed values)."""
     metadata = {RULE_KEY: Rule(gt=gt, ge=ge, lt=lt, le=le, check=check)}
@@ -91,7 +119,7 @@ def param(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def choices(name: str, values: Any) -> type[enum.StrEnum]:
+def choices(name: str, values: Iterable[object]) -> type[enum.StrEnum]:
     """A ``StrEnum`` whose member names are its values (``scale-free`` included).
 
     As the type of a ``Params`` field it makes omegaconf reject any other value with the allowed
@@ -103,7 +131,7 @@ def choices(name: str, values: Any) -> type[enum.StrEnum]:
     return enum.StrEnum(name, {str(v): str(v) for v in values})  # type: ignore[return-value]
 
 
-def defaults(**values: Any) -> Callable[[type], type]:
+def defaults(**values: object) -> Callable[[type], type]:
     """Class decorator, placed under ``@dataclass``: other defaults for inherited fields.
 
     A subclass whose setting differs from its base's (a federated workload's ``Params`` extending
@@ -130,7 +158,7 @@ def defaults(**values: Any) -> Callable[[type], type]:
                 raise TypeError(f"{cls.__name__}: {name} is not a field it inherits")
             base_field = inherited[name]
             if isinstance(value, list | dict):
-                field = dataclasses.field(
+                field: object = dataclasses.field(
                     default_factory=functools.partial(copy.deepcopy, value),
                     metadata=base_field.metadata,
                 )
@@ -144,9 +172,9 @@ def defaults(**values: Any) -> Callable[[type], type]:
     return apply
 
 
-def check_rules(obj: Any, where: str) -> None:
+def check_rules(obj: object, where: str) -> None:
     """Raise ``ConfigError`` for the first field of dataclass ``obj`` that breaks its rule."""
-    for f in dataclasses.fields(obj):
+    for f in dataclasses.fields(cast("DataclassInstance", obj)):
         value = getattr(obj, f.name)
         key = f"{where}.{f.name}" if where else f.name
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -165,12 +193,17 @@ def check_rules(obj: Any, where: str) -> None:
                 raise ConfigError(f"{what} must be {rule.text()} (got {value})")
 
 
-def plain(value: Any) -> Any:
-    """Enum members as their values, recursively: a resolved config stays plain JSON/YAML."""
+@overload
+def plain(value: Mapping[str, object]) -> JsonObject: ...
+@overload
+def plain(value: object) -> JsonValue: ...
+def plain(value: object) -> JsonValue:
+    """Enum members as their values, recursively: a resolved config stays plain JSON/YAML
+    (``value`` holds nothing else: enums, mappings, sequences and JSON scalars)."""
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
-    return value
+    return cast("JsonValue", value)  # a JSON scalar
