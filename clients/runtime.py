@@ -17,7 +17,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Final, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from flowerbed.clients import malicious
 from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.files import FILE_STORE_KEY, content_key, localise
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.core.values import RoundConfig
+from flowerbed.clients.core.values import JsonObject, RoundConfig
 from flowerbed.clients.defenses import DEFENSES
 from flowerbed.clients.workloads import WORKLOADS, Workload, build_workload
 
@@ -83,11 +83,11 @@ def _entry(config_json: str, file_store: str = "") -> _Entry:
 
 
 @functools.lru_cache(maxsize=16)
-def _client_config(config_json: str, file_store: str = "") -> dict[str, Any]:
+def _client_config(config_json: str, file_store: str = "") -> JsonObject:
     """The experiment's dict as the server sent it; on a Ray cluster (``file_store``) the files
     it names are the driver's, fetched once per process (typed by :func:`decode`, which imports
     its plugins)."""
-    cfg: dict[str, Any] = json.loads(config_json)
+    cfg: JsonObject = json.loads(config_json)
     return _with_shipped_files(cfg, file_store) if file_store else cfg
 
 
@@ -97,11 +97,11 @@ def client_experiment(config_json: str, file_store: str = "") -> Experiment:
     return _typed(_client_config(config_json, file_store))
 
 
-def _typed(cfg: dict[str, Any]) -> Experiment:
+def _typed(cfg: JsonObject) -> Experiment:
     return decode(cfg, workloads=WORKLOADS, defenses=DEFENSES, malicious=malicious.MALICIOUS)
 
 
-def _with_shipped_files(cfg: dict[str, Any], file_store: str) -> dict[str, Any]:
+def _with_shipped_files(cfg: JsonObject, file_store: str) -> JsonObject:
     """``cfg`` pointing at local copies of the files held by the run's Ray actor ``file_store``
     (``namespace/name``): a cluster node need not share the driver's filesystem.
 

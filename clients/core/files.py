@@ -11,18 +11,21 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
+
+from flowerbed.clients.core.values import JsonObject
 
 #: sections whose string values may name input files (``dataset.path``, ``workload.params.*``)
 INPUT_SECTIONS = ("dataset", "workload", "strategy", "attack", "defenses")
 
 
-def referenced_files(cfg: dict[str, Any]) -> list[Path]:
+def referenced_files(cfg: Mapping[str, object]) -> list[Path]:
     """Every existing file named by a string value in the config's input sections, sorted."""
     found: set[Path] = set()
 
-    def walk(value: Any) -> None:
+    def walk(value: object) -> None:
         if isinstance(value, dict):
             for item in value.values():
                 walk(item)
@@ -54,7 +57,7 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
     return sha.hexdigest()
 
 
-def content_key(cfg: dict[str, Any]) -> str:
+def content_key(cfg: Mapping[str, object]) -> str:
     """``cfg`` as canonical JSON plus the digest of every file it references."""
     digests = {str(p): file_digest(p) for p in referenced_files(cfg)}
     return json.dumps({"cfg": cfg, "files": digests}, sort_keys=True, default=os.fspath)
@@ -68,9 +71,9 @@ FILE_STORE_KEY = "ray-files"
 SHIPPED_KEYS = ("dataset.path", "workload.params.table_path")
 
 
-def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+def dotted_get(cfg: Mapping[str, object], dotted: str, default: object = None) -> object:
     """``cfg["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing."""
-    node: Any = cfg
+    node: object = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return default
@@ -78,12 +81,12 @@ def dotted_get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
-def shipped_files(cfg: dict[str, Any]) -> list[str]:
+def shipped_files(cfg: Mapping[str, object]) -> list[str]:
     """The paths in ``cfg`` (:data:`SHIPPED_KEYS`, plugin files) that name a file on this machine."""
     from flowerbed.clients.core.plugins import is_path
 
     paths = [dotted_get(cfg, key) for key in SHIPPED_KEYS]
-    paths += [p for p in cfg.get("plugins", []) if is_path(p)]
+    paths += [p for p in cast(list[str], cfg.get("plugins", [])) if is_path(p)]
     return [p for p in paths if isinstance(p, str) and p and Path(p).is_file()]
 
 
@@ -96,14 +99,14 @@ def _write_once(local: Path, data: bytes) -> None:
         os.replace(partial, local)
 
 
-def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[str, Any]:
+def localise(cfg: JsonObject, files: dict[str, bytes], into: Path) -> JsonObject:
     """A copy of ``cfg`` whose file paths point at private copies of the shipped ``files``.
 
     Each copy keeps its file name (formats are chosen by suffix; errors name the file). A copy
     already in ``into`` is kept: callers name ``into`` after the files' content.
     """
     cfg = copy.deepcopy(cfg)
-    plugins = cfg.get("plugins", [])
+    plugins = cast(list[str], cfg.get("plugins", []))
     for i, spec in enumerate(plugins):
         if spec in files:  # a plugin file: same name, so the same module (content hash)
             local = into / "plugins" / str(i) / Path(spec).name
@@ -117,6 +120,6 @@ def localise(cfg: dict[str, Any], files: dict[str, bytes], into: Path) -> dict[s
             *parents, last = key.split(".")
             node = cfg
             for part in parents:
-                node = node[part]
+                node = cast(JsonObject, node[part])
             node[last] = str(local)
     return cfg

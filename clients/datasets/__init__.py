@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -83,7 +82,7 @@ class Dataset(Component[DatasetContext, P]):
     Context = DatasetContext
     built_by = "build_dataset(section) builds one from a config"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         params = cls.__dict__.get("Params")
         if params is not None and dataclasses.is_dataclass(params):
@@ -112,13 +111,13 @@ class SplitParams:
     test_fraction: float = param(0.2, gt=0, lt=1)
 
 
-def build_dataset(section: Mapping[str, Any]) -> Dataset:
+def build_dataset(section: DatasetConfig) -> Dataset:
     """The dataset of a resolved config's ``dataset`` section: its registered class, built from
     the section's keys its ``Params`` declares and its context."""
-    cls = DATASETS.get(section["name"])
+    cls = DATASETS.get(section.name)
     keys = [f.name for f in dataclasses.fields(cls.Params)]
-    params = cls.Params(**{k: section[k] for k in keys if k in section})
-    return cls(params, DatasetContext(section["name"], data_dir()))
+    params = cls.Params(**{k: getattr(section, k) for k in keys})
+    return cls(params, DatasetContext(section.name, data_dir()))
 
 
 def data_dir() -> Path:
@@ -236,20 +235,19 @@ def read_csv_table(path: Path) -> pd.DataFrame:
     return frame
 
 
-def dataset_key(dataset_cfg: dict[str, Any]) -> str:
+def dataset_key(dataset: DatasetConfig) -> str:
     """Cache key of a dataset config: its JSON plus the content digest of the file it reads."""
-    return content_key({"dataset": dataset_cfg})
+    return content_key({"dataset": dataclasses.asdict(dataset)})
 
 
-def key_section(key: str) -> dict[str, Any]:
-    """The dataset section (a plain dict) a :func:`dataset_key` was made of."""
-    section: dict[str, Any] = json.loads(key)["cfg"]["dataset"]
-    return section
+def key_section(key: str) -> DatasetConfig:
+    """The dataset section a :func:`dataset_key` was made of."""
+    return DatasetConfig(**json.loads(key)["cfg"]["dataset"])
 
 
 def load_table(dataset: DatasetConfig) -> Table:
     """Load the configured table (cached per process; a rewritten file is read again)."""
-    return _load_cached(dataset_key(dataclasses.asdict(dataset)))
+    return _load_cached(dataset_key(dataset))
 
 
 def table_from_key(key: str) -> Table:
@@ -259,9 +257,8 @@ def table_from_key(key: str) -> Table:
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(key: str) -> Table:
-    section = key_section(key)
-    dataset = DatasetConfig(**section)
-    table = build_dataset(section).load()
+    dataset = key_section(key)
+    table = build_dataset(dataset).load()
     if dataset.max_rows:
         n = int(dataset.max_rows)
         table = Table(table.train.iloc[:n].reset_index(drop=True), table.test, table.schema)

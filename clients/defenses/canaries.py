@@ -54,8 +54,7 @@ from flowerbed.clients.defenses.flower_dp import AuditGrid, AuditProcess
 if TYPE_CHECKING:
     from opacus.optimizers import DPOptimizer
 
-    from flowerbed.clients.defenses.central_dp import CentralDp
-    from flowerbed.clients.defenses.local_dp import LocalDp
+    from flowerbed.clients.defenses import DefenseContext, RunWriter
 
 PARTITION_KEY = "partition-id"
 #: canary gradients and updates have norm ``CANARY * C``: clipping always acts on them, and a run
@@ -243,6 +242,39 @@ class IndexedExamples(Protocol):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]: ...
 
 
+class _Clipped(Protocol):
+    @property
+    def clipping_norm(self) -> float: ...
+
+
+class _LocalDpParams(_Clipped, Protocol):
+    @property
+    def sensitivity(self) -> float: ...
+
+
+class LocalDpDefense(Protocol):
+    """What the local-DP canary clients use of their defense (``local-dp``)."""
+
+    @property
+    def params(self) -> _LocalDpParams: ...
+
+    def mods(self) -> list[Mod]: ...
+
+
+class CentralDpDefense(Protocol):
+    """What the central-DP canary clients use of their defense (``central-dp``)."""
+
+    @property
+    def params(self) -> _Clipped: ...
+
+    @property
+    def ctx(self) -> DefenseContext: ...
+
+    def mods(self) -> list[Mod]: ...
+
+    def wrap_strategy(self, strategy: Strategy, writer: RunWriter) -> Strategy: ...
+
+
 class CanarySlots(Dataset):
     """A client's dataset plus ``count`` canary slots (index ``n + i``: canary i). A slot's input
     is a zero row of the data's shape with the first example's label; its per-example gradient is
@@ -334,7 +366,7 @@ class LocalDpCanaries(CanaryAudit):
     min(C, sensitivity), what LocalDpMod's epsilon is calibrated for; the rest is along a second
     random direction). Each goes out through ``defense.mods()``; its reply is scored."""
 
-    def __init__(self, seed: int, delta: float, count: int, defense: LocalDp) -> None:
+    def __init__(self, seed: int, delta: float, count: int, defense: LocalDpDefense) -> None:
         super().__init__(seed, delta)
         self.count, self.defense = count, defense
         self.units[CANARY_CLIENTS] = UnitScores(canary_coins(seed, CANARY_CLIENTS, count), 1.0)
@@ -373,8 +405,8 @@ class CentralDpCanaries(CanaryAudit):
     scored; ``final``: the sum of the releases (what a final model carrying them would)."""
 
     def __init__(
-        self, seed: int, delta: float, count: int, defense: CentralDp,
-        rebuild: Callable[[int], CentralDp],
+        self, seed: int, delta: float, count: int, defense: CentralDpDefense,
+        rebuild: Callable[[int], CentralDpDefense],
     ) -> None:  # fmt: skip
         super().__init__(seed, delta)
         self.count, self.defense, self.rebuild = count, defense, rebuild

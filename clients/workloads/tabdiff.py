@@ -24,6 +24,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.clients.core.capabilities import Capability
+from flowerbed.clients.core.config import DatasetConfig
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.values import RoundConfig
@@ -84,7 +85,7 @@ def encoded(dataset_json: str) -> Encoded:
 
     Cached per dataset config (JSON) and the bytes of the file it reads.
     """
-    return _encoded_table(dataset_key(json.loads(dataset_json)))
+    return _encoded_table(dataset_key(DatasetConfig(**json.loads(dataset_json))))
 
 
 @functools.lru_cache(maxsize=4)

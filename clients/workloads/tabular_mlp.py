@@ -6,6 +6,7 @@ the same on every client, like a feature spec agreed before federation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Mapping
@@ -141,17 +142,20 @@ class TableEncoder:
 
 def _encoded(dataset_json: str) -> EncodedTable:
     """The encoded table of a dataset config (JSON); recomputed when its file's bytes change."""
-    return _encoded_table(dataset_key(json.loads(dataset_json)))
+    return _encoded_table(dataset_key(DatasetConfig(**json.loads(dataset_json))))
 
 
 @functools.lru_cache(maxsize=4)
 def _encoded_table(key: str) -> EncodedTable:
-    section = key_section(key)
-    dataset = DatasetConfig(**section)
+    dataset = key_section(key)
     if dataset.name not in DISK_CACHED:  # its content may live outside the key's files
         arrays, meta = _encode(key)
     else:
-        depends_on = [*referenced_files({"dataset": section}), *_SOURCES, *_bundled(dataset)]
+        depends_on = [
+            *referenced_files({"dataset": dataclasses.asdict(dataset)}),
+            *_SOURCES,
+            *_bundled(dataset),
+        ]
         arrays, meta = cached_arrays("encoded-table", key, depends_on, lambda: _encode(key))
     schema = TableSchema(
         tuple(meta["numeric"]), tuple(meta["categorical"]),

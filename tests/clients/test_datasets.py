@@ -1,5 +1,7 @@
 """Datasets: typed schemas and deterministic, disjoint, covering partitions."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -152,15 +154,15 @@ def test_a_dataset_is_built_from_its_typed_params_and_context(tmp_path):
 
     csv = tmp_path / "t.csv"
     csv.write_text("a,y\n" + "".join(f"{i},{'pq'[i % 2]}\n" for i in range(10)))
-    section = {"name": "csv", "path": str(csv), "label": "y", "numeric": ["a"],
-               "categorical": [], "test_fraction": 0.2, "max_rows": None}  # fmt: skip
+    section = DatasetConfig(name="csv", path=str(csv), label="y", numeric=["a"], categorical=[],
+                            test_fraction=0.2)  # fmt: skip
     dataset = build_dataset(section)
     assert isinstance(dataset, CsvDataset) and dataset.params.label == "y"
     assert dataset.ctx.name == "csv" and len(dataset.load().test) == 2
     with pytest.raises(ConfigError, match=r"^dataset\.numeric: entry 0 is blank"):
-        build_dataset({**section, "numeric": [" "]})
+        build_dataset(dataclasses.replace(section, numeric=[" "]))
     with pytest.raises(ConfigError, match=r"^dataset\.test_fraction must be in \(0, 1\)"):
-        build_dataset({**section, "test_fraction": 1.0})
+        build_dataset(dataclasses.replace(section, test_fraction=1.0))
     with pytest.raises(TypeError, match="DatasetContext"):
         CsvDataset({}, {"name": "csv"})
     with pytest.raises(TypeError, match="'rows' is not a key of the dataset section"):
@@ -170,4 +172,4 @@ def test_a_dataset_is_built_from_its_typed_params_and_context(tmp_path):
             class Params:
                 rows: int = 3
 
-    assert isinstance(build_dataset({"name": "adult"}).ctx, DatasetContext)
+    assert isinstance(build_dataset(DatasetConfig(name="adult")).ctx, DatasetContext)
