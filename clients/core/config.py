@@ -455,6 +455,11 @@ def resolve(base: JsonObject, overrides: JsonObject | None, components: Componen
     _check_withheld(strategy, strategy_cls, schema.defenses, components.defenses)
     offers = offered(workload_cls, workload.params)
     _check_needs("strategy", strategy, strategy_cls, workload, offers, components.workloads)
+    if schema.attack.params and not schema.attack.name:  # else kept, and never read by anything
+        raise ConfigError(
+            "attack.params set without attack.name "
+            f"(allowed: {', '.join(components.attacks.names())})"
+        )
     attack = ChosenComponent(None, schema.attack.params)
     if schema.attack.name:
         attack_cls, attack = _component(schema.attack, "attack", components.attacks)

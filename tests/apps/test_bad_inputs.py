@@ -67,6 +67,8 @@ CASES = {
                            "wrong type for 'plugins': a list is required, e.g. plugins: [a, b]"),
     "eval-plugin-missing": (["eval", "{tmp}/ran-with-plugin"],
                             "plug-in missing: {tmp}/ran-with-plugin ran with plugins"),
+    "attack-params-without-name": (["run", "quickstart", "attack.params.rounds=[1]"],
+                                   "attack.params set without attack.name (allowed: "),
     "resume-another-sweep": (["sweep", "quickstart-lr", "--resume", "--out", "{tmp}/other-sweep"],
                              "holds sweep 'other' (spec 0123), not 'quickstart-lr'"),
 }  # fmt: skip
