@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, cast
+from typing import cast
 
 
 class Capability(StrEnum):
@@ -83,7 +83,7 @@ def describe(needs: Needs | Iterable[str]) -> str:
     return " or ".join(alts) or "nothing"
 
 
-def offered(workload_cls: type, params: Any = None) -> tuple[set[str], dict[str, str]]:
+def offered(workload_cls: type, params: object = None) -> tuple[set[str], dict[str, str]]:
     """What a workload offers under ``params`` (an instance of its ``Params``; ``None``: the
     class-level offers) and, for each offer it withholds there, why."""
     offers = set(getattr(workload_cls, "offers", ())) | RUN_OFFERS

@@ -20,13 +20,17 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, cast
 
 import numpy as np
 
 from flowerbed.clients.core.files import file_digest
+from flowerbed.clients.core.values import JsonObject
+
+#: the JSON metadata an entry's ``build`` returns (a ``TypedDict`` of the caller's)
+M = TypeVar("M", bound=Mapping[str, object])
 
 CACHE_ENV = "FLOWERBED_CACHE_DIR"
 _META = "meta.json"
@@ -50,8 +54,8 @@ def cached_arrays(
     kind: str,
     key: str,
     depends_on: Iterable[Path],
-    build: Callable[[], tuple[dict[str, np.ndarray], dict[str, Any]]],
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    build: Callable[[], tuple[dict[str, np.ndarray], M]],
+) -> tuple[dict[str, np.ndarray], M]:
     """``build()``'s ``(arrays, JSON metadata)``, from the machine's cache when it holds them.
 
     Arrays come back memory-mapped copy-on-write (writable; a write stays in this process).
@@ -68,10 +72,11 @@ def cached_arrays(
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             if not (entry / _META).is_file():
                 _write(entry, *build())
-    return _read(entry)
+    arrays, meta = _read(entry)
+    return arrays, cast(M, meta)  # the metadata ``build`` returned, read back from JSON
 
 
-def _write(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+def _write(entry: Path, arrays: dict[str, np.ndarray], meta: Mapping[str, object]) -> None:
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -86,7 +91,7 @@ def _write(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> 
             shutil.rmtree(tmp)
 
 
-def _read(entry: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _read(entry: Path) -> tuple[dict[str, np.ndarray], JsonObject]:
     saved = json.loads((entry / _META).read_text())
     return {name: _load(entry / f"{name}.npy") for name in saved["arrays"]}, saved["meta"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -386,7 +386,7 @@ class FlowLeak(Workload):
 
     params: Params
 
-    def load_partition(self, partition_id: int, num_partitions: int) -> dict[str, Any]:
+    def load_partition(self, partition_id: int, num_partitions: int) -> ClientId:
         return {"partition_id": partition_id}
 
     def init_arrays(self) -> ArrayRecord:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -178,7 +178,17 @@ def _bundled(dataset: DatasetConfig) -> list[Path]:
     return sorted(data_dir().glob(f"{name}.*")) if name in ("adult", "german") else []
 
 
-def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+class EncodedMeta(TypedDict):
+    """An encoded table's schema as its cache entry keeps it (JSON)."""
+
+    numeric: list[str]
+    categorical: list[str]
+    categories: dict[str, list[str]]
+    label: str
+    classes: list[str]
+
+
+def _encode(key: str) -> tuple[dict[str, np.ndarray], EncodedMeta]:
     table = table_from_key(key)
     schema = table.schema
     encoder = TableEncoder(schema).fit(table.train)
@@ -191,7 +201,7 @@ def _encode(key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         "y_test": table.test[schema.label].astype(str).map(classes.index).to_numpy(np.int64).copy(),
         "mean": encoder.mean, "scale": encoder.scale,
     }  # fmt: skip
-    meta = {
+    meta: EncodedMeta = {
         "numeric": list(schema.numeric), "categorical": list(schema.categorical),
         "categories": {c: list(v) for c, v in schema.categories.items()},
         "label": schema.label, "classes": classes,
