@@ -5,7 +5,7 @@ mixture or by a column's values."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -84,7 +84,11 @@ def read_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     return reader[path.suffix](path)
 
 
-def table_models(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) -> list[str]:
+#: ``workload.params.prices[model]``: a cost per query, or ``{per_token, tokens, fixed}``
+Price = float | dict[str, float | str]
+
+
+def table_models(frame: pd.DataFrame, models: list[str], prices: Mapping[str, Price]) -> list[str]:
     """The correctness columns: ``models`` if given, else every ``<m>`` with a ``<m>|total_cost``
     column or a ``prices`` entry (table order)."""
     if models:
@@ -111,7 +115,7 @@ def table_models(frame: pd.DataFrame, models: list[str], prices: dict[str, Any])
     return found
 
 
-def table_costs(frame: pd.DataFrame, models: list[str], prices: dict[str, Any]) -> np.ndarray:
+def table_costs(frame: pd.DataFrame, models: list[str], prices: Mapping[str, Price]) -> np.ndarray:
     """Per-query cost [n, M]: the ``<m>|total_cost`` column, else ``prices[m]``: a constant per
     query, or ``{per_token: P, tokens: COLUMN}`` (P x the token count; optional ``fixed``)."""
     out = np.empty((len(frame), len(models)))
@@ -150,7 +154,7 @@ def load_eval_table(
     seed: int = 0,
     *,
     model_columns: list[str] | None = None,
-    prices: dict[str, Any] | None = None,
+    prices: Mapping[str, Price] | None = None,
     prompt_column: str = "prompt",
     topic_column: str = "eval_name",
 ) -> tuple[RouterData, list[str]]:
