@@ -1,14 +1,14 @@
 """One table per defense on three axes: utility, privacy leakage above the prior, robustness.
 
-    python -m flowerbed.server.defense_axes --privacy DIR --robustness DIR [--out FILE]
+    python -m flowerbed.server.defense_axes --privacy DIR [--privacy DIR ...] --robustness DIR [--out FILE]
 
-reads a finished privacy-benchmark sweep directory (``flowerbed sweep privacy-benchmark``) and a
-robustness-benchmark one (``flowerbed sweep robustness-benchmark``) and writes Markdown: per defense,
-one row per setting that measured it, with
+reads finished privacy sweep directories (``flowerbed sweep privacy-benchmark``, ``flowerbed sweep
+aggregator-privacy``) and a robustness-benchmark one (``flowerbed sweep robustness-benchmark``)
+and writes Markdown: per defense, one row per setting that measured it, with
 
-- **utility**: the privacy benchmark's utility metric of the arm (``results.md``'s), or the
+- **utility**: the privacy sweep's utility metric of the arm (``results.md``'s), or the
   robustness benchmark's clean accuracy (malicious fraction 0; one value per seed and split);
-- **leakage above the prior**: the privacy benchmark's worst-case advantage per repeat (the larger
+- **leakage above the prior**: the privacy sweep's worst-case advantage per repeat (the larger
   of the unaware and the defense-aware attack; success where no prior was measured, said so);
 - **worst-case accuracy**: the robustness benchmark's lowest seed-mean accuracy over attacks,
   fractions > 0 and splits (ByzFL's reading), naming the attack;
@@ -16,9 +16,10 @@ one row per setting that measured it, with
 
 Each is a mean with its 95 % bootstrap interval (``server/sweep_stats.py``), the same estimates as
 each sweep's ``results.md``. An axis a setting did not measure reads "not measured", never a blank
-or a zero. A defense is a (strategy, client-side defenses) pair: the privacy benchmark's settings run
-under its arms' strategy (FedAvg), the robustness benchmark's arms are aggregators with no
-client-side defense, so ``none`` (FedAvg, no defense) is the one defense both measure.
+or a zero; a pair the robustness sweep refused (``sweep.json``'s ``cannot_combine``: a robust
+aggregator behind secure aggregation) reads "cannot combine" with the refusal. A defense is a
+(strategy, client-side defenses) pair: a privacy arm's strategy with its ``defenses`` setting, a
+robustness arm's aggregator with the cell's ``defenses`` setting.
 
 Bad input (a directory that is not a finished sweep of the right kind, an arm whose utility metric
 the cells lack) is one line on stderr, exit status 2, and nothing written.
@@ -40,12 +41,22 @@ import pandas as pd
 from flowerbed.clients.core.config import load_base, parse_overrides
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.values import JsonObject
-from flowerbed.server.robustness_report import ACCURACY, ASR, ATTACK, FRACTION, SPLIT, worst_case
+from flowerbed.server.robustness_report import (
+    ACCURACY,
+    ASR,
+    ATTACK,
+    FRACTION,
+    SPLIT,
+    split_arms,
+    worst_case,
+)
 from flowerbed.server.sweep import load_sweep
+from flowerbed.server.sweep_report import held_refusals
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
 from flowerbed.server.sweep_study import is_study, panels_of
 
 NOT_MEASURED = "not measured"
+CANNOT_COMBINE = "cannot combine"
 UNDEFENDED = "none"
 PLAIN = "fedavg"  # the strategy under which a defense is named by its client-side part alone
 COLUMNS = ("measured in", "utility", "leakage above the prior (worst case)",
@@ -65,8 +76,11 @@ class Row:
     leakage: str | None = None
     worst_accuracy: str | None = None
     backdoor_asr: str | None = None
+    refused: str | None = None  # the one-line refusal of a pairing that cannot run
 
     def cells(self) -> list[str]:
+        if self.refused:
+            return [self.source, f"{CANNOT_COMBINE}: {self.refused}", *[CANNOT_COMBINE] * 3]
         values = (self.utility, self.leakage, self.worst_accuracy, self.backdoor_asr)
         return [self.source, *(v if v else NOT_MEASURED for v in values)]
 
@@ -148,7 +162,8 @@ def privacy_rows(sweep: Any, frame: pd.DataFrame, label: str) -> dict[str, list[
 # -- the robustness benchmark -----------------------------------------------------------------
 def robustness_rows(frame: pd.DataFrame, label: str) -> dict[str, list[Row]]:
     """defense -> one row per dataset of the robustness benchmark (clean accuracy, worst-case
-    accuracy over the attacks, backdoor ASR at the largest malicious fraction)."""
+    accuracy over the attacks, backdoor ASR at the largest malicious fraction). A defense is the
+    arm's aggregator with the cell's client-side ``defenses`` setting, if the grid has one."""
     needed = [c for c in (ARM_KEY, ATTACK, ACCURACY) if c not in frame]
     arms = frame[ARM_KEY].astype(str) if ARM_KEY in frame else pd.Series(dtype=str)
     if needed or not arms.str.contains(".", regex=False).all():
@@ -156,10 +171,9 @@ def robustness_rows(frame: pd.DataFrame, label: str) -> dict[str, list[Row]]:
             f"--robustness: cells.csv lacks {', '.join(needed) or 'arms named <dataset>.<defense>'}"
             " (a robustness sweep: arms <dataset>.<defense>, grid over malicious.name)"
         )
-    parts = arms.str.split(".", n=1, expand=True)
-    frame = frame.assign(dataset=parts[0], defense=parts[1])
+    frame = split_arms(frame)
     fraction = frame[FRACTION].astype(float) if FRACTION in frame else pd.Series(1.0, frame.index)
-    worst = worst_case(frame.drop(columns=["dataset", "defense"]))
+    worst = worst_case(frame.drop(columns=["dataset", "strategy", "client_side", "defense"]))
     once = [c for c in (SEED_KEY, SPLIT) if c in frame]  # a clean run is repeated per attack
     out: dict[str, list[Row]] = {}
     for (dataset, defense), part in frame.groupby(["dataset", "defense"], sort=False):
@@ -177,9 +191,23 @@ def robustness_rows(frame: pd.DataFrame, label: str) -> dict[str, list[Row]]:
             est = bootstrap(backdoor.loc[fraction[backdoor.index] == top, ASR].to_numpy())
             asr = _text(est) and f"{est.text()} at {top:.0%} malicious"
         utility = _text(bootstrap(clean[ACCURACY].to_numpy()))
-        out.setdefault(defense_name(str(defense), UNDEFENDED), []).append(Row(
+        name = defense_name(str(part["strategy"].iloc[0]), str(part["client_side"].iloc[0]))
+        out.setdefault(name, []).append(Row(
             f"{label} · {dataset}", utility and f"{utility} clean accuracy", None, worst_text, asr,
         ))  # fmt: skip
+    return out
+
+
+def refused_rows(directory: Path, label: str) -> dict[str, list[Row]]:
+    """defense -> one "cannot combine" row per pair the sweep left out (``sweep.json``)."""
+    out: dict[str, list[Row]] = {}
+    for pair in held_refusals(directory):
+        if pair.get("kind", "refused") != "refused":
+            continue  # left out by the sweep's choice: not measured, no row
+        dataset, _, strategy = str(pair["arm"]).partition(".")
+        source = f"{label} · {dataset}" if strategy else label
+        name = defense_name(strategy or str(pair["arm"]), str(pair["defenses"]))
+        out.setdefault(name, []).append(Row(source, refused=str(pair["reason"])))
     return out
 
 
@@ -198,40 +226,69 @@ def _table(rows: Iterable[Row]) -> list[str]:
     return lines + ["| " + " | ".join(row.cells()) + " |" for row in rows]
 
 
-def defense_axes_md(privacy_dir: Path, robustness_dir: Path, privacy_sweep: str | None = None) -> str:  # fmt: skip
-    """The Markdown page: one table per defense (see the module docstring)."""
-    privacy_name, privacy = read_sweep_dir(privacy_dir, "privacy")
-    robustness_name, robustness = read_sweep_dir(robustness_dir, "robustness")
+def _privacy_part(directory: Path, sweep_name: str | None) -> tuple[dict[str, list[Row]], str]:
+    """One privacy sweep directory's rows, and its line for the page's header."""
+    name, frame = read_sweep_dir(directory, "privacy")
     try:
-        sweep = load_sweep(privacy_sweep or privacy_name)
+        sweep = load_sweep(sweep_name or name)
     except ConfigError as exc:
         raise InputError(
             f"--privacy: {exc} (pass --privacy-sweep with the sweep file the directory ran)"
         ) from None
-    ran = set(privacy[ARM_KEY].astype(str)) if ARM_KEY in privacy else set()
+    ran = set(frame[ARM_KEY].astype(str)) if ARM_KEY in frame else set()
     unknown = sorted(ran - {a.name for a in sweep.arms})
     if unknown:
         raise InputError(
-            f"--privacy: arms {unknown} of {privacy_dir} are not in sweep '{sweep.name}' "
+            f"--privacy: arms {unknown} of {directory} are not in sweep '{sweep.name}' "
             "(pass --privacy-sweep with the sweep file the directory ran)"
         )
+    rows = _merge(privacy_rows(sweep, frame, name), refused_rows(directory, name))
+    return rows, f"`{directory}` (sweep `{name}`, {_runs(frame)} runs)"
+
+
+def _runs(frame: pd.DataFrame) -> int:
+    return int(frame["cell"].nunique()) if "cell" in frame else len(frame)
+
+
+def defense_axes_md(
+    privacy_dirs: Path | list[Path], robustness_dir: Path,
+    privacy_sweeps: str | list[str | None] | None = None,
+) -> str:  # fmt: skip
+    """The Markdown page: one table per defense (see the module docstring). ``privacy_sweeps``:
+    the sweep (name or YAML) each privacy directory ran, where not the one its sweep.json names."""
+    dirs = [privacy_dirs] if isinstance(privacy_dirs, Path) else list(privacy_dirs)
+    names = privacy_sweeps if isinstance(privacy_sweeps, list) else [privacy_sweeps] * len(dirs)
+    if len(names) != len(dirs):
+        raise InputError(
+            f"--privacy-sweep given {len(names)} times for {len(dirs)} --privacy directories "
+            "(allowed: none, or one per --privacy, in the same order)"
+        )
+    privacy = [_privacy_part(d, n) for d, n in zip(dirs, names, strict=True)]
+    robustness_name, robustness = read_sweep_dir(robustness_dir, "robustness")
     tables = _merge(
-        privacy_rows(sweep, privacy, privacy_name), robustness_rows(robustness, robustness_name)
+        *(rows for rows, _ in privacy),
+        robustness_rows(robustness, robustness_name),
+        refused_rows(robustness_dir, robustness_name),
     )
-    runs = lambda f: f["cell"].nunique() if "cell" in f else len(f)  # noqa: E731
+    sources = " and ".join(
+        [*(line for _, line in privacy),
+         f"`{robustness_dir}` (sweep `{robustness_name}`, {_runs(robustness)} runs)"]
+    )  # fmt: skip
     lines = [
         "# Defenses on three axes: utility, privacy, robustness",
         "",
-        f"From `{privacy_dir}` (sweep `{privacy_name}`, {runs(privacy)} runs) and "
-        f"`{robustness_dir}` (sweep `{robustness_name}`, {runs(robustness)} runs). Mean "
+        f"From {sources}. Mean "
         "[95 % bootstrap interval]. Utility: the privacy benchmark's utility metric (named), or "
         "the robustness benchmark's clean accuracy (no malicious client). Leakage: the worst-case "
         "attack's advantage over the prior per repeat (seed x attacked client x round; 0 = what "
         "public knowledge gives, 1 = everything). Worst-case accuracy: the lowest seed-mean "
-        "accuracy over attacks, malicious fractions > 0 and splits, with the attack that reached "
-        "it. Backdoor ASR: triggered test rows of the other classes put in the target. `none` is "
+        "accuracy over attacks, malicious fractions > 0 and splits the defense ran, with the "
+        "attack that reached it (the robustness benchmark runs an aggregator alone at every "
+        "fraction and split, a client-side defense under it at 30 % under Dirichlet(0.5) only: "
+        "compare the two there, in its results.md). Backdoor ASR: triggered test rows of the other classes put in the target. `none` is "
         "FedAvg with no defense; a setting that did not measure an axis reads "
-        f'"{NOT_MEASURED}".',
+        f'"{NOT_MEASURED}"; a pairing refused when its config is resolved reads '
+        f'"{CANNOT_COMBINE}" with the refusal.',
         "",
     ]
     for defense, rows in tables.items():
@@ -244,11 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flowerbed.server.defense_axes",
         description="One table per defense: utility, privacy leakage above the prior, robustness.",
     )
-    ap.add_argument("--privacy", required=True, type=Path, help="privacy-benchmark sweep directory")  # fmt: skip
+    ap.add_argument("--privacy", required=True, type=Path, action="append",
+                    help="a privacy sweep directory (repeat for several)")  # fmt: skip
     ap.add_argument("--robustness", required=True, type=Path,
                     help="robustness-benchmark sweep directory")  # fmt: skip
-    ap.add_argument("--privacy-sweep", default=None,
-                    help="the privacy sweep's name or YAML (default: the name in sweep.json)")  # fmt: skip
+    ap.add_argument("--privacy-sweep", default=None, action="append",
+                    help="each privacy sweep's name or YAML, in --privacy's order (default: the "
+                    "name in its sweep.json)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="write the Markdown here (else stdout)")
     args = ap.parse_args(argv)
     try:

@@ -1,8 +1,12 @@
 """The robustness benchmark's report: attacks (malicious clients) x defenses (aggregators).
 
 A robustness sweep (``configs/sweeps/robustness-benchmark.yaml``) has one arm per
-``<dataset>.<defense>`` and a grid over ``malicious.name`` x ``malicious.fraction`` x the data split;
-its report names ``rows: malicious.name`` and ``value: central.accuracy``. From its cells:
+``<dataset>.<aggregator>`` and a grid over ``malicious.name`` x ``malicious.fraction`` x the data
+split, optionally x ``defenses`` (client-side defenses: DP-SGD, local/central DP, top-k,
+quantisation, secure aggregation); its report names ``rows: malicious.name`` and ``value:
+central.accuracy``. A *defense* is the aggregator with the client-side setting
+(``krum+dp-sgd(max_grad_norm=1.0,noise_multiplier=0.5)``; the aggregator alone without one). From
+its cells:
 
 - **worst-case accuracy** (ByzFL's reading): per (dataset, defense, attack) the lowest seed-mean
   accuracy over the malicious fractions and splits, with the 95 % bootstrap interval over seeds of
@@ -25,9 +29,11 @@ import numpy as np
 import pandas as pd
 
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
+from flowerbed.server.sweep_study import UNDEFENDED, family_of
 
 ATTACK, FRACTION, SPLIT = "malicious.name", "malicious.fraction", "clients.partitioner"
 ACCURACY, ASR = "central.accuracy", "central.backdoor_asr"
+CLIENT_SIDE = "defenses"  # the grid key of the client-side defenses (its label; "none")
 
 
 def is_robustness(sweep: Any, ok: pd.DataFrame) -> bool:
@@ -39,14 +45,27 @@ def is_robustness(sweep: Any, ok: pd.DataFrame) -> bool:
     )  # fmt: skip
 
 
-def _split_arms(ok: pd.DataFrame) -> pd.DataFrame:
+def split_arms(ok: pd.DataFrame) -> pd.DataFrame:
+    """``ok`` with ``dataset`` and ``strategy`` (the arm's two parts), ``client_side`` (the
+    ``defenses`` label, ``none`` without one) and ``defense``: the strategy, joined by ``+`` to
+    its client-side setting when there is one."""
     parts = ok[ARM_KEY].astype(str).str.split(".", n=1, expand=True)
-    return ok.assign(dataset=parts[0], defense=parts[1])
+    strategy = parts[1].astype(str)
+    client = ok[CLIENT_SIDE].fillna(UNDEFENDED).astype(str) if CLIENT_SIDE in ok else None
+    if client is None:
+        client = pd.Series(UNDEFENDED, index=ok.index)
+    defense = strategy.where(client == UNDEFENDED, strategy + "+" + client)
+    return ok.assign(dataset=parts[0], strategy=strategy, client_side=client, defense=defense)
+
+
+def short_defense(defense: str) -> str:
+    """A heatmap label: ``krum+dp-sgd(...)`` -> ``krum+dp-sgd`` (one strength per family)."""
+    return family_of(defense)
 
 
 def worst_case(ok: pd.DataFrame) -> dict[tuple[str, str, str], Estimate]:
     """(dataset, defense, attack) -> the worst setting's accuracy over seeds (fraction > 0)."""
-    frame = _split_arms(ok)
+    frame = split_arms(ok)
     frame = frame[frame[FRACTION].astype(float) > 0] if FRACTION in frame else frame
     settings = [c for c in (FRACTION, SPLIT) if c in frame]
     out = {}
@@ -69,7 +88,7 @@ def robustness_md(ok: pd.DataFrame, table: Callable[[pd.DataFrame], str]) -> lis
     """results.md sections (``table`` writes a frame as Markdown): worst-case accuracy, clean
     accuracy, backdoor ASR and detection rates."""
     worst = worst_case(ok)
-    frame = _split_arms(ok)
+    frame = split_arms(ok)
     lines = [
         "## Worst-case accuracy (attack x defense)",
         "",
@@ -117,7 +136,8 @@ def robustness_md(ok: pd.DataFrame, table: Callable[[pd.DataFrame], str]) -> lis
 
 
 def heatmap(ok: pd.DataFrame, path: Path) -> None:
-    """Worst-case accuracy, attack (rows) x defense (columns), one panel per dataset."""
+    """Worst-case accuracy, attack (rows) x defense (columns, client-side settings by family),
+    one panel per dataset (stacked), one colour scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,19 +146,22 @@ def heatmap(ok: pd.DataFrame, path: Path) -> None:
     worst = worst_case(ok)
     datasets = sorted({k[0] for k in worst})
     attacks = sorted({k[2] for k in worst})
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 0.5 * len(attacks) + 2.5), squeeze=False)  # fmt: skip
-    for ax, dataset in zip(axes[0], datasets, strict=True):
+    widest = max(len({k[1] for k in worst if k[0] == d}) for d in datasets)
+    size = (max(6.0, 0.55 * widest + 3.0), (0.45 * len(attacks) + 2.6) * len(datasets))
+    fig, axes = plt.subplots(len(datasets), 1, figsize=size, squeeze=False)
+    for ax, dataset in zip(axes[:, 0], datasets, strict=True):
         defenses = sorted({k[1] for k in worst if k[0] == dataset})
         grid = np.array([[worst[(dataset, d, a)].mean if (dataset, d, a) in worst else np.nan
                           for d in defenses] for a in attacks])  # fmt: skip
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(len(defenses)), defenses, rotation=40, ha="right")
+        ax.set_xticks(range(len(defenses)), [short_defense(d) for d in defenses], rotation=45,
+                      ha="right", fontsize=8)  # fmt: skip
         ax.set_yticks(range(len(attacks)), attacks)
         for (i, j), value in np.ndenumerate(grid):
             if not np.isnan(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if value < 0.5 else "black")  # fmt: skip
         ax.set_title(f"{dataset}: worst-case accuracy")
-    fig.colorbar(image, ax=axes[0].tolist(), label="central.accuracy (worst setting)")
+    fig.colorbar(image, ax=axes[:, 0].tolist(), label="central.accuracy (worst setting)")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

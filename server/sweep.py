@@ -10,6 +10,10 @@ A sweep YAML::
       workload.params.lr: [0.01, 0.1]
       defenses: [[], [{name: topk, params: {fraction: 0.1}}]]
       workload.params.batch_size: [8, 32]
+    grids:                           # optional: more product grids over the same keys; their
+      - workload.params.lr: [1.0]    #   cells join the grid's (a cell in two grids runs once)
+        defenses: [[]]
+        workload.params.batch_size: [8]
     seeds: [0, 1, 2]                 # repeats of every cell, paired by seed across settings
     arms:                            # optional: sub-studies with their own base and overrides,
       - {name: fedsgd, overrides: [workload.params.protocol=fedsgd]}   # crossed with the grid
@@ -56,7 +60,7 @@ from flowerbed.clients.core.config import (
     validate_structured,
 )
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.cells import finished_ids, run_cells
+from flowerbed.server.cells import finished_ids, label, run_cells
 from flowerbed.server.experiment import resolve
 from flowerbed.server.sweep_layout import ReportConfig
 from flowerbed.server.sweep_report import write_outputs
@@ -88,6 +92,9 @@ class SweepConfig:
     overrides: list[str] = field(default_factory=list)
     engine: str = "inline"
     grid: dict[str, Any] = field(default_factory=dict)
+    #: more product grids over the grid's keys, their cells joined to the grid's (a smaller
+    #: crossing beside the full one: client-side defenses at the largest malicious fraction)
+    grids: list[dict[str, Any]] = field(default_factory=list)
     seeds: list[int] | None = None  # repeats of every cell (the config's seed)
     arms: list[Arm] = field(default_factory=list)
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -105,9 +112,16 @@ def load_sweep(path: str | Path) -> SweepConfig:
         raise ConfigError(
             f"sweep engine '{sweep.engine}' not supported (allowed: inline, simulation)"
         )
-    for key, values in sweep.grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep grid '{key}' must be a non-empty list of values")
+    for i, grid in enumerate([sweep.grid, *sweep.grids]):
+        where = "grid" if i == 0 else f"grids.{i - 1}"
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"sweep {where} '{key}' must be a non-empty list of values")
+        if i and set(grid) != set(sweep.grid):
+            raise ConfigError(
+                f"sweep {where} has keys {sorted(grid)}; every grid needs the grid's keys "
+                f"{sorted(sweep.grid)} (one value each for a key it does not vary)"
+            )
     check_seeds(sweep)
     names = [arm.name for arm in sweep.arms]
     if any(not re.fullmatch(r"[\w.\-]+", n) for n in names) or len(set(names)) < len(names):
@@ -140,19 +154,24 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
 
 
 def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
-    """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost."""
-    axes: dict[str, list[object]] = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
-    axes.update(sweep.grid)
-    if sweep.seeds is not None:
-        axes[SEED_KEY] = list(sweep.seeds)
-    keys = list(axes)
-    cells = []
-    for values in itertools.product(*(axes[k] for k in keys)):
-        params = dict(zip(keys, values, strict=True))
-        if _left_out(sweep, params):
-            continue
-        cell_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-        cells.append({"id": cell_id, "params": params})
+    """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost; then the
+    cells of each of ``grids`` not already listed, in the same order."""
+    cells: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for grid in (sweep.grid, *sweep.grids):
+        axes: dict[str, list[object]] = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}  # fmt: skip
+        axes.update({k: grid[k] for k in sweep.grid})  # the grid's key order: the same ids
+        if sweep.seeds is not None:
+            axes[SEED_KEY] = list(sweep.seeds)
+        keys = list(axes)
+        for values in itertools.product(*(axes[k] for k in keys)):
+            params = dict(zip(keys, values, strict=True))
+            if _left_out(sweep, params):
+                continue
+            cell_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+            if cell_id not in seen:
+                seen.add(cell_id)
+                cells.append({"id": cell_id, "params": params})
     return cells
 
 
@@ -165,12 +184,50 @@ def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
     return any(isinstance(d, dict) and d.get("name") in arm.without for d in defenses)
 
 
+def cannot_combine(sweep: SweepConfig) -> list[dict[str, str]]:
+    """Each (arm, defenses setting) pair the sweep leaves out (``Arm.without``), with why:
+    ``refused`` with the one-line refusal its config gets when resolved (a robust aggregator
+    behind secure aggregation), or ``left out`` where it would run but the sweep chose not to.
+    Reports list these instead of dropping them silently; ``sweep.json`` keeps them."""
+    out: list[dict[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for grid in (sweep.grid, *sweep.grids):
+        settings = grid.get("defenses")
+        if not isinstance(settings, list):
+            continue
+        first = {k: v[0] for k, v in grid.items() if k != "defenses"}
+        if sweep.seeds is not None:
+            first[SEED_KEY] = sweep.seeds[0]
+        for arm, setting in itertools.product([a for a in sweep.arms if a.without], settings):
+            params = {ARM_KEY: arm.name, **first, "defenses": setting}
+            if (arm.name, label(setting)) in seen or not _left_out(sweep, params):
+                continue
+            seen.add((arm.name, label(setting)))
+            try:
+                _resolve_cell(sweep, params, None)
+                kind, reason = "left out", f"arm '{arm.name}' has without: {arm.without}"
+            except ConfigError as exc:
+                kind, reason = "refused", str(exc)
+            out.append(
+                {"arm": arm.name, "defenses": label(setting), "kind": kind, "reason": reason}
+            )
+    return out
+
+
 def cell_config(sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None) -> Experiment:
     """The resolved experiment of one cell: base + sweep overrides + the cell's grid values.
 
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
     """
-    params = dict(cell["params"])
+    try:
+        return _resolve_cell(sweep, cell["params"], engine)
+    except ConfigError as exc:  # every cell is checked before the first one runs
+        values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
+        raise ConfigError(f"sweep cell {values}: {exc}") from None
+
+
+def _resolve_cell(sweep: SweepConfig, cell_params: dict[str, Any], engine: str | None) -> Experiment:  # fmt: skip
+    params = dict(cell_params)
     name = params.pop(ARM_KEY, None)
     arm = next((a for a in sweep.arms if a.name == name), Arm())
     extra = parse_overrides(sweep.overrides)
@@ -178,11 +235,7 @@ def cell_config(sweep: SweepConfig, cell: dict[str, Any], engine: str | None = N
     for key, value in params.items():
         merge_into(extra, _nested(key, value))
     merge_into(extra, {"engine": engine or sweep.engine, "output": {"plots": False}})
-    try:
-        return resolve(load_base(arm.base or sweep.base), extra)
-    except ConfigError as exc:  # every cell is checked before the first one runs
-        values = ", ".join(f"{k}={v}" for k, v in cell["params"].items())
-        raise ConfigError(f"sweep cell {values}: {exc}") from None
+    return resolve(load_base(arm.base or sweep.base), extra)
 
 
 def spec_hash(sweep: SweepConfig) -> str:
@@ -191,6 +244,10 @@ def spec_hash(sweep: SweepConfig) -> str:
     layout is not part of it."""
     spec = {k: v for k, v in dataclasses.asdict(sweep).items() if k not in ("report", "seeds")}
     spec["grid"] = sorted(spec["grid"])
+    if not spec["grids"]:
+        del spec["grids"]  # a sweep without them keeps the hash it had before they existed
+    else:
+        spec["grids"] = len(spec["grids"])
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -239,10 +296,9 @@ def run_sweep(
             "each cell has its own)"
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(
-        json.dumps({"name": sweep.name, "spec": spec_hash(sweep), "cells": cells}, default=str,
-                   indent=1)
-    )  # fmt: skip
+    held = {"name": sweep.name, "spec": spec_hash(sweep), "cells": cells,
+            "cannot_combine": cannot_combine(sweep)}  # fmt: skip
+    (out / "sweep.json").write_text(json.dumps(held, default=str, indent=1))
     if todo:
         if ray is not None:
             from flowerbed.server.ray_sweep import run_cells_on_ray
@@ -258,4 +314,4 @@ def run_sweep(
     return out
 
 
-__all__ = ["Arm", "SweepConfig", "load_sweep", "run_sweep", "cells_of"]
+__all__ = ["Arm", "SweepConfig", "cannot_combine", "cells_of", "load_sweep", "run_sweep"]

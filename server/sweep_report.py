@@ -68,11 +68,40 @@ def write_outputs(sweep: Any, out: Path, order: list[str] | None = None) -> None
     tmp = out / ".cells.csv.tmp"
     frame.to_csv(tmp, index=False)
     os.replace(tmp, out / "cells.csv")
-    (out / "results.md").write_text(results_md(sweep, frame))
+    (out / "results.md").write_text(results_md(sweep, frame, held_refusals(out)))
     plots(sweep, frame, out)
 
 
-def results_md(sweep: Any, frame: pd.DataFrame) -> str:
+def held_refusals(out: Path) -> list[dict[str, str]]:
+    """The (arm, defenses) pairs the sweep left out, with why (``sweep.json``'s
+    ``cannot_combine``, written by ``run_sweep``); none for an older sweep directory."""
+    try:
+        return list(json.loads((out / "sweep.json").read_text()).get("cannot_combine", []))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+
+
+def cannot_combine_md(refused: list[dict[str, str]]) -> list[str]:
+    """The pairs the sweep did not run: those refused when resolved ("cannot combine", with the
+    one-line refusal), then those the sweep left out by choice (one line per arm)."""
+    lines: list[str] = []
+    cannot = [r for r in refused if r.get("kind", "refused") == "refused"]
+    if cannot:
+        lines += ["## Cannot combine (refused, not run)", "",
+                  "Each pair is refused when its config is resolved (one line, exit status 2, "
+                  "nothing written); the sweep leaves it out (`without`).", ""]  # fmt: skip
+        lines += [f"- `{r['arm']}` x `{r['defenses']}`: {r['reason']}" for r in cannot] + [""]
+    chosen: dict[str, list[str]] = {}
+    for r in refused:
+        if r.get("kind") == "left out":
+            chosen.setdefault(r["arm"], []).append(f"`{r['defenses']}`")
+    if chosen:
+        lines += ["## Left out by the sweep (would run; not run)", ""]
+        lines += [f"- `{arm}` x {', '.join(settings)}" for arm, settings in chosen.items()] + [""]
+    return lines
+
+
+def results_md(sweep: Any, frame: pd.DataFrame, refused: list[dict[str, str]] | None = None) -> str:
     rep = sweep.report
     runs = frame["cell"].nunique() if "cell" in frame else len(frame)
     attacked = any(str(c).startswith("attack.") for c in frame.columns)
@@ -98,6 +127,7 @@ def results_md(sweep: Any, frame: pd.DataFrame) -> str:
         if rep.utility and rep.utility in ok:
             util = ok.groupby(rep.rows)[rep.utility].mean().round(4)
             lines += [f"mean `{rep.utility}` by `{rep.rows}`", "", markdown_table(util.to_frame()), ""]  # fmt: skip
+    lines += cannot_combine_md(refused or [])
     errors = frame[frame["status"] != "ok"] if "status" in frame else frame.iloc[:0]
     if len(errors):
         lines += ["## failed cells", ""] + [f"- `{r.cell}`: {r.error}" for r in errors.itertuples()]

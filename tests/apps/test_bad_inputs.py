@@ -35,6 +35,13 @@ def _files(tmp_path):
     (other / "sweep.json").write_text(json.dumps({"name": "other", "spec": "0123", "cells": []}))
     (other / "cells.jsonl").write_text("")
     (other / "results.md").write_text("the other sweep's results\n")
+    (tmp_path / "krum-secagg.yaml").write_text(textwrap.dedent("""\
+        name: krum-secagg
+        base: quickstart
+        overrides: [rounds=1]
+        arms: [{name: adult.krum, overrides: [strategy.name=krum, strategy.params.num_malicious=3]}]
+        grid: {defenses: [[], [{name: secagg, params: {group_size: 8}}]]}
+        """))  # fmt: skip
     ran = tmp_path / "ran-with-plugin"
     ran.mkdir()
     (ran / "config.yaml").write_text(f"plugins: [{tmp_path}/gone.py]\nrounds: 1\n")
@@ -69,6 +76,9 @@ CASES = {
                             "plug-in missing: {tmp}/ran-with-plugin ran with plugins"),
     "attack-params-without-name": (["run", "quickstart", "attack.params.rounds=[1]"],
                                    "attack.params set without attack.name (allowed: "),
+    "sweep-robust-behind-secagg": (["sweep", "{tmp}/krum-secagg.yaml", "--out", "{tmp}/out"],
+                                   "strategy 'krum' needs individual-updates, which defense "
+                                   "'secagg' withholds from the server"),
     "resume-another-sweep": (["sweep", "quickstart-lr", "--resume", "--out", "{tmp}/other-sweep"],
                              "holds sweep 'other' (spec 0123), not 'quickstart-lr'"),
 }  # fmt: skip

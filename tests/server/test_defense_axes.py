@@ -132,3 +132,45 @@ def test_the_quick_presets_are_slices_of_the_shipped_benchmarks(name: str) -> No
     assert (quick.base, quick.overrides, quick.seeds) == (full.base, full.overrides, full.seeds)
     assert set(quick.grid) == set(full.grid)
     assert all(value in full.grid[key] for key, values in quick.grid.items() for value in values)
+
+
+def test_crossed_grids_give_each_pair_three_axes_and_refused_pairs_say_so(dirs, tmp_path) -> None:
+    """A robustness sweep crossed with client-side defenses and a second privacy directory
+    (aggregator-privacy: the same settings under Krum) fill ``krum+dp-sgd(...)`` on all three
+    axes; a pair the robustness sweep refused (``sweep.json``) reads "cannot combine" with why."""
+    from flowerbed.server.defense_axes import CANNOT_COMBINE
+
+    privacy, robustness = dirs
+    frame = pd.read_csv(privacy / "cells.csv")
+    krum = frame[(frame["arm"] == "mlp-fedavg") & (frame["defenses"] != SECAGG)]
+    second = _sweep_dir(tmp_path / "aggregator-privacy", "aggregator-privacy",
+                        krum.assign(arm="mlp-fedavg-krum").to_dict("records"))  # fmt: skip
+    cells = pd.read_csv(robustness / "cells.csv")
+    crossed = cells.assign(defenses=DP, **{"central.accuracy": cells["central.accuracy"] - 0.1})
+    pd.concat([cells.assign(defenses="none"), crossed]).to_csv(
+        robustness / "cells.csv", index=False
+    )
+    why = (
+        "strategy 'krum' needs individual-updates, which defense 'secagg' withholds from the server"
+    )
+    held = json.loads((robustness / "sweep.json").read_text())
+    held["cannot_combine"] = [
+        {"arm": "adult.krum", "defenses": SECAGG, "kind": "refused", "reason": why},
+        {"arm": "adult.fedavg", "defenses": "topk(fraction=0.1)", "kind": "left out", "reason": "x"},
+    ]  # fmt: skip
+    (robustness / "sweep.json").write_text(json.dumps(held))
+    out = tmp_path / "axes.md"
+    args = ["--privacy", str(privacy), "--privacy", str(second), "--robustness", str(robustness)]
+    assert main([*args, "--out", str(out)]) == 0
+    tables = _tables(out.read_text())
+    by_source = {r[0]: r for r in tables[f"krum+{DP}"]}
+    assert set(by_source) == {
+        "aggregator-privacy · mlp-fedavg-krum",
+        "robustness-benchmark · adult",
+    }
+    assert NOT_MEASURED not in by_source["aggregator-privacy · mlp-fedavg-krum"][1:3]
+    assert NOT_MEASURED not in by_source["robustness-benchmark · adult"][3:4]
+    assert tables[f"krum+{SECAGG}"] == [["robustness-benchmark · adult", f"{CANNOT_COMBINE}: {why}",
+                                         CANNOT_COMBINE, CANNOT_COMBINE, CANNOT_COMBINE]]  # fmt: skip
+    assert "topk" not in out.read_text()  # left out by choice: no row
+    assert main([*args, "--privacy-sweep", "aggregator-privacy"]) == 2  # one per --privacy

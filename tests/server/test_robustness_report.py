@@ -54,12 +54,20 @@ def test_results_sections_and_heatmap(tmp_path) -> None:
 
 
 def test_the_shipped_preset_has_the_documented_grid() -> None:
-    from flowerbed.server.sweep import load_sweep
+    from flowerbed.server.sweep import cells_of, load_sweep
 
     sweep = load_sweep("robustness-benchmark")
-    cells = len(sweep.arms) * len(sweep.seeds) * len(list(itertools.product(*sweep.grid.values())))
-    assert cells == 1680
+    full = len(sweep.arms) * len(sweep.seeds) * len(list(itertools.product(*sweep.grid.values())))
+    assert full == 1680  # every aggregator alone: every attack, fraction and split
     assert {a.name.split(".")[0] for a in sweep.arms} == {"adult", "digits"}
+    # the client-side defenses crossed with the Adult aggregators (30 %, Dirichlet; clean runs):
+    # FedAvg x 6 + 4 robust x 5 (not behind secagg) = 26 pairs x (7 + 1) x 3 seeds
+    assert len(cells_of(sweep)) == 1680 + 26 * 8 * 3
+    robust = [a for a in sweep.arms if a.name.startswith("adult.") and a.name != "adult.fedavg"]
+    assert robust and all(a.without == ["secagg"] for a in robust)
+    # the same client-side settings whose privacy axis aggregator-privacy measures
+    privacy = load_sweep("aggregator-privacy")
+    assert sweep.grids[0]["defenses"] == privacy.grid["defenses"][1:]
 
 
 def test_clean_accuracy_counts_each_clean_run_once() -> None:
@@ -73,3 +81,23 @@ def test_clean_accuracy_counts_each_clean_run_once() -> None:
     once = clean[clean["malicious.name"] == "sign-flip"]["central.accuracy"].to_numpy()
     assert len(once) == 6 and len(clean) == 12
     assert f"| adult.krum | {bootstrap(once).text()} |" in text
+
+
+def test_a_client_side_setting_makes_its_own_defense_with_the_aggregator(tmp_path) -> None:
+    """With a ``defenses`` grid key, krum under DP-SGD is the defense ``krum+dp-sgd(...)``,
+    apart from krum alone, in the worst-case, clean and ASR tables and the heatmap."""
+    dp = "dp-sgd(max_grad_norm=1.0,noise_multiplier=0.5)"
+    plain = _cells().assign(defenses="none")
+    crossed = plain[plain["malicious.fraction"] != 0.1].assign(defenses=dp)
+    crossed["central.accuracy"] -= 0.1
+    ok = pd.concat([plain, crossed], ignore_index=True)
+    worst = worst_case(ok)
+    alone, with_dp = (
+        worst[("adult", "krum", "sign-flip")],
+        worst[("adult", f"krum+{dp}", "sign-flip")],
+    )
+    assert abs(with_dp.mean - (alone.mean - 0.1)) < 1e-9
+    text = "\n".join(robustness_md(ok, markdown_table))
+    assert f"| adult.krum+{dp} |" in text and "| adult.krum |" in text
+    heatmap(ok, tmp_path / "heatmap.png")
+    assert (tmp_path / "heatmap.png").stat().st_size > 10_000

@@ -212,3 +212,54 @@ def test_an_arm_without_secagg_is_not_crossed_with_it_and_the_full_grid_resolves
     assert len(secagg) == (14 - 6) * 3
     for cell in secagg:
         cell_config(sweep, cell)
+
+
+# -- grids (a union of product grids) and the pairs a sweep does not run ---------------------------
+CROSSED = {
+    "name": "crossed",
+    "base": "quickstart",
+    "overrides": ["rounds=1", "clients.num=10", "malicious.name=sign-flip"],
+    "seeds": [0, 1],
+    "arms": [
+        {"name": "adult.fedavg", "overrides": ["strategy.name=fedavg"]},
+        {"name": "adult.krum", "without": ["secagg"],
+         "overrides": ["strategy.name=krum", "strategy.params.num_malicious=3"]},
+        {"name": "adult.median", "without": ["topk"], "overrides": ["strategy.name=fedmedian"]},
+    ],
+    "grid": {"malicious.fraction": [0.0, 0.1, 0.3], "defenses": [[]]},
+    "grids": [{"malicious.fraction": [0.3], "defenses": [
+        [], [{"name": "topk", "params": {"fraction": 0.1}}], [{"name": "secagg"}]]}],
+}  # fmt: skip
+
+
+def test_grids_join_the_grid_each_cell_once_and_refused_pairs_are_listed_with_why(tmp_path):
+    """A second grid adds its cells (the one it shares with the first, fraction 0.3 undefended,
+    runs once, with the same id); an arm's ``without`` pairs are listed: refused ones with the
+    one-line refusal their config gets, the others as left out by choice."""
+    from flowerbed.server.sweep import cannot_combine, cells_of
+    from flowerbed.server.sweep_report import cannot_combine_md
+
+    path = tmp_path / "crossed.yaml"
+    path.write_text(yaml.safe_dump(CROSSED))
+    sweep = load_sweep(path)
+    cells = cells_of(sweep)
+    first = [c for c in cells if c["params"]["defenses"] == []]
+    assert len(first) == 3 * 3 * 2  # the grid's, not repeated by the second grid
+    crossed = {(c["params"]["arm"], json.dumps(c["params"]["defenses"])) for c in cells} - {
+        (a, "[]") for a in ("adult.fedavg", "adult.krum", "adult.median")}  # fmt: skip
+    assert {a for a, _ in crossed} == {"adult.fedavg", "adult.krum", "adult.median"}
+    assert len(cells) == 18 + 2 * (2 + 1 + 1) and len({c["id"] for c in cells}) == len(cells)
+    pairs = {(r["arm"], r["defenses"]): r for r in cannot_combine(sweep)}
+    assert set(pairs) == {("adult.krum", "secagg"), ("adult.median", "topk(fraction=0.1)")}
+    refused = pairs[("adult.krum", "secagg")]
+    assert refused["kind"] == "refused" and refused["reason"] == (
+        "strategy 'krum' needs individual-updates, which defense 'secagg' withholds from the "
+        "server; use one or the other")  # fmt: skip
+    assert pairs[("adult.median", "topk(fraction=0.1)")]["kind"] == "left out"
+    text = "\n".join(cannot_combine_md(list(pairs.values())))
+    assert f"- `adult.krum` x `secagg`: {refused['reason']}" in text
+    assert "## Left out by the sweep" in text and "- `adult.median` x `topk(fraction=0.1)`" in text
+    bad = dict(CROSSED, grids=[{"defenses": [[]]}])
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match=r"sweep grids.0 has keys \['defenses'\]; every grid"):
+        load_sweep(path)
