@@ -33,6 +33,8 @@ SETUP_WORKER_ENV = "FLOWERBED_RAY_SETUP_WORKER"
 ZYGOTE_PID_ENV = "FLOWERBED_RAY_ZYGOTE_PID"
 #: longest wait for a warming zygote (seconds); then Ray's setup_worker starts the worker
 WAIT_S = 60.0
+#: the zygote's socket for ``flowerbed run``'s pre-flight: the workers' with this suffix
+PREFLIGHT_SUFFIX = ".pre"
 CONTEXT_FLAG = "--serialized-runtime-env-context"
 LANGUAGE_FLAG = "--language"
 
@@ -93,26 +95,31 @@ def zygote_ready(address: str, pid: int, wait_s: float = WAIT_S) -> bool:
     return True
 
 
+def request_fork(address: str, request: dict, fds: list[int]) -> socket.socket | None:
+    """Ask the zygote at ``address`` to fork a child with ``request`` and ``fds`` as its
+    stdin, stdout and stderr; the connection it is held by (it closes when the child exits), or
+    None if the zygote did not fork one."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(address)
+        payload = json.dumps(request).encode() + b"\n"
+        conn.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        answer = json.loads(conn.makefile("rb").readline() or b"{}")
+    except (OSError, ValueError):
+        answer = {}
+    if "pid" not in answer:
+        conn.close()
+        return None
+    return conn
+
+
 def launch(argv: list[str]) -> int:
     """Have the zygote fork the worker and wait for it; falls back to Ray's setup_worker."""
     address = os.environ.get(ZYGOTE_ENV, "")
     request = fork_request(argv, dict(os.environ)) if address else None
     if request is not None and not zygote_ready(address, int(os.environ.get(ZYGOTE_PID_ENV, 0))):
         request = None
-    conn = None
-    if request is not None:
-        try:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(address)
-            payload = json.dumps(request).encode() + b"\n"
-            fds = array.array("i", [0, 1, 2])
-            conn.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-            answer = json.loads(conn.makefile("rb").readline() or b"{}")
-        except (OSError, ValueError):
-            answer = {}
-        if "pid" not in answer:
-            conn.close()
-            conn = None
+    conn = request_fork(address, request, [0, 1, 2]) if request is not None else None
     if conn is None:
         setup_worker = os.environ[SETUP_WORKER_ENV]
         os.execv(sys.executable, [sys.executable, setup_worker, *argv])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import importlib
 import json
 import os
 import runpy
@@ -31,6 +32,7 @@ import socket
 import sys
 import threading
 
+from flowerbed.apps.ray_launch import PREFLIGHT_SUFFIX
 from flowerbed.apps.zygote import _die_with_parent, _freeze, _fresh_random_state
 
 #: what a worker imports before its first task, less Ray itself: Ray's C++ core reads the
@@ -60,36 +62,60 @@ MODULES = (
 MAX_REQUEST = 1 << 22
 
 
-def warm() -> None:
-    """Import :data:`MODULES` and take torch's first optimizer step (one thread)."""
-    import importlib
+#: what ``flowerbed run``'s pre-flight imports (config, dataset, workload: torch among them);
+#: loaded first, so the pre-flight child can be forked while the rest loads
+PREFLIGHT_MODULES = (
+    "flowerbed.apps.preflight",
+    "flowerbed.server.experiment",
+    "flowerbed.clients.datasets",
+    "flowerbed.clients.datasets.partition",
+    "flowerbed.clients.workloads",
+)
+MAX_REQUEST = 1 << 22
 
+
+def serve(path: str) -> None:
+    """Fork one child per connection until stdin closes or SIGTERM: the pre-flight's on
+    ``path`` + :data:`PREFLIGHT_SUFFIX` once :data:`PREFLIGHT_MODULES` are in (while the rest
+    loads, between modules), the workers' on ``path`` once :data:`MODULES` are in and torch
+    took its first optimizer step (one thread). Each socket appears only when it is served."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for name in PREFLIGHT_MODULES:
+        importlib.import_module(name)
+    _freeze()
+    listeners = [_listen(path + PREFLIGHT_SUFFIX)]
     for name in MODULES:
         importlib.import_module(name)
+        _serve_ready(listeners, 0.0)
     from flowerbed.clients import runtime
 
     runtime.warm_up()
     _freeze()
+    listeners.append(_listen(path))
+    while True:
+        _serve_ready(listeners, 0.5)
 
 
-def serve(path: str) -> None:
-    """Listen on ``path``; fork one worker per connection until stdin closes or SIGTERM."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    warm()
+def _listen(path: str) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # the socket appears only once the zygote is warm
+    os.rename(path + ".tmp", path)  # the path appears once it is listened on
     listener.listen(64)
-    while True:
-        ready, _, _ = select.select([listener, sys.stdin], [], [], 0.5)
-        _reap()
-        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
-            os._exit(0)
+    return listener
+
+
+def _serve_ready(listeners: list[socket.socket], timeout: float) -> None:
+    """Fork a child for each connection waiting on ``listeners``; exit at the end of stdin."""
+    ready, _, _ = select.select([*listeners, sys.stdin], [], [], timeout)
+    _reap()
+    if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+        os._exit(0)
+    for listener in listeners:
         if listener in ready:
             conn, _ = listener.accept()
             with contextlib.suppress(OSError, ValueError):
-                _fork_worker(listener, conn)
+                _fork_child(listeners, conn)
             conn.close()
 
 
@@ -113,7 +139,8 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def _fork_worker(listener: socket.socket, conn: socket.socket) -> None:
+def _fork_child(listeners: list[socket.socket], conn: socket.socket) -> None:
+    """Fork the child ``conn`` asks for: Ray's worker script (``argv[0]``) or a ``module``."""
     request, fds = _receive(conn)
     pid = os.fork()
     if pid:
@@ -123,14 +150,18 @@ def _fork_worker(listener: socket.socket, conn: socket.socket) -> None:
         return
     code = 1
     try:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with_parent(signal.SIGKILL)
         _become(request, fds)
         threading.Thread(target=_exit_with_launcher, args=(conn,), daemon=True).start()
         _fresh_random_state()
-        runpy.run_path(request["argv"][0], run_name="__main__")
+        if request.get("module"):
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(request["argv"][0], run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -146,7 +177,7 @@ def _fork_worker(listener: socket.socket, conn: socket.socket) -> None:
 
 
 def _become(request: dict, fds: list[int]) -> None:
-    """Take on the launcher's stdio, environment, working directory and command line."""
+    """Take on the requester's stdio, environment, working directory and command line."""
     for target, fd in zip((0, 1, 2), fds, strict=False):
         os.dup2(fd, target)
         os.close(fd)
@@ -156,9 +187,12 @@ def _become(request: dict, fds: list[int]) -> None:
     argv = request["argv"]
     sys.argv = list(argv)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(os.path.abspath(argv[0]))] + [
-        p for p in dict.fromkeys([*extra, *sys.path[1:]])
-    ]
+    # sys.path[0] as ``python -m MODULE`` (the working directory) or ``python SCRIPT`` sets it
+    if request.get("module"):
+        first = request["cwd"]
+    else:
+        first = os.path.dirname(os.path.abspath(argv[0]))
+    sys.path[:] = [first, *dict.fromkeys([*extra, *sys.path[1:]])]
 
 
 def _exit_with_launcher(conn: socket.socket) -> None:

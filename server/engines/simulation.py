@@ -71,7 +71,10 @@ def boot(ray_address: str | None = None) -> Iterator[Callable[..., dict[str, Any
             yield functools.partial(run_simulation, cluster=cluster)
         return
     with LocalSuperLink(engine=True) as link:
-        yield functools.partial(run_simulation, superlink=link)
+        runner = functools.partial(run_simulation, superlink=link)
+        #: where ``flowerbed run`` forks its pre-flight (``apps/preflight.preflight_in_child``)
+        runner.preflight_zygote = link.zygote  # type: ignore[attr-defined]
+        yield runner
 
 
 def ray_zygote() -> bool:
@@ -247,6 +250,8 @@ class LocalSuperLink:
             #: asking all run long, each time a request to the SuperLink, so not much more often
             self.env.setdefault(TASK_POLL_ENV, "0.5")
         self.head: subprocess.Popen | None = None
+        #: the Ray worker zygote's (socket, PID), if one was started
+        self.zygote: tuple[str, int] | None = None
         if engine and own_ray_head() and "RAY_ADDRESS" not in self.env:  # a cluster is named
             self.ray_port = free_port()
             self.env |= {"RAY_ADDRESS": f"127.0.0.1:{self.ray_port}", **RAY_WARM_ENV}
@@ -277,6 +282,7 @@ class LocalSuperLink:
         command = [sys.executable, "-m", "flowerbed.apps.ray_zygote", str(socket_path)]
         with (self.home / "ray-zygote.log").open("w") as log:
             zygote = self.spawn(command, log, stdin=subprocess.PIPE)
+        self.zygote = (str(socket_path), zygote.pid)
         return {ZYGOTE_ENV: str(socket_path), ZYGOTE_PID_ENV: str(zygote.pid)}
 
     def spawn(

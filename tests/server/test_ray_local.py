@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from flowerbed.apps import ray_launch
+from flowerbed.apps.preflight import preflight_in_child
 from flowerbed.apps.ray_warm import SETUP_HOOK, runtime_env
+from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.engines.simulation import RAY_WARM_ENV
 from flowerbed.server.processes import (
     end_processes,
@@ -82,7 +86,9 @@ def test_the_launcher_forks_only_what_it_can_start_as_ray_would():
     assert not ray_launch.zygote_ready("/nonexistent/rz.sock", 2**22 + 1, wait_s=5.0)
 
 
-def test_flowers_backend_on_the_head_gets_forked_warm_workers_and_no_idle_extras():
+def test_flowers_backend_on_the_head_gets_forked_warm_workers_and_no_idle_extras(monkeypatch):
+    """... and ``flowerbed run``'s pre-flight is forked from the same zygote: its answer and its
+    one-line error are the pre-flight's (no new interpreter is started for it)."""
     home = private_home()
     port = free_port()
     env = {**flower_env(home), **HEAD_ENV}
@@ -99,6 +105,13 @@ def test_flowers_backend_on_the_head_gets_forked_warm_workers_and_no_idle_extras
             start_new_session=True,
         )  # fmt: skip
     try:
+        zygote_at = (socket_path, zygote.pid)
+        with monkeypatch.context() as patched:  # forked, or this fails
+            patched.setattr(subprocess, "run", None)
+            resolved = preflight_in_child("quickstart", ["clients.num=3"], {}, zygote_at)
+            assert (resolved.experiment, resolved.clients.num) == ("quickstart", 3)
+            with pytest.raises(ConfigError, match=r"^clients.num must be >= 1 \(got 0\)$"):
+                preflight_in_child("quickstart", ["clients.num=0"], {}, zygote_at)
         wait_for_port(port, head.pid, timeout=180, what="Ray head")
         driver_env = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}", **RAY_WARM_ENV}
         driver_env.pop("RAY_prestart_worker_first_driver")
