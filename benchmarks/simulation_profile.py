@@ -134,8 +134,9 @@ class Sampler:
                     kind = kind_of(cmd, name)
                     times = proc.cpu_times()
                     parent = proc.ppid()
-                if parent in self.zygotes:  # forked from it: Ray retitles a worker, not the rest
-                    kind = FORKED if "ray::" in f"{' '.join(cmd)} {name}" else FORKED_PREFLIGHT
+                    threads = proc.num_threads()
+                if parent in self.zygotes:  # forked from it: a Ray worker runs Ray's threads
+                    kind = FORKED if threads > 4 else FORKED_PREFLIGHT
                 elif proc.pid in self.zygotes or ZYGOTE in " ".join(cmd[:3]):
                     self.zygotes.add(proc.pid)
                     kind = ZYGOTE
