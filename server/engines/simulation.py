@@ -326,6 +326,8 @@ class LocalSuperLink:
             if proc is self.head or proc.stdin is not None:  # the Ray head, the zygote
                 stop_group(proc.pid, timeout=0.0)
                 proc.wait()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             else:
                 self.stop(proc)
         end_processes(tagged_processes(str(self.home)), timeout=self.grace_s)
