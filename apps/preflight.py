@@ -97,23 +97,78 @@ def check_superlink(experiment: Experiment) -> None:
         raise ConfigError(problem)
 
 
-def preflight_in_child(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+def preflight_in_child(
+    experiment: str, overrides: list[str], forced: dict[str, Any],
+    zygote: tuple[str, int] | None = None,
+) -> Experiment:  # fmt: skip
     """:func:`preflight` in a child process; its ``ConfigError`` is raised here, one line.
 
     The experiment comes back as its dict, typed by :func:`decode` without the registries (this
     process imports no component): its components' params stay plain dicts, read by nobody
-    here and sent on unchanged."""
+    here and sent on unchanged.
+
+    ``zygote``: (socket, PID) of the simulation engine's Ray worker zygote
+    (``apps/ray_zygote.py``), which imported what the pre-flight imports: the child is forked
+    from it (waiting while it imports) instead of starting a new interpreter; if it is gone,
+    the child is a new interpreter as without it."""
     request = json.dumps({"experiment": experiment, "overrides": overrides, "forced": forced})
-    proc = subprocess.run(
-        [sys.executable, "-m", "flowerbed.apps.preflight"],
-        input=request, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    answer = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    if proc.returncode == 0 and answer:
+    forked = _forked(zygote, request) if zygote is not None else None
+    if forked is None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "flowerbed.apps.preflight"],
+            input=request, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        forked = proc.returncode, proc.stdout, proc.stderr
+    returncode, stdout, stderr = forked
+    answer = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    if returncode == 0 and answer:
         return decode(json.loads(answer)["config"])
-    if proc.returncode == 2 and answer:
+    if returncode == 2 and answer:
         raise ConfigError(json.loads(answer)["error"])
-    raise RuntimeError(f"pre-flight failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    raise RuntimeError(f"pre-flight failed (exit {returncode}):\n{stderr.strip()}")
+
+
+def _forked(zygote: tuple[str, int], request: str) -> tuple[int, str, str] | None:
+    """(exit status, stdout, stderr) of the pre-flight forked from ``zygote``; None if it is
+    not there. The child's status is its answer's: 0 with a config, 2 with an error, else 1."""
+    import os
+    import threading
+
+    from flowerbed.apps.ray_launch import PREFLIGHT_SUFFIX, request_fork, zygote_ready
+
+    address = zygote[0] + PREFLIGHT_SUFFIX
+    if not zygote_ready(address, zygote[1]):
+        return None
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    fork = {"module": __name__, "argv": ["-m"], "env": dict(os.environ), "cwd": os.getcwd()}
+    try:
+        conn = request_fork(address, fork, [stdin_r, out_w, err_w])
+    finally:
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+    if conn is None:
+        for fd in (stdin_w, out_r, err_r):
+            os.close(fd)
+        return None
+    errors: list[bytes] = []
+    reader = threading.Thread(target=lambda: errors.append(os.fdopen(err_r, "rb").read()))
+    reader.start()
+    with os.fdopen(stdin_w, "w") as child_in:
+        child_in.write(request)
+    with os.fdopen(out_r, "rb") as child_out:
+        stdout = child_out.read().decode(errors="replace")
+    reader.join()
+    with conn:  # closed by the child's exit
+        while conn.recv(4096):
+            pass
+    answer = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    status = 1
+    if answer.startswith("{"):
+        keys = json.loads(answer)
+        status = 0 if "config" in keys else 2 if "error" in keys else 1
+    return status, stdout, b"".join(errors).decode(errors="replace")
 
 
 def main() -> None:

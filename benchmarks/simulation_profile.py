@@ -3,6 +3,7 @@
     python benchmarks/simulation_profile.py                      # quickstart, 10 clients x 3 rounds
     python benchmarks/simulation_profile.py --clients 2 --rounds 1
     python benchmarks/simulation_profile.py --bare               # the bare Flower app, same sampling
+    FLOWERBED_SIM_RAY_ZYGOTE=0 python benchmarks/simulation_profile.py   # actors not forked
     python benchmarks/simulation_profile.py --import-time        # + what the ClientApp imports
     python -m benchmarks.simulation_profile --quick              # CI: 2 clients, 1 round
 
@@ -44,6 +45,12 @@ from flowerbed.clients.datasets import data_dir
 
 BARE = Path(__file__).resolve().parent / "bare_flower"
 TAG = "FLOWERBED_PROFILE_TAG"
+ZYGOTE = "flowerbed.apps.ray_zygote"
+#: the kind of a ClientApp actor forked from the engine's zygote (its launcher is the
+#: ``ray::worker (starting)`` process the raylet started)
+FORKED = "ray::ClientAppActor (forked)"
+#: the pre-flight child forked from the zygote (``apps/preflight.preflight_in_child``)
+FORKED_PREFLIGHT = "flowerbed.apps.preflight (forked)"
 #: (event name, text in Flower's log that marks it)
 LOG_EVENTS = [
     ("flower: simulation process logs", "Starting Flower Simulation"),
@@ -88,6 +95,7 @@ class Sampler:
         self.tag, self.every_s = tag, every_s
         self.log_path, self.metrics_path = log_path, metrics_path
         self.procs: dict[int, dict] = {}
+        self.zygotes: set[int] = set()  # the engine's Ray worker zygotes (apps/ray_zygote.py)
         self.samples: list[tuple[float, dict[int, float]]] = []
         self.log_lines: list[tuple[float, str]] = []
         self.metric_lines: list[tuple[float, dict]] = []
@@ -122,8 +130,16 @@ class Sampler:
                         "started": proc.create_time(), "kind": "", "cpu": 0.0, "seen": now,
                     }  # fmt: skip
                 with proc.oneshot():
-                    kind = kind_of(proc.cmdline(), proc.name())
+                    cmd, name = proc.cmdline(), proc.name()
+                    kind = kind_of(cmd, name)
                     times = proc.cpu_times()
+                    parent = proc.ppid()
+                    threads = proc.num_threads()
+                if parent in self.zygotes:  # forked from it: a Ray worker runs Ray's threads
+                    kind = FORKED if threads > 4 else FORKED_PREFLIGHT
+                elif proc.pid in self.zygotes or ZYGOTE in " ".join(cmd[:3]):
+                    self.zygotes.add(proc.pid)
+                    kind = ZYGOTE
                 if known["kind"] in ("", "ray::worker (starting)", "ray::IDLE") or not (
                     kind.startswith("ray::worker") or kind == "ray::IDLE"
                 ):
@@ -182,13 +198,14 @@ def events(sampler: Sampler, t0: float, t_end: float, log_events: list) -> list[
         lasts[kind] = max(lasts.get(kind, 0.0), proc["seen"])
     workers = [
         p["started"] for p in sampler.procs.values()
-        if p["kind"] in ("ray::ClientAppActor", "ray::ClientAppA", "ray::worker (starting)")
+        if p["kind"] in ("ray::ClientAppActor", "ray::ClientAppA", "ray::worker (starting)", FORKED)
     ]  # fmt: skip
     named = {
         "flower-superlink": "superlink process starts",
         "flower-superexec": "superexec process starts",
         "flwr": "flwr run starts",
         "flowerbed.apps.preflight": "pre-flight child starts",
+        FORKED_PREFLIGHT: "pre-flight child starts",
         "flwr-simulation": "flwr-simulation process starts",
         "gcs_server": "ray: GCS starts",
         "raylet": "ray: raylet starts",

@@ -21,6 +21,7 @@ run then only disconnects its driver (Ray removes that job's actors).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,35 @@ HEAD_ENV = {
 }
 
 
+#: the worker zygote's socket (``apps/ray_zygote.py``); set: workers are forked from it
+ZYGOTE_ENV = "FLOWERBED_RAY_ZYGOTE"
+#: the zygote's PID (the launcher waits for its socket while it lives)
+ZYGOTE_PID_ENV = "FLOWERBED_RAY_ZYGOTE_PID"
+#: Ray's own ``setup_worker.py``, for the workers the launcher leaves to Ray
+SETUP_WORKER_ENV = "FLOWERBED_RAY_SETUP_WORKER"
+#: the launcher the raylet runs instead of Ray's ``setup_worker.py`` (``RayParams.setup_worker_path``)
+LAUNCHER = "flowerbed.apps.ray_launch"
+
+
 def start_hook(ray_params: Any, head: bool) -> None:
     """Ray's ``RAY_START_HOOK`` (called by ``ray start`` with its ``RayParams``): no Ray Client
     server on this head (Flower connects as a driver; the server would cost ~1 CPU s and take the
-    fixed port 10001, which two runs at once would share)."""
-    if head:
-        ray_params.ray_client_server_port = None
+    fixed port 10001, which two runs at once would share). With ``FLOWERBED_RAY_ZYGOTE`` set, the
+    raylet starts workers through ``apps/ray_launch.py``, which has the zygote fork them (Ray's
+    ``setup_worker.py`` stays what the launcher falls back to)."""
+    if not head:
+        return
+    ray_params.ray_client_server_port = None
+    if os.environ.get(ZYGOTE_ENV):
+        import importlib.util
+
+        import ray
+
+        workers = Path(ray.__file__).parent / "_private" / "workers"
+        os.environ[SETUP_WORKER_ENV] = str(workers / "setup_worker.py")
+        spec = importlib.util.find_spec(LAUNCHER)
+        if spec is not None and spec.origin:
+            ray_params.setup_worker_path = spec.origin
 
 
 def head_command(port: int, home: Path) -> list[str]:

@@ -101,7 +101,8 @@ def run(
         # SuperLink, or its connection to a Ray cluster (simulation.ray_address)
         options = {"ray_address": str(address)} if wanted == "simulation" and address else {}
         started = stack.enter_context(booted(wanted, **options)) if wanted in ENGINES else None
-        resolved = prepare(experiment, overrides, isolated=wanted != "inline", **forced)
+        zygote = getattr(started, "preflight_zygote", None)  # forks it from warm imports
+        resolved = prepare(experiment, overrides, wanted != "inline", zygote, **forced)
         from flowerbed.apps.preflight import load_warning
 
         warning = load_warning(resolved)

@@ -18,18 +18,20 @@ if TYPE_CHECKING:
 
 
 def prepare(
-    experiment: str, overrides: list[str], isolated: bool = False, **forced: Any
-) -> Experiment:
+    experiment: str, overrides: list[str], isolated: bool = False,
+    zygote: tuple[str, int] | None = None, **forced: Any,
+) -> Experiment:  # fmt: skip
     """Resolve and pre-flight a config (dataset readable, workload constructible).
 
     ``isolated``: in a child process, so the heavy imports and the dataset do not stay resident
-    in this process while another process runs the experiment.
+    in this process while another process runs the experiment; ``zygote``: forked from the
+    simulation engine's warm zygote (``preflight_in_child``).
     """
     from flowerbed.apps.preflight import preflight, preflight_in_child
 
     forced = {k: v for k, v in forced.items() if v is not None}
     if isolated:
-        return preflight_in_child(experiment, overrides, forced)
+        return preflight_in_child(experiment, overrides, forced, zygote)
     return preflight(experiment, overrides, forced)
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ from flowerbed.server.processes import (
     wait_for_port,
 )
 from flowerbed.server.ray_cluster import RayCluster
-from flowerbed.server.ray_local import HEAD_ENV, head_command
+from flowerbed.server.ray_local import HEAD_ENV, ZYGOTE_ENV, ZYGOTE_PID_ENV, head_command
 from flowerbed.server.results import atomic_write, read_history
 
 #: environment of ``flwr-simulation`` with the engine's own Ray head: Ray passes the ClientApp
@@ -48,6 +49,8 @@ POLL_S = 0.1
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 #: ``0`` turns the engine's own Ray head off (:func:`own_ray_head`)
 RAY_HEAD_ENV = "FLOWERBED_SIM_RAY_HEAD"
+#: ``0``: the own head's actors start as Ray starts them, not forked from a zygote
+RAY_ZYGOTE_ENV = "FLOWERBED_SIM_RAY_ZYGOTE"
 RAY_WARM_ENV = {"RAY_RUNTIME_ENV_HOOK": "flowerbed.apps.ray_warm.runtime_env"}
 
 #: (text in Flower's log, what the run is doing from then on); {n} = number of virtual clients
@@ -68,7 +71,16 @@ def boot(ray_address: str | None = None) -> Iterator[Callable[..., dict[str, Any
             yield functools.partial(run_simulation, cluster=cluster)
         return
     with LocalSuperLink(engine=True) as link:
-        yield functools.partial(run_simulation, superlink=link)
+        runner = functools.partial(run_simulation, superlink=link)
+        #: where ``flowerbed run`` forks its pre-flight (``apps/preflight.preflight_in_child``)
+        runner.preflight_zygote = link.zygote  # type: ignore[attr-defined]
+        yield runner
+
+
+def ray_zygote() -> bool:
+    """Whether the engine's own head forks its ClientApp actors from a warm zygote
+    (``apps/ray_zygote.py``); on unless ``FLOWERBED_SIM_RAY_ZYGOTE=0``."""
+    return os.environ.get(RAY_ZYGOTE_ENV, "1") != "0"
 
 
 def own_ray_head() -> bool:
@@ -237,11 +249,17 @@ class LocalSuperLink:
             #: the SuperExec asks for the run every 0.5 s (Flower's knob; default 1 s): it keeps
             #: asking all run long, each time a request to the SuperLink, so not much more often
             self.env.setdefault(TASK_POLL_ENV, "0.5")
+        self.head: subprocess.Popen | None = None
+        #: the Ray worker zygote's (socket, PID), if one was started
+        self.zygote: tuple[str, int] | None = None
         if engine and own_ray_head() and "RAY_ADDRESS" not in self.env:  # a cluster is named
             self.ray_port = free_port()
             self.env |= {"RAY_ADDRESS": f"127.0.0.1:{self.ray_port}", **RAY_WARM_ENV}
+            head_env = dict(HEAD_ENV)
+            if ray_zygote():
+                head_env |= self._start_zygote()
             with (self.home / "ray-head.log").open("w") as log:
-                self.spawn(head_command(self.ray_port, self.home), log, HEAD_ENV)
+                self.head = self.spawn(head_command(self.ray_port, self.home), log, head_env)
         flwr_home = self.home / "flwr"
         flwr_home.mkdir(parents=True, exist_ok=True)
         (flwr_home / "config.toml").write_text(
@@ -256,14 +274,27 @@ class LocalSuperLink:
         with (self.home / "superlink.log").open("w") as log:
             self.link = self.spawn(command, log)
 
+    def _start_zygote(self) -> dict[str, str]:
+        """Start the Ray worker zygote (``apps/ray_zygote.py``) now, so it warms up while Ray
+        and the SuperLink start; returns the head's settings that have its workers forked from
+        it. It ends when this process closes its stdin (or dies), or with its group."""
+        socket_path = self.home / "rz.sock"  # short: a Unix socket path is at most 107 bytes
+        command = [sys.executable, "-m", "flowerbed.apps.ray_zygote", str(socket_path)]
+        with (self.home / "ray-zygote.log").open("w") as log:
+            zygote = self.spawn(command, log, stdin=subprocess.PIPE)
+        self.zygote = (str(socket_path), zygote.pid)
+        return {ZYGOTE_ENV: str(socket_path), ZYGOTE_PID_ENV: str(zygote.pid)}
+
     def spawn(
-        self, command: list[str], log: IO, extra_env: dict[str, str] | None = None
-    ) -> subprocess.Popen:
+        self, command: list[str], log: IO, extra_env: dict[str, str] | None = None,
+        stdin: int | None = None,
+    ) -> subprocess.Popen:  # fmt: skip
         """Start ``command`` in its own process group, watched by the reaper."""
         env = {**self.env, **(extra_env or {})}
         proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=stdin,
+        )  # fmt: skip
         self.processes.append(proc)
         self.reaper.watch(proc.pid)
         return proc
@@ -271,8 +302,8 @@ class LocalSuperLink:
     def ready(self, timeout: float = 180.0) -> None:
         """Wait until the SuperLink (and the Ray head, if started) accept connections."""
         wait_for_port(self.port, self.link.pid, timeout=timeout)
-        if self.ray_port is not None:
-            wait_for_port(self.ray_port, self.processes[0].pid, timeout=timeout, what="Ray head")
+        if self.head is not None and self.ray_port is not None:
+            wait_for_port(self.ray_port, self.head.pid, timeout=timeout, what="Ray head")
 
     def flwr_run(self, app: Path, run_config: str, clients: ClientsConfig) -> list[str]:
         """The ``flwr run`` command that submits ``app`` to this SuperLink."""
@@ -289,11 +320,14 @@ class LocalSuperLink:
 
     def close(self) -> None:
         """Stop every process started here, and what Ray left outside their groups. The Ray
-        head is killed outright: its state is thrown away and a graceful stop takes seconds."""
+        head and the worker zygote are killed outright: their state is thrown away and a
+        graceful stop takes seconds."""
         for proc in reversed(self.processes):
-            if self.ray_port is not None and proc is self.processes[0]:
+            if proc is self.head or proc.stdin is not None:  # the Ray head, the zygote
                 stop_group(proc.pid, timeout=0.0)
                 proc.wait()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             else:
                 self.stop(proc)
         end_processes(tagged_processes(str(self.home)), timeout=self.grace_s)
