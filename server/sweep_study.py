@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -26,6 +26,9 @@ from flowerbed.server.sweep_stats import (
     prior_column,
     with_worst_case,
 )
+
+if TYPE_CHECKING:
+    from flowerbed.server.sweep import SweepConfig
 
 UNDEFENDED = "none"
 
@@ -172,7 +175,7 @@ def pareto_md(rep: ReportConfig, panel: Panel) -> list[str]:
     return lines + ([""] + dominated if dominated else [])
 
 
-def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
+def study_md(sweep: SweepConfig, frame: pd.DataFrame) -> list[str]:
     rep = sweep.report
     arrow = "higher" if rep.utility_goal == Goal.max else "lower"
     lines = []
@@ -209,7 +212,7 @@ def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
     return lines + ["Frontier plot: `frontier.png`.", ""]
 
 
-def is_study(sweep: Any, ok: pd.DataFrame) -> bool:
+def is_study(sweep: SweepConfig, ok: pd.DataFrame) -> bool:
     """A privacy-utility study: defense settings as rows, a utility (the report's or an arm's) and
     an attack metric present."""
     rep = sweep.report
