@@ -12,13 +12,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.errors import ConfigError
 
 
-def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+def preflight(experiment: str, overrides: list[str], forced: dict[str, object]) -> Experiment:
     """The resolved experiment; raises ``ConfigError`` for anything wrong with the input."""
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.datasets.partition import check_partitions
@@ -97,7 +96,9 @@ def check_superlink(experiment: Experiment) -> None:
         raise ConfigError(problem)
 
 
-def preflight_in_child(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+def preflight_in_child(
+    experiment: str, overrides: list[str], forced: dict[str, object]
+) -> Experiment:
     """:func:`preflight` in a child process; its ``ConfigError`` is raised here, one line.
 
     The experiment comes back as its dict, typed by :func:`decode` without the registries (this

@@ -111,7 +111,7 @@ class Attack:
     #: refused when the config is resolved (it would never score)
     reads_aggregates: ClassVar[bool] = False
 
-    def __init__(self, params: Any, ctx: AttackContext) -> None:
+    def __init__(self, params: object, ctx: AttackContext) -> None:
         """``params``: this attack's ``Params``, or its fields as a mapping."""
         if not isinstance(ctx, AttackContext):
             raise TypeError(f"{type(self).__name__} takes an AttackContext, not {type(ctx).__name__}")  # fmt: skip

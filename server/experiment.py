@@ -25,7 +25,7 @@ COMPONENTS = core.Components(
 
 
 def load_experiment(
-    name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
+    name_or_path: str, overrides: list[str] | str | None = None, **forced: object
 ) -> core.Experiment:
     """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved experiment."""
     experiment = core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)

@@ -22,9 +22,12 @@ run then only disconnects its driver (Ray removes that job's actors).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flowerbed.server.processes import bin_path, free_port
+
+if TYPE_CHECKING:
+    from ray._private.parameter import RayParams
 
 #: Ray's settings for a head that only hosts one simulation (``ray start`` flags)
 HEAD_FLAGS = (
@@ -41,7 +44,7 @@ HEAD_ENV = {
 }
 
 
-def start_hook(ray_params: Any, head: bool) -> None:
+def start_hook(ray_params: RayParams, head: bool) -> None:
     """Ray's ``RAY_START_HOOK`` (called by ``ray start`` with its ``RayParams``): no Ray Client
     server on this head (Flower connects as a driver; the server would cost ~1 CPU s and take the
     fixed port 10001, which two runs at once would share)."""

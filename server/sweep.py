@@ -56,13 +56,15 @@ from flowerbed.clients.core.config import (
     validate_structured,
 )
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.cells import finished_ids, run_cells
+from flowerbed.server.cells import Cell, Row, finished_ids, run_cells
 from flowerbed.server.experiment import resolve
 from flowerbed.server.sweep_layout import ReportConfig
 from flowerbed.server.sweep_report import write_outputs
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY
 
 if TYPE_CHECKING:
+    from flwr.serverapp import Grid
+
     from flowerbed.server.ray_sweep import RayOptions
 
 
@@ -139,14 +141,14 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     return node
 
 
-def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
+def cells_of(sweep: SweepConfig) -> list[Cell]:
     """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost."""
     axes: dict[str, list[object]] = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}
     axes.update(sweep.grid)
     if sweep.seeds is not None:
         axes[SEED_KEY] = list(sweep.seeds)
     keys = list(axes)
-    cells = []
+    cells: list[Cell] = []
     for values in itertools.product(*(axes[k] for k in keys)):
         params = dict(zip(keys, values, strict=True))
         if _left_out(sweep, params):
@@ -156,7 +158,7 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     return cells
 
 
-def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
+def _left_out(sweep: SweepConfig, params: dict[str, object]) -> bool:
     """The cell's arm is not crossed with one of the cell's defenses (``Arm.without``)."""
     arm = next((a for a in sweep.arms if a.name == params.get(ARM_KEY)), None)
     defenses = params.get("defenses") or []
@@ -165,7 +167,7 @@ def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
     return any(isinstance(d, dict) and d.get("name") in arm.without for d in defenses)
 
 
-def cell_config(sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None) -> Experiment:
+def cell_config(sweep: SweepConfig, cell: Cell, engine: str | None = None) -> Experiment:
     """The resolved experiment of one cell: base + sweep overrides + the cell's grid values.
 
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
@@ -215,8 +217,8 @@ def check_same_sweep(sweep: SweepConfig, out: Path) -> None:
 
 
 def run_sweep(
-    sweep: SweepConfig, out: Path, make_grid: Callable[[int], Any], resume: bool = False,
-    on_cell: Callable[[dict[str, Any]], None] | None = None, ray: RayOptions | None = None,
+    sweep: SweepConfig, out: Path, make_grid: Callable[[int], Grid], resume: bool = False,
+    on_cell: Callable[[Row], None] | None = None, ray: RayOptions | None = None,
 ) -> Path:  # fmt: skip
     """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots.
 

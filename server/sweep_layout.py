@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import pandas as pd
 
@@ -38,7 +37,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return "–" if math.isnan(value) else f"{value:.4g}"
     return str(value)
