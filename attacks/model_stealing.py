@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NotRequired, Required, TypedDict
+from typing import NotRequired, Required, TypedDict
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
 from flowerbed.attacks.observer import AttackObserver, Hooks
 from flowerbed.attacks.prior import advantage
-from flowerbed.attacks.protocols import Scorer, Writer
+from flowerbed.attacks.protocols import Answer, Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
@@ -283,5 +283,5 @@ class ModelStealing(Attack):
 
     params: Params
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         return AttackObserver(strategy, writer, Stealing(self.ctx, self.params))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.app.typing import MetricRecordValues
@@ -15,7 +14,7 @@ from flwr.serverapp.strategy import Strategy, strategy_utils
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
-from flowerbed.attacks.protocols import Scorer
+from flowerbed.attacks.protocols import Answer, Scorer
 from flowerbed.attacks.truth import TruthSource
 from flowerbed.clients.core.capabilities import Capability, Needs, alternatives, offered
 from flowerbed.clients.core.config import Experiment
@@ -173,7 +172,7 @@ def truth_source(
 
 def build_attack(
     experiment: Experiment, workload: Workload, defenses: list[Defense] | None = None
-) -> tuple[Attack, Scorer[Any] | None]:
+) -> tuple[Attack, Scorer[Answer] | None]:
     """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
     its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
     cls = ATTACKS.get(experiment.attack.name or "")
