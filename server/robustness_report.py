@@ -19,21 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from flowerbed.server.sweep_layout import ReportedSweep
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
-
-if TYPE_CHECKING:
-    from flowerbed.server.sweep import SweepConfig
 
 ATTACK, FRACTION, SPLIT = "malicious.name", "malicious.fraction", "clients.partitioner"
 ACCURACY, ASR = "central.accuracy", "central.backdoor_asr"
 
 
-def is_robustness(sweep: SweepConfig, ok: pd.DataFrame) -> bool:
+def is_robustness(sweep: ReportedSweep, ok: pd.DataFrame) -> bool:
     """A robustness sweep: attacks as rows, arms named ``<dataset>.<defense>``, accuracy measured."""
     rep = sweep.report
     return bool(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 import pandas as pd
 
@@ -25,6 +26,16 @@ class ReportConfig:
     adaptive: str | None = None
     utility_goal: Goal = Goal.max
     extra: list[str] = field(default_factory=list)
+
+
+class ReportedSweep(Protocol):
+    """What the report reads of a sweep (``server.sweep.SweepConfig``, which imports the report:
+    the report names this instead)."""
+
+    name: str
+    base: str
+    engine: str
+    report: ReportConfig
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

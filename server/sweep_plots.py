@@ -11,7 +11,7 @@ import pandas as pd
 
 from flowerbed.server.robustness_report import heatmap, is_robustness
 from flowerbed.server.sweep_labels import KEY_COLUMNS, KEY_LINE_IN, key_table, place_labels
-from flowerbed.server.sweep_layout import Goal, _ok
+from flowerbed.server.sweep_layout import Goal, ReportedSweep, _ok
 from flowerbed.server.sweep_stats import NONE, Estimate
 from flowerbed.server.sweep_study import UNDEFENDED, family_of, is_study, panels_of, strength_of
 
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.container import ErrorbarContainer
     from matplotlib.figure import Figure
-
-    from flowerbed.server.sweep import SweepConfig
 
 
 def grid_plot_name(value: str, x: str) -> str:
@@ -74,7 +72,7 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
         plt.close(fig)
 
 
-def frontier_plot(sweep: SweepConfig, ok: pd.DataFrame, path: Path, close: bool = True) -> Figure:
+def frontier_plot(sweep: ReportedSweep, ok: pd.DataFrame, path: Path, close: bool = True) -> Figure:
     """Worst-case leakage vs utility, one panel per arm: a line per defense family ordered by
     utility, 95 % intervals as bars, undefended as a star, the prior (advantage 0) as a line.
     Each point carries a number placed in a free slot near it (a leader line back to it); the
