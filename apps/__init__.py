@@ -7,10 +7,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
-def load_model(run_dir: str | Path) -> dict[str, Any]:
+def load_model(run_dir: str | Path) -> dict[str, np.ndarray]:
     """The final global model of a run directory: ``{name: numpy.ndarray}``."""
     from flowerbed.server.results import load_model as _load_model
 

@@ -13,12 +13,13 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flowerbed.clients.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from flowerbed.clients.core.config import Experiment
+    from flowerbed.server.results import Summary
 
 #: ``on_round(server_round, metrics so far)``, after each round
 OnRound = Callable[[int, dict[str, float]], None]
@@ -33,7 +34,7 @@ class Engine(Protocol):
     def __call__(
         self, experiment: Experiment, run_dir: Path, on_round: OnRound | None = None,
         on_status: OnStatus | None = None,
-    ) -> dict[str, Any]: ...  # fmt: skip
+    ) -> Summary: ...  # fmt: skip
 
 
 ENGINES = {
@@ -55,7 +56,7 @@ def get_engine(name: str) -> Engine:
 
 
 @contextlib.contextmanager
-def booted(name: str, **options: Any) -> Iterator[Engine]:
+def booted(name: str, **options: str) -> Iterator[Engine]:
     """The engine ``name``, with what it starts ahead (its module's ``boot(**options)``) running
     until the block ends."""
     engine = get_engine(name)

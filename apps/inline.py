@@ -13,7 +13,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -24,7 +23,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from flowerbed.apps.client_app import app as client_app
 from flowerbed.clients.core.config import Experiment
-from flowerbed.server.results import default_run_dir
+from flowerbed.server.results import Summary, default_run_dir
 from flowerbed.server.runner import run_experiment
 
 
@@ -33,7 +32,7 @@ def run_inline(
     run_dir: Path | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Run a resolved experiment in this process; returns the summary (``summary["run_dir"]``)."""
     if on_status is not None:
         on_status("building the workload and evaluating the initial model…")
@@ -77,7 +76,7 @@ class InlineGrid(Grid):
             )
         return self.contexts[node_id]
 
-    def set_run(self, run: Any) -> None:
+    def set_run(self, run: Run) -> None:
         self._run = run
 
     @property

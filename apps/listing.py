@@ -9,11 +9,15 @@ name) imports a config's plug-in first, so its entries are listed like an instal
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from flowerbed.clients.core.registry import Registry
+    from flowerbed.clients.workloads import Workload
 
 KINDS = (
     "experiments", "sweeps", "workloads", "strategies", "attacks", "malicious", "defenses",
@@ -111,7 +115,13 @@ class _Described(Protocol):
     description: str
 
 
-def _described(registry: Any, entry: str, cls: _Described) -> str:
+class _Origins(Protocol):
+    """A registry: where each of its entries comes from (``Registry.origin``)."""
+
+    def origin(self, name: str) -> str: ...
+
+
+def _described(registry: _Origins, entry: str, cls: _Described) -> str:
     """The description, and for an entry from outside flowerbed where it comes from."""
     from flowerbed.clients.core.registry import BUILTIN
 
@@ -119,7 +129,7 @@ def _described(registry: Any, entry: str, cls: _Described) -> str:
     return cls.description if origin == BUILTIN else f"{cls.description} (from: {origin})"
 
 
-def _runs_on(cls: type, workloads: Any) -> str:
+def _runs_on(cls: type, workloads: Registry[Workload]) -> str:
     """``on: tabdiff, tabular-mlp`` (the workloads whose offers fit ``cls.needs``)."""
     from flowerbed.clients.core.capabilities import RUN_OFFERS, alternatives, supported_workloads
 

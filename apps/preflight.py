@@ -12,13 +12,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from flowerbed.clients.core.config import Experiment, decode
 from flowerbed.clients.core.errors import ConfigError
+from flowerbed.clients.core.values import JsonValue
 
 
-def preflight(experiment: str, overrides: list[str], forced: dict[str, Any]) -> Experiment:
+def preflight(experiment: str, overrides: list[str], forced: dict[str, JsonValue]) -> Experiment:
     """The resolved experiment; raises ``ConfigError`` for anything wrong with the input."""
     from flowerbed.clients.datasets import load_table
     from flowerbed.clients.datasets.partition import check_partitions
@@ -98,7 +98,7 @@ def check_superlink(experiment: Experiment) -> None:
 
 
 def preflight_in_child(
-    experiment: str, overrides: list[str], forced: dict[str, Any],
+    experiment: str, overrides: list[str], forced: dict[str, JsonValue],
     zygote: tuple[str, int] | None = None,
 ) -> Experiment:  # fmt: skip
     """:func:`preflight` in a child process; its ``ConfigError`` is raised here, one line.

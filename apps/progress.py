@@ -12,8 +12,7 @@ drawn when stderr is not a terminal (logs and pipes get the final table only).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -52,7 +51,7 @@ class RunProgress(Progress):
         self.status_text = text
         self.refresh()
 
-    def metrics(self, final: dict[str, Any]) -> None:
+    def metrics(self, final: Mapping[str, object]) -> None:
         self.metrics_text = format_metrics(final)
         self.refresh()
 
@@ -63,7 +62,7 @@ class RunProgress(Progress):
                 yield Text(f"  {line}", no_wrap=True, overflow="ellipsis", style="dim")
 
 
-def format_metrics(final: dict[str, Any]) -> str:
+def format_metrics(final: Mapping[str, object]) -> str:
     """``central.accuracy=0.8423  eval.loss=0.3512`` (the scopes a user watches, in that order)."""
     shown = []
     for scope in SHOWN_SCOPES:

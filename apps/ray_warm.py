@@ -13,12 +13,10 @@ every client seeds its own work.
 
 from __future__ import annotations
 
-from typing import Any
-
 SETUP_HOOK = "flowerbed.apps.ray_warm.warm_client"
 
 
-def runtime_env(env: dict[str, Any] | None) -> dict[str, Any]:
+def runtime_env(env: dict[str, object] | None) -> dict[str, object]:
     """``env`` (the driver's runtime environment) with :func:`warm_client` as the workers'
     setup hook (one the driver set itself is kept)."""
     out = dict(env or {})

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from flwr.supercore import log
 from flwr.supercore.constant import ExecutorType, TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, SubprocessExecutor
 
-from flowerbed.apps.zygote import TASK, _die_with_parent, serve
+from flowerbed.apps.zygote import TASK, TaskRequest, _die_with_parent, serve
 from flowerbed.clients.core.diskcache import CACHE_ENV
 
 #: what the zygote imports before it forks: Flower's ClientApp runtime, torch, flowerbed's
@@ -95,7 +95,7 @@ def _app_dirs(fab_hash: str) -> list[Path]:
     return sorted((get_flwr_home() / APP_DIR).glob(f"*.{fab_hash[:FAB_HASH_TRUNCATION]}"))
 
 
-def run_task(request: dict[str, Any]) -> int:
+def run_task(request: TaskRequest) -> int:
     """Flower's ``flwr-clientapp`` body for one task, in this process; returns its exit code."""
     import flwr.supernode.runtime.run_clientapp as flower_clientapp
     from flwr.supercore.tls import validate_and_resolve_root_certificates
@@ -175,7 +175,7 @@ class Zygote:
             "runtime_dependency_install": spec.runtime_dependency_install,
         })  # fmt: skip
 
-    def request(self, request: dict[str, Any]) -> int:
+    def request(self, request: Mapping[str, object]) -> int:
         """Have the zygote fork a child that runs its task with ``request``; the child's PID."""
         with self._lock:
             assert self.sock is not None

@@ -16,9 +16,10 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from logging import ERROR, INFO, WARNING
-from typing import Any
+from types import ModuleType
+from typing import TypedDict
 
 from flwr.supercore import log
 
@@ -27,6 +28,18 @@ TASK = "flowerbed.apps.superexec:run_task"
 #: a child's note to the zygote (config JSON, partition): one datagram at most this long
 MAX_NOTE_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1
+
+
+class TaskRequest(TypedDict):
+    """What a child runs its task with: Flower's :class:`ExecutionSpec` fields it needs (also
+    what a crashed child's error reply is sent with, :func:`report_crash`)."""
+
+    runtime_api_address: str
+    token: str
+    insecure: bool
+    root_certificates_path: str | None
+    parent_pid: int
+    runtime_dependency_install: bool
 
 
 def _die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -64,12 +77,12 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
         runtime.warm_up()
         runtime.on_built = functools.partial(_note, note_sender, "built")
     _freeze()
-    children: dict[int, dict[str, Any]] = {}
+    children: dict[int, TaskRequest] = {}
     done: set[int] = set()
     reader = sock.makefile("r", encoding="utf-8")
     sock.sendall(b'{"ready": true}\n')
 
-    to_prepare: list[list[Any]] = []
+    to_prepare: list[list[str | int]] = []  # (config JSON, partition id, number of partitions)
 
     def read_notes() -> None:
         while True:
@@ -97,19 +110,19 @@ def serve(sock: socket.socket, modules: Sequence[str], task: str = TASK) -> None
             request = json.loads(line)
             pid = _fork(functools.partial(_task_child, run, request, note_sender), sock)
             children[pid] = request
-            answer: dict[str, Any] = {"pid": pid}
+            answer: dict[str, int | str] = {"pid": pid}
         except Exception as exc:  # noqa: BLE001 - told to the executor, which logs it
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         sock.sendall((json.dumps(answer) + "\n").encode())
 
 
-def _note(sender: socket.socket, kind: str, *args: Any) -> None:
+def _note(sender: socket.socket, kind: str, *args: object) -> None:
     """One datagram from a child to its zygote (``built``: build this config too; ``done``)."""
     with contextlib.suppress(OSError):  # too large or the zygote is gone: nothing is lost
         sender.send(json.dumps([kind, *args]).encode())
 
 
-def _prepare(runtime: Any, args: list[Any]) -> None:
+def _prepare(runtime: ModuleType, args: list[str | int]) -> None:
     try:
         runtime.prepare(*args)
     except Exception as exc:  # noqa: BLE001 - the child that needs it builds it and reports
@@ -127,7 +140,7 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _reap(children: dict[int, dict[str, Any]], done: set[int], read_notes: Any) -> None:
+def _reap(children: dict[int, TaskRequest], done: set[int], read_notes: Callable[[], None]) -> None:
     """Collect ended children; report the tasks of those that crashed.
 
     A child says ``done`` before it exits, so once its exit is seen its note is waiting:
@@ -155,7 +168,7 @@ def _reap(children: dict[int, dict[str, Any]], done: set[int], read_notes: Any) 
             _fork(functools.partial(report_crash, request, reason), None)
 
 
-def _fork(child: Any, sock: socket.socket | None) -> int:
+def _fork(child: Callable[[], int], sock: socket.socket | None) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -183,7 +196,9 @@ def _fork(child: Any, sock: socket.socket | None) -> int:
         os._exit(code)
 
 
-def _task_child(run: Any, request: dict[str, Any], sender: socket.socket) -> int:
+def _task_child(
+    run: Callable[[TaskRequest], int], request: TaskRequest, sender: socket.socket
+) -> int:
     code = run(request)
     _note(sender, "done", os.getpid())  # it got to the end: its reply (or error) was sent
     return code
@@ -197,7 +212,7 @@ def _fresh_random_state() -> None:
         np.random.seed()
 
 
-def report_crash(request: dict[str, Any], reason: str) -> int:
+def report_crash(request: TaskRequest, reason: str) -> int:
     """Send the error reply of a task whose process died before replying (its token still holds).
 
     What ``flwr-clientapp`` sends when the app raises, with Flower's ``CLIENT_APP_CRASHED`` code:

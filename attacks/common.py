@@ -111,7 +111,7 @@ class Attack:
     #: refused when the config is resolved (it would never score)
     reads_aggregates: ClassVar[bool] = False
 
-    def __init__(self, params: Any, ctx: AttackContext) -> None:
+    def __init__(self, params: object, ctx: AttackContext) -> None:
         """``params``: this attack's ``Params``, or its fields as a mapping."""
         if not isinstance(ctx, AttackContext):
             raise TypeError(f"{type(self).__name__} takes an AttackContext, not {type(ctx).__name__}")  # fmt: skip
@@ -126,7 +126,7 @@ class Attack:
         it with the arrays sent that round, the reply's arrays and its ``num-examples``)."""
         raise NotImplementedError(f"{type(self).__name__} has no invert: override it, or wrap")
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         """The server's strategy with this attack's observer around it."""
         return AttackObserver(strategy, writer, Inverting(self, seed=self.ctx.seed), scorer,
                               self.params.target_clients, getattr(self.params, "rounds", None))  # fmt: skip
@@ -149,7 +149,7 @@ class InversionAttack(Attack):
         """What inverts a reply on the context's replay."""
         raise NotImplementedError
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         p, engine = self.params, self.engine()
         pooling = engine if getattr(p, "aggregate_rounds", False) else None
         hooks = Inverting(engine, self.ctx.seed, pooling, self.settings.method != "prior")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, Required, TypedDict
 
 import numpy as np
 import torch
@@ -29,11 +29,11 @@ from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
 from flowerbed.attacks.observer import AttackObserver, Hooks
 from flowerbed.attacks.prior import advantage
-from flowerbed.attacks.protocols import Scorer, Writer
+from flowerbed.attacks.protocols import Answer, Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
-from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Release, release
+from flowerbed.clients.defenses.filosofer import DEFAULT_RHO, Flip, Release, release
 from flowerbed.clients.nn import make_mlp
 from flowerbed.clients.training import (
     accuracy,
@@ -97,7 +97,45 @@ def black_box(
 
 
 # -- the analysis: one seed of the release-scheme table ----------------------------------------
-SCHEMES: dict[str, dict[str, Any]] = {
+class ReleaseKwargs(TypedDict, total=False):
+    """A release scheme: ``filosofer.release``'s keyword arguments past the victim and its data."""
+
+    scheme: Required[str]
+    rho: float
+    rank: int
+    cross_layer: bool
+    entropy_steps: int
+    distill_epochs: int
+    fisher_chunks: int
+    flip: Flip
+    flip_low: float
+
+
+class StealingRow(TypedDict, total=False):
+    """One release scheme of :func:`stealing_table`: the user's accuracy, the TEE's shares, what
+    the exposed part scores, the surrogate's accuracy per q (and the defense-aware attacker's)."""
+
+    user: float
+    tee_params: float
+    tee_flops: float
+    exposed: float
+    entropy: float
+    surrogate: dict[float, float]
+    adaptive: dict[float, float]
+
+
+#: one seed of the analysis: the victim's accuracy, the black-box bound per q, each scheme's row
+StealingTable = TypedDict(
+    "StealingTable",
+    {
+        "victim": float,
+        "schemes": dict[str, StealingRow],
+        "black-box": NotRequired[dict[float, float]],
+    },
+)
+
+
+SCHEMES: dict[str, ReleaseKwargs] = {
     "none": {"scheme": "none"},
     "shield-last-layer": {"scheme": "shield-last-layer"},
     "whole-model": {"scheme": "whole-model"},
@@ -109,9 +147,9 @@ SCHEMES: dict[str, dict[str, Any]] = {
 
 def stealing_table(
     seed: int, qs: tuple[float, ...] = (0.02, 0.05, 0.1),
-    schemes: dict[str, dict[str, Any]] | None = None, steps: int = 150, victim_epochs: int = 40,
+    schemes: dict[str, ReleaseKwargs] | None = None, steps: int = 150, victim_epochs: int = 40,
     adaptive: Callable[..., dict[str, float]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> StealingTable:  # fmt: skip
     """One seed of the analysis: victim, each scheme's release (``release`` kwargs), surrogate per q.
 
     ``adaptive(exposed, x, y, x_test, y_test, rho, seed=...)``, when given, is a defense-aware
@@ -122,7 +160,7 @@ def stealing_table(
     split = digits_split(seed)
     victim = train_victim(split, seed, victim_epochs)
     fisher = fisher_diagonal(victim, split.x_train, split.y_train)
-    out: dict[str, Any] = {"victim": accuracy(victim, split.x_test, split.y_test), "schemes": {}}
+    out: StealingTable = {"victim": accuracy(victim, split.x_test, split.y_test), "schemes": {}}
     subsets = {q: attacker_subset(split, q, seed) for q in qs}
     out["black-box"] = {
         q: black_box(*subsets[q], split.x_test, split.y_test, steps, seed) for q in qs
@@ -130,7 +168,7 @@ def stealing_table(
     for name, kwargs in (schemes or SCHEMES).items():
         rel = release(victim, owner_x=split.x_train, owner_y=split.y_train, fisher=fisher,
                       seed=seed, **kwargs)  # fmt: skip
-        row: dict[str, Any] = {
+        row: StealingRow = {
             "user": accuracy(rel.user_model, split.x_test, split.y_test),
             "tee_params": rel.tee_param_fraction,
             "tee_flops": rel.tee_flop_fraction,
@@ -245,5 +283,5 @@ class ModelStealing(Attack):
 
     params: Params
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         return AttackObserver(strategy, writer, Stealing(self.ctx, self.params))

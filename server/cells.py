@@ -12,13 +12,37 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from flowerbed.clients.core.config import Experiment
 from flowerbed.server.runner import run_experiment
 
+if TYPE_CHECKING:
+    from flwr.serverapp import Grid
 
-def label(value: Any) -> str:
+
+class Cell(TypedDict):
+    """One run of a sweep: its id (a hash of its params) and its grid values by dotted key."""
+
+    id: str
+    params: dict[str, object]
+
+
+class Row(TypedDict, total=False):
+    """A cell's line in ``cells.jsonl``: its labelled params, status, final metrics, cost."""
+
+    id: str
+    params: dict[str, str]
+    status: str
+    error: str
+    metrics: dict[str, float]
+    failures: int
+    wall_s: float
+    #: the Ray node that ran it (``--ray``)
+    node: str
+
+
+def label(value: object) -> str:
     """Short human label of a grid value (defense lists become ``dp-sgd(noise_multiplier=1)``)."""
     if isinstance(value, list):
         return "+".join(label(v) for v in value) or "none"
@@ -28,7 +52,7 @@ def label(value: Any) -> str:
     return str(value)
 
 
-def cell_dir(out: Path, cell: dict[str, Any]) -> Path:
+def cell_dir(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell["id"]
 
 
@@ -44,7 +68,7 @@ def finished_ids(out: Path) -> set[str]:
     return done
 
 
-def append_row(out: Path, row: dict[str, Any]) -> None:
+def append_row(out: Path, row: Row) -> None:
     path = out / "cells.jsonl"
     torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with path.open("a") as fh:
@@ -53,7 +77,7 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
-def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:
+def error_row(cell: Cell, error: str, wall_s: float) -> Row:
     """The row of a cell that failed (its error on one line)."""
     return {
         "id": cell["id"],
@@ -65,9 +89,7 @@ def error_row(cell: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]
     }
 
 
-def run_cell(
-    grid: Any, cell: dict[str, Any], experiment: Experiment, run_dir: Path
-) -> dict[str, Any]:
+def run_cell(grid: Grid, cell: Cell, experiment: Experiment, run_dir: Path) -> Row:
     """Run one cell on ``grid`` into ``run_dir``; its ``cells.jsonl`` row (errors included).
 
     Torch runs single-threaded, as the ClientApp runtime pins it: a cell's numbers do not depend
@@ -93,8 +115,8 @@ def run_cell(
 
 
 def run_cells(
-    grid: Any, todo: list[tuple[dict[str, Any], Experiment]], out: Path,
-    on_cell: Callable[[dict[str, Any]], None] | None = None,
+    grid: Grid, todo: list[tuple[Cell, Experiment]], out: Path,
+    on_cell: Callable[[Row], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) on one Grid, appending a row per finished cell."""
     for cell, experiment in todo:

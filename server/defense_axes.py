@@ -34,7 +34,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pandas as pd
 
@@ -50,7 +50,7 @@ from flowerbed.server.robustness_report import (
     split_arms,
     worst_case,
 )
-from flowerbed.server.sweep import load_sweep
+from flowerbed.server.sweep import Arm, SweepConfig, load_sweep
 from flowerbed.server.sweep_report import held_refusals
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
 from flowerbed.server.sweep_study import is_study, panels_of
@@ -120,7 +120,7 @@ def read_sweep_dir(directory: Path, kind: str) -> tuple[str, pd.DataFrame]:
 
 
 # -- the privacy benchmark --------------------------------------------------------------------
-def _strategy(sweep: Any, arm: Any) -> str:
+def _strategy(sweep: SweepConfig, arm: Arm | None) -> str:
     """The strategy an arm runs: its base's, then the sweep's and the arm's overrides."""
     overrides = parse_overrides([*sweep.overrides, *(arm.overrides if arm else [])])
     name = cast(JsonObject, overrides.get("strategy") or {}).get("name")
@@ -130,7 +130,7 @@ def _strategy(sweep: Any, arm: Any) -> str:
     return str(name)
 
 
-def privacy_rows(sweep: Any, frame: pd.DataFrame, label: str) -> dict[str, list[Row]]:
+def privacy_rows(sweep: SweepConfig, frame: pd.DataFrame, label: str) -> dict[str, list[Row]]:
     """defense -> one row per arm of the privacy benchmark (its utility and worst-case leakage)."""
     if not is_study(sweep, frame):
         raise InputError(

@@ -19,12 +19,13 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from flowerbed.clients.core.diskcache import CACHE_ENV
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.credentials import ensure_credentials
 from flowerbed.server.processes import (
+    ProcessIdentity,
     bin_path,
     flower_env,
     free_port,
@@ -124,25 +125,49 @@ def register_keys(
 
 
 # ---- the loopback federation -----------------------------------------------------------------------
+class FederationState(TypedDict):
+    """A loopback federation's ``state.json`` (what ``up`` started, where, and how)."""
+
+    dir: str
+    nodes: int
+    insecure: bool
+    port: int
+    address: str
+    node_ports: list[int]
+    #: ``superlink``, ``supernode<i>``, ``superexec<i>`` -> who it is (``down`` checks it)
+    processes: dict[str, ProcessIdentity]
+    superexec: str
+    supernode: str
+    idle_poll: float
+
+
+class FederationStatus(TypedDict):
+    """``status``: the saved state, which of its processes live, ``flwr supernode list``."""
+
+    state: FederationState
+    alive: dict[str, bool]
+    supernodes: str
+
+
 def _state_path(directory: Path) -> Path:
     return directory / "state.json"
 
 
-def load_state(directory: Path) -> dict[str, Any]:
+def load_state(directory: Path) -> FederationState:
     path = _state_path(directory)
     if not path.is_file():
         raise ConfigError(f"no loopback federation in {directory} (start one: flowerbed deploy up)")
     return json.loads(path.read_text())
 
 
-def _save(state: dict[str, Any]) -> None:
+def _save(state: FederationState) -> None:
     path = _state_path(Path(state["dir"]))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, path)
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> ProcessIdentity:
     """Start a process in its own session; returns its identity (pid, start time, command)."""
     with log.open("a") as fh:
         proc = subprocess.Popen(
@@ -151,7 +176,7 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     return process_identity(proc.pid)
 
 
-def superlink_command(state: dict[str, Any]) -> list[str]:
+def superlink_command(state: FederationState) -> list[str]:
     """The SuperLink flags (the same as docker-compose.yml's superlink service)."""
     directory = Path(state["dir"])
     cmd = [bin_path("flower-superlink"), "--host", "127.0.0.1", "--port", str(state["port"]),
@@ -165,7 +190,7 @@ def superlink_command(state: dict[str, Any]) -> list[str]:
 
 
 def supernode_command(
-    state: dict[str, Any],
+    state: FederationState,
     index: int,
     key: Path | None,
     insecure: bool,
@@ -195,7 +220,7 @@ def supernode_command(
     return cmd
 
 
-def superexec_command(state: dict[str, Any], index: int) -> list[str]:
+def superexec_command(state: FederationState, index: int) -> list[str]:
     """``flowerbed superexec`` for SuperNode ``index``'s runtime API (loopback, plain HTTP).
 
     The flags are Flower's ``flower-superexec`` flags; ``--parent-pid`` ties it to its SuperNode,
@@ -208,13 +233,13 @@ def superexec_command(state: dict[str, Any], index: int) -> list[str]:
 
 
 def flwr(
-    args: list[str], state: dict[str, Any], timeout: float = 120
+    args: list[str], state: FederationState, timeout: float = 120
 ) -> subprocess.CompletedProcess:
     """The ``flwr`` CLI against this federation (connection ``flowerbed``)."""
     return flwr_cli(args, Path(state["dir"]), timeout)
 
 
-def _alive(state: dict[str, Any]) -> dict[str, bool]:
+def _alive(state: FederationState) -> dict[str, bool]:
     return {name: is_same_process(ident) for name, ident in state["processes"].items()}
 
 
@@ -241,7 +266,7 @@ def up(
     superexec: str = "warm",
     supernode: str = "flowerbed",
     idle_poll: float = 0.1,
-) -> dict[str, Any]:
+) -> FederationState:
     """Start SuperLink + ``nodes`` SuperNodes on loopback; returns the saved state.
 
     ``supernode="flowerbed"``: each node is ``flowerbed supernode`` (Flower's SuperNode asking
@@ -283,7 +308,7 @@ def up(
             "directory (allowed: a new or a flowerbed deploy directory you own)"
         ) from None
     port = port or free_port()
-    state: dict[str, Any] = {
+    state: FederationState = {
         "dir": str(directory), "nodes": nodes, "insecure": insecure, "port": port,
         "address": f"127.0.0.1:{port}", "node_ports": [free_port() for _ in range(nodes)],
         "processes": {}, "superexec": superexec, "supernode": supernode, "idle_poll": idle_poll,
@@ -320,7 +345,7 @@ def up(
     return state
 
 
-def restart_superlink(directory: Path) -> dict[str, Any]:
+def restart_superlink(directory: Path) -> FederationState:
     """Start the SuperLink again on the same port and database (after a crash or a kill)."""
     directory = directory.resolve()
     state = load_state(directory)
@@ -335,7 +360,7 @@ def restart_superlink(directory: Path) -> dict[str, Any]:
     return state
 
 
-def status(directory: Path) -> dict[str, Any]:
+def status(directory: Path) -> FederationStatus:
     state = load_state(directory.resolve())
     alive = _alive(state)
     listing = (

@@ -17,8 +17,7 @@ node's call removed or that expired are dropped from the index when next seen.
 
 from __future__ import annotations
 
-from typing import Any
-
+from flwr.app import Message
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 from flwr.supercore.date import now
 
@@ -31,7 +30,7 @@ def install(cls: type[InMemoryLinkState] = InMemoryLinkState) -> None:
         return
     store = cls.store_message_ins
 
-    def store_message_ins(self: Any, message: Any) -> str | None:
+    def store_message_ins(self: InMemoryLinkState, message: Message) -> str | None:
         message_id = store(self, message)
         if message_id:
             with self.lock:
@@ -44,7 +43,7 @@ def install(cls: type[InMemoryLinkState] = InMemoryLinkState) -> None:
     setattr(cls, _INDEX + "_installed", True)
 
 
-def _index(state: Any) -> dict[int, dict[str, None]]:
+def _index(state: InMemoryLinkState) -> dict[int, dict[str, None]]:
     """``{node id: {message id: None}}`` in storage order; built from the store on first use
     (messages stored before :func:`install` included)."""
     index = state.__dict__.get(_INDEX)
@@ -57,13 +56,13 @@ def _index(state: Any) -> dict[int, dict[str, None]]:
 
 
 def get_message_ins(
-    self: Any, node_id: int, limit: int | None, *, run_id: int | None = None
-) -> list[Any]:
+    self: InMemoryLinkState, node_id: int, limit: int | None, *, run_id: int | None = None
+) -> list[Message]:
     """Messages for ``node_id`` not delivered yet (at most ``limit``), marked delivered: what
     ``InMemoryLinkState.get_message_ins`` returns, without walking other nodes' messages."""
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")
-    found: list[Any] = []
+    found: list[Message] = []
     with self.lock:
         index = _index(self)
         pending = index.get(node_id, {})

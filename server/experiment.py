@@ -11,6 +11,7 @@ from typing import Any
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.clients.core import config as core
+from flowerbed.clients.core.values import JsonValue
 from flowerbed.clients.datasets import DATASETS
 from flowerbed.clients.defenses import DEFENSES
 from flowerbed.clients.malicious import MALICIOUS
@@ -25,7 +26,7 @@ COMPONENTS = core.Components(
 
 
 def load_experiment(
-    name_or_path: str, overrides: list[str] | str | None = None, **forced: Any
+    name_or_path: str, overrides: list[str] | str | None = None, **forced: JsonValue
 ) -> core.Experiment:
     """Preset name (or YAML path) + dotlist overrides (+ forced values) -> resolved experiment."""
     experiment = core.load_experiment(name_or_path, overrides, COMPONENTS, **forced)

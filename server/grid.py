@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 from flowerbed.clients.runtime import INJECTED, PARTITION_KEY
@@ -39,11 +40,11 @@ class OrderedGrid(Grid):
         self.by_partition = by_partition
         self.partitions: dict[int, int] = {}
 
-    def set_run(self, run: Any) -> None:
+    def set_run(self, run: Run) -> None:
         self.inner.set_run(run)
 
     @property
-    def run(self) -> Any:
+    def run(self) -> Run:
         return self.inner.run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: ANN001

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
 
@@ -269,7 +270,15 @@ class Reaper:
             pass
 
 
-def process_identity(pid: int, timeout: float = 10.0) -> dict:
+class ProcessIdentity(TypedDict):
+    """What tells a process apart from a later one reusing its PID (:func:`process_identity`)."""
+
+    pid: int
+    started: float
+    cmdline: list[str]
+
+
+def process_identity(pid: int, timeout: float = 10.0) -> ProcessIdentity:
     """What tells this process apart from a later one reusing its PID: start time and command.
 
     Right after ``exec`` the kernel may not show the new command line yet; wait for it.
@@ -285,7 +294,7 @@ def process_identity(pid: int, timeout: float = 10.0) -> dict:
     return {"pid": pid, "started": proc.create_time(), "cmdline": cmdline}
 
 
-def is_same_process(identity: dict) -> bool:
+def is_same_process(identity: ProcessIdentity) -> bool:
     """Whether ``identity`` (from :func:`process_identity`) still names a live process."""
     try:
         proc = psutil.Process(identity["pid"])

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from flowerbed.clients.core.config import ResourcesConfig
 from flowerbed.clients.core.errors import ConfigError
@@ -44,6 +44,16 @@ ADDRESS_FORMS = "auto, HOST:PORT"
 NAMESPACE = "flowerbed"
 #: seconds to wait for the cluster to answer before the address counts as wrong
 CONNECT_TIMEOUT_S = 60.0
+
+
+class HostAnswer(TypedDict, total=False):
+    """A line the host process answers: ``error``, or the connection (``gcs`` address, live
+    ``nodes``' resources), or the file actor's name (``store``)."""
+
+    error: str
+    gcs: str
+    nodes: list[dict[str, float]]
+    store: str
 
 
 def check_address(address: str) -> None:
@@ -86,14 +96,14 @@ class RayCluster:
     def __init__(self, address: str) -> None:
         check_address(address)
         self.address = address
-        self.info: dict[str, Any] | None = None
+        self.info: HostAnswer | None = None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flowerbed.server.ray_cluster", address],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, start_new_session=True,
         )  # fmt: skip
 
-    def _answer(self, timeout: float) -> dict[str, Any]:
+    def _answer(self, timeout: float) -> HostAnswer:
         assert self.proc.stdout is not None
         readable, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if readable else ""
@@ -110,7 +120,7 @@ class RayCluster:
             raise ConfigError(answer["error"])
         return answer
 
-    def ready(self, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
+    def ready(self, timeout: float = CONNECT_TIMEOUT_S) -> HostAnswer:
         """``{"gcs": address, "nodes": [resources of each live node]}``; ConfigError if the
         address does not lead to a Ray cluster."""
         if self.info is None:
@@ -166,7 +176,7 @@ class RayCluster:
 # ---- the host process --------------------------------------------------------------------------
 
 
-def _emit(answer: dict[str, Any]) -> None:
+def _emit(answer: HostAnswer) -> None:
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()
 

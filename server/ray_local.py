@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flowerbed.server.processes import bin_path, free_port
+
+if TYPE_CHECKING:
+    from ray._private.parameter import RayParams
 
 #: Ray's settings for a head that only hosts one simulation (``ray start`` flags)
 HEAD_FLAGS = (
@@ -52,7 +55,7 @@ SETUP_WORKER_ENV = "FLOWERBED_RAY_SETUP_WORKER"
 LAUNCHER = "flowerbed.apps.ray_launch"
 
 
-def start_hook(ray_params: Any, head: bool) -> None:
+def start_hook(ray_params: RayParams, head: bool) -> None:
     """Ray's ``RAY_START_HOOK`` (called by ``ray start`` with its ``RayParams``): no Ray Client
     server on this head (Flower connects as a driver; the server would cost ~1 CPU s and take the
     fixed port 10001, which two runs at once would share). With ``FLOWERBED_RAY_ZYGOTE`` set, the

@@ -44,15 +44,20 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from flowerbed.clients.core.config import Experiment, replace_at, to_yaml
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.clients.core.files import localise, shipped_files
 from flowerbed.clients.core.plugins import is_path
-from flowerbed.server.cells import append_row, cell_dir, error_row, run_cell
+from flowerbed.server.cells import Cell, Row, append_row, cell_dir, error_row, run_cell
 from flowerbed.server.experiment import resolve
 from flowerbed.server.ray_reaper import Reaper
+
+if TYPE_CHECKING:
+    from flwr.serverapp import Grid
+    from ray import ObjectRef
 
 LOCAL = "local"
 ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
@@ -60,8 +65,12 @@ ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
 PASSED_ENV = ("ATEN_CPU_CAPABILITY",)
 POLL_S = 0.5
 
-Cell = dict[str, Any]
-Row = dict[str, Any]
+
+class CellResult(TypedDict):
+    """What a cell's Ray task returns: its row and its run directory's files by relative path."""
+
+    row: Row
+    files: dict[str, bytes]
 
 
 @dataclass(frozen=True)
@@ -133,12 +142,12 @@ def importable(packages: dict[str, bytes], into: Path) -> Iterator[None]:
 
 
 def run_remote_cell(
-    make_grid: Callable[[int], Any],
+    make_grid: Callable[[int], Grid],
     cell: Cell,
     data: dict[str, Any],
-    files: dict[str, Any],
-    packages: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    files: dict[str, ObjectRef[bytes]],
+    packages: dict[str, ObjectRef[bytes]] | None = None,
+) -> CellResult:
     """The body of a cell's Ray task: ``{"row": ..., "files": {relative path: bytes}}``.
 
     ``data`` is the cell's experiment as a dict (:meth:`Experiment.to_dict`: a plug-in's params
@@ -190,7 +199,7 @@ def install_cell(out: Path, cell: Cell, files: dict[str, bytes]) -> None:
     os.replace(staging, target)
 
 
-def _runtime_env() -> dict[str, Any]:
+def _runtime_env() -> dict[str, dict[str, str]]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     return {"env_vars": env} if env else {}
 
@@ -245,7 +254,7 @@ def ray_session(options: RayOptions) -> Iterator[None]:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt here, so a terminated driver cancels its cells too."""
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     if threading.current_thread() is not threading.main_thread():
@@ -297,7 +306,7 @@ def _failure(exc: BaseException) -> str | None:
 
 
 def run_cells_on_ray(
-    make_grid: Callable[[int], Any], todo: list[tuple[Cell, Experiment]], out: Path,
+    make_grid: Callable[[int], Grid], todo: list[tuple[Cell, Experiment]], out: Path,
     options: RayOptions, on_cell: Callable[[Row], None] | None = None,
 ) -> None:  # fmt: skip
     """Run each (cell, config) as a Ray task; rows are appended as cells finish."""
@@ -314,7 +323,7 @@ def run_cells_on_ray(
         }
         packages = {name: ray.put(zipped(folder)) for name, folder in plugin_packages(todo).items()}
         queue = list(reversed(todo))
-        running: dict[Any, tuple[Cell, float]] = {}
+        running: dict[ObjectRef[CellResult], tuple[Cell, float]] = {}
 
         def finish(row: Row) -> None:
             append_row(out, row)

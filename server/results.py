@@ -11,14 +11,19 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
 
 from flowerbed.clients.core.config import Experiment, to_yaml
 from flowerbed.server.curves import plot_curves
+
+if TYPE_CHECKING:
+    from flwr.app import ArrayRecord
+    from flwr.app.typing import MetricRecordValues
 
 IGNORED_KEYS = {"num-examples", "partition-id"}
 METRICS_MARKER = "FLOWERBED-METRICS "
@@ -30,6 +35,47 @@ MODEL_FILE = "model.npz"
 #: epoch seconds when the command that started this run started (set by the CLI, inherited by the
 #: processes an engine starts), so ``wall_s`` and ``startup_s`` count imports and start-up too
 STARTED_AT_ENV = "FLOWERBED_STARTED_AT"
+
+
+class Timings(TypedDict):
+    """A run's times in seconds (:meth:`ResultsWriter.timings`)."""
+
+    wall_s: float
+    startup_s: float
+    run_s: float
+    round_s: list[float]
+
+
+class Summary(Timings):
+    """``summary.json`` (:meth:`ResultsWriter.finish`); docs/metrics.md lists its ``metrics``."""
+
+    experiment: str
+    engine: str
+    seed: int
+    rounds: int
+    clients: int
+    overrides: list[str]
+    failures: int
+    failures_per_round: list[int]
+    #: round (as a string: a JSON key) -> why its update was dropped
+    dropped_rounds: dict[str, str]
+    metrics: dict[str, float]
+    run_dir: str
+    #: per round, the partitions whose training replies came back
+    train_partitions: NotRequired[list[list[int]]]
+    #: per round, those a selecting strategy let into the aggregate (None: no selection)
+    kept_partitions: NotRequired[list[list[int] | None]]
+    malicious_partitions: NotRequired[list[int]]
+    #: the deployment engine: where the (possibly remote) ServerApp wrote the run
+    serverapp_run_dir: NotRequired[str | None]
+
+
+class RunExtras(TypedDict, total=False):
+    """What the runner adds to a summary (:meth:`ResultsWriter.finish`'s ``extra``)."""
+
+    train_partitions: list[list[int]]
+    kept_partitions: list[list[int] | None]
+    malicious_partitions: list[int]
 
 
 def started_at() -> float | None:
@@ -62,7 +108,7 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _clean(metrics: dict[str, Any]) -> dict[str, float]:
+def _clean(metrics: Mapping[str, MetricRecordValues]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
         if key in IGNORED_KEYS or isinstance(value, list | str):
@@ -93,7 +139,7 @@ class ResultsWriter:
         # a ServerApp on another machine streams its results through the log (deployment engine)
         self.stream = experiment.engine == "deployment"
 
-    def log(self, server_round: int, scope: str, metrics: dict[str, Any]) -> None:
+    def log(self, server_round: int, scope: str, metrics: Mapping[str, MetricRecordValues]) -> None:
         clean = _clean(metrics)
         if not clean:
             return
@@ -114,9 +160,10 @@ class ResultsWriter:
             self.log(server_round, "time", {"round_s": now - self.round_ends[server_round - 1]})
         self.round_ends[server_round] = now
 
-    def save_model(self, arrays: Any) -> None:
+    def save_model(self, arrays: ArrayRecord) -> None:
         """Write the global model (a Flower ArrayRecord) as ``model.npz`` of named arrays."""
-        named = {name: array.numpy() for name, array in arrays.items()}
+        # untyped values: numpy's savez stub checks **kwds against its allow_pickle flag
+        named: dict[str, Any] = {name: array.numpy() for name, array in arrays.items()}
         tmp = self.run_dir / f".{MODEL_FILE}.tmp.npz"
         np.savez(tmp, **named)
         os.replace(tmp, self.run_dir / MODEL_FILE)
@@ -129,7 +176,7 @@ class ResultsWriter:
         if self.stream:
             print(f"FLOWERBED-ERROR {line}", flush=True)
 
-    def timings(self) -> dict[str, Any]:
+    def timings(self) -> Timings:
         """``wall_s`` (from the command's start), ``startup_s`` (until round 1 began), ``round_s``."""
         now = time.time()
         rounds = self.experiment.rounds
@@ -155,14 +202,14 @@ class ResultsWriter:
     def set_final(self, name: str, value: float) -> None:
         self.final[name] = float(value)
 
-    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(self, extra: RunExtras | None = None) -> Summary:
         """Write curves.png, summary.json (timed after the plot) and report.md."""
         experiment = self.experiment
         if experiment.output.plots:
             plot_curves(self.history, self.run_dir / "curves.png", titled(experiment),
                         startup_s=self.timings()["startup_s"])  # fmt: skip
         rounds = experiment.rounds
-        summary = {
+        summary: Summary = {
             "experiment": experiment.experiment,
             "engine": str(experiment.engine),
             "seed": experiment.seed,
@@ -203,7 +250,7 @@ def titled(experiment: Experiment) -> str:
     return experiment.experiment + (f" ({' '.join(overrides)})" if overrides else "")
 
 
-def dropped_note(summary: dict[str, Any]) -> str:
+def dropped_note(summary: Summary) -> str:
     """``; dropped rounds: 2 (secagg: 1 replies, min_clients=2)`` or nothing."""
     dropped = summary.get("dropped_rounds") or {}
     if not dropped:
@@ -211,7 +258,7 @@ def dropped_note(summary: dict[str, Any]) -> str:
     return "; dropped rounds: " + ", ".join(f"{r} ({why})" for r, why in dropped.items())
 
 
-def render_report(summary: dict[str, Any], history: list[dict[str, Any]]) -> str:
+def render_report(summary: Summary, history: list[dict[str, Any]]) -> str:
     out = [
         f"# {summary['experiment']}",
         "",

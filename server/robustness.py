@@ -15,10 +15,12 @@ publishes no selection (FedAvg, median, trimmed mean combine every reply).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 from flwr.app import Message
+from flwr.serverapp.strategy import Strategy
 
+from flowerbed.attacks.protocols import Writer
 from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.wrapper import StrategyWrapper
 from flowerbed.clients.malicious import PARTITION_KEY, chosen
@@ -28,7 +30,7 @@ from flowerbed.strategies.robust_common import KEPT
 class DetectionTap(StrategyWrapper):
     """Counts, per round, the malicious and honest replies a selecting strategy dropped."""
 
-    def __init__(self, inner: Any, malicious: Iterable[int], writer: Any) -> None:
+    def __init__(self, inner: Strategy, malicious: Iterable[int], writer: Writer) -> None:
         super().__init__(inner)
         self.malicious = set(malicious)
         self.writer = writer
@@ -59,7 +61,7 @@ class DetectionTap(StrategyWrapper):
         return arrays, metrics
 
 
-def detection_tap(experiment: Experiment, strategy: Any, writer: Any) -> Any:
+def detection_tap(experiment: Experiment, strategy: Strategy, writer: Writer) -> Strategy:
     """``strategy`` wrapped in a :class:`DetectionTap` when malicious clients are configured."""
     if not experiment.malicious.name:
         return strategy

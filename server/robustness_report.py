@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from flowerbed.server.sweep_layout import ReportedSweep
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY, Estimate, bootstrap
 from flowerbed.server.sweep_study import UNDEFENDED, family_of
 
@@ -36,7 +36,7 @@ ACCURACY, ASR = "central.accuracy", "central.backdoor_asr"
 CLIENT_SIDE = "defenses"  # the grid key of the client-side defenses (its label; "none")
 
 
-def is_robustness(sweep: Any, ok: pd.DataFrame) -> bool:
+def is_robustness(sweep: ReportedSweep, ok: pd.DataFrame) -> bool:
     """A robustness sweep: attacks as rows, arms named ``<dataset>.<defense>``, accuracy measured."""
     rep = sweep.report
     return bool(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -21,9 +21,9 @@ from flowerbed.clients.core.seeding import seed_everything
 from flowerbed.clients.defenses import build_defenses
 from flowerbed.clients.defenses.canaries import find_run_audit
 from flowerbed.clients.runtime import CONFIG_KEY
-from flowerbed.clients.workloads import build_workload
+from flowerbed.clients.workloads import Workload, build_workload
 from flowerbed.server.grid import OrderedGrid
-from flowerbed.server.results import ResultsWriter
+from flowerbed.server.results import ResultsWriter, RunExtras, Summary
 from flowerbed.server.wrappers import MetricsTap, SeededSampling, build_strategy
 from flowerbed.strategies.context import published_rule
 
@@ -39,7 +39,7 @@ def run_experiment(
     experiment: Experiment,
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Run ``experiment`` to completion on ``grid``; returns the summary (also written to
     ``run_dir``).
 
@@ -60,7 +60,7 @@ def _run(
     experiment: Experiment,
     writer: ResultsWriter,
     on_round: Callable[[int, dict[str, float]], None] | None,
-) -> dict[str, Any]:
+) -> Summary:
     seed_everything(experiment.seed)
     workload = build_workload(experiment)
     strategy = build_strategy(experiment, writer, workload)
@@ -114,7 +114,7 @@ def _run(
     audited = run_audit.metrics(initial_arrays, final) if run_audit is not None else {}
     writer.log(experiment.rounds, "dp", {**audit_defenses(experiment, workload), **audited})
     rounds = range(1, experiment.rounds + 1)
-    extra: dict[str, Any] = {"train_partitions": [strategy.partitions.get(r, []) for r in rounds]}
+    extra: RunExtras = {"train_partitions": [strategy.partitions.get(r, []) for r in rounds]}
     if strategy.kept:  # a selecting strategy (Krum, FLAME, ...): whom it let in, per round
         extra["kept_partitions"] = [strategy.kept.get(r) for r in rounds]
     if experiment.malicious.name:
@@ -131,7 +131,7 @@ def published_to_clients(experiment: Experiment) -> dict[str, str]:
     return {} if rule is None else {malicious.AGGREGATION_KEY: rule.to_json()}
 
 
-def audit_defenses(experiment: Experiment, workload: Any) -> dict[str, float]:
+def audit_defenses(experiment: Experiment, workload: Workload) -> dict[str, float]:
     """Each DP defense's audit of its own code path (the step audit ``dp.epsilon_audit_step``, docs/methods/dp-sgd.md
     and flower-dp.md, "Auditing"), on the workload's private-training path, seeded by the run."""
     out: dict[str, float] = {}

@@ -60,13 +60,15 @@ from flowerbed.clients.core.config import (
     validate_structured,
 )
 from flowerbed.clients.core.errors import ConfigError
-from flowerbed.server.cells import finished_ids, label, run_cells
+from flowerbed.server.cells import Cell, Row, finished_ids, label, run_cells
 from flowerbed.server.experiment import resolve
 from flowerbed.server.sweep_layout import ReportConfig
 from flowerbed.server.sweep_report import write_outputs
 from flowerbed.server.sweep_stats import ARM_KEY, SEED_KEY
 
 if TYPE_CHECKING:
+    from flwr.serverapp import Grid
+
     from flowerbed.server.ray_sweep import RayOptions
 
 
@@ -153,10 +155,10 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
     return node
 
 
-def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
+def cells_of(sweep: SweepConfig) -> list[Cell]:
     """Every run of the sweep: arms x grid x seeds, arm outermost, seed innermost; then the
     cells of each of ``grids`` not already listed, in the same order."""
-    cells: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     seen: set[str] = set()
     for grid in (sweep.grid, *sweep.grids):
         axes: dict[str, list[object]] = {ARM_KEY: [a.name for a in sweep.arms]} if sweep.arms else {}  # fmt: skip
@@ -175,7 +177,7 @@ def cells_of(sweep: SweepConfig) -> list[dict[str, Any]]:
     return cells
 
 
-def _left_out(sweep: SweepConfig, params: dict[str, Any]) -> bool:
+def _left_out(sweep: SweepConfig, params: dict[str, object]) -> bool:
     """The cell's arm is not crossed with one of the cell's defenses (``Arm.without``)."""
     arm = next((a for a in sweep.arms if a.name == params.get(ARM_KEY)), None)
     defenses = params.get("defenses") or []
@@ -214,7 +216,7 @@ def cannot_combine(sweep: SweepConfig) -> list[dict[str, str]]:
     return out
 
 
-def cell_config(sweep: SweepConfig, cell: dict[str, Any], engine: str | None = None) -> Experiment:
+def cell_config(sweep: SweepConfig, cell: Cell, engine: str | None = None) -> Experiment:
     """The resolved experiment of one cell: base + sweep overrides + the cell's grid values.
 
     ``engine`` overrides the sweep's engine (Ray cells run inline inside their task).
@@ -272,8 +274,8 @@ def check_same_sweep(sweep: SweepConfig, out: Path) -> None:
 
 
 def run_sweep(
-    sweep: SweepConfig, out: Path, make_grid: Callable[[int], Any], resume: bool = False,
-    on_cell: Callable[[dict[str, Any]], None] | None = None, ray: RayOptions | None = None,
+    sweep: SweepConfig, out: Path, make_grid: Callable[[int], Grid], resume: bool = False,
+    on_cell: Callable[[Row], None] | None = None, ray: RayOptions | None = None,
 ) -> Path:  # fmt: skip
     """Run every unfinished cell of ``sweep`` into ``out``; then write the table and plots.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Protocol
 
 import pandas as pd
 
@@ -28,6 +28,16 @@ class ReportConfig:
     extra: list[str] = field(default_factory=list)
 
 
+class ReportedSweep(Protocol):
+    """What the report reads of a sweep (``server.sweep.SweepConfig``, which imports the report:
+    the report names this instead)."""
+
+    name: str
+    base: str
+    engine: str
+    report: ReportConfig
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
     """A pandas frame (index = first column) as a Markdown table."""
     head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
@@ -38,7 +48,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return "–" if math.isnan(value) else f"{value:.4g}"
     return str(value)

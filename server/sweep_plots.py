@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from flowerbed.server.robustness_report import heatmap, is_robustness
 from flowerbed.server.sweep_labels import KEY_COLUMNS, KEY_LINE_IN, key_table, place_labels
-from flowerbed.server.sweep_layout import Goal, _ok
+from flowerbed.server.sweep_layout import Goal, ReportedSweep, _ok
 from flowerbed.server.sweep_stats import NONE, Estimate
 from flowerbed.server.sweep_study import UNDEFENDED, family_of, is_study, panels_of, strength_of
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.figure import Figure
 
 
 def grid_plot_name(value: str, x: str) -> str:
@@ -67,7 +72,7 @@ def plots(sweep: Any, frame: pd.DataFrame, out: Path) -> None:
         plt.close(fig)
 
 
-def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path, close: bool = True) -> Any:
+def frontier_plot(sweep: ReportedSweep, ok: pd.DataFrame, path: Path, close: bool = True) -> Figure:
     """Worst-case leakage vs utility, one panel per arm: a line per defense family ordered by
     utility, 95 % intervals as bars, undefended as a star, the prior (advantage 0) as a line.
     Each point carries a number placed in a free slot near it (a leader line back to it); the
@@ -92,7 +97,7 @@ def frontier_plot(sweep: Any, ok: pd.DataFrame, path: Path, close: bool = True) 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     families = list(dict.fromkeys(family_of(s) for p in panels for s in p.estimates))
     families = [f for f in families if f != UNDEFENDED]
-    handles: dict[str, Any] = {}
+    handles: dict[str, Any] = {}  # Line2D or ErrorbarContainer: fig.legend takes both
     labelled = []
     for ax, kax, panel in zip(axes, key_axes, panels, strict=True):
         points = []  # (key-table entry, estimates, colour)
@@ -158,8 +163,8 @@ def _plottable(est: dict[str, Estimate], utility: str) -> bool:
     return not (math.isnan(e.mean) or math.isnan(est["worst_case"].mean))
 
 
-def _errorbars(ax: Any, utility: str, ests: list[dict[str, Estimate]], colour: str,
-               marker: str, ls: str, size: float = 6) -> Any:  # fmt: skip
+def _errorbars(ax: Axes, utility: str, ests: list[dict[str, Estimate]], colour: str,
+               marker: str, ls: str, size: float = 6) -> ErrorbarContainer:  # fmt: skip
     def bar(key: str) -> list[list[float]]:
         lows = [0.0 if math.isnan(e[key].lo) else e[key].mean - e[key].lo for e in ests]
         highs = [0.0 if math.isnan(e[key].hi) else e[key].hi - e[key].mean for e in ests]

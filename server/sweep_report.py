@@ -25,12 +25,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from flowerbed.server.robustness_report import is_robustness, robustness_md
-from flowerbed.server.sweep_layout import ReportConfig, _ok, markdown_table
+from flowerbed.server.sweep_layout import ReportConfig, ReportedSweep, _ok, markdown_table
 from flowerbed.server.sweep_plots import frontier_plot, grid_plot_name, plots
 from flowerbed.server.sweep_stats import expand_repeats
 from flowerbed.server.sweep_study import is_study, pareto, study_md
@@ -61,7 +60,7 @@ def load_cells(out: Path, order: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(flat)
 
 
-def write_outputs(sweep: Any, out: Path, order: list[str] | None = None) -> None:
+def write_outputs(sweep: ReportedSweep, out: Path, order: list[str] | None = None) -> None:
     """cells.csv (one row per run x attacked (round, client), runs in ``order``), results.md and
     the PNG plots of ``sweep.report``."""
     frame = expand_repeats(load_cells(out, order), out / "cells")
@@ -101,7 +100,9 @@ def cannot_combine_md(refused: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-def results_md(sweep: Any, frame: pd.DataFrame, refused: list[dict[str, str]] | None = None) -> str:
+def results_md(
+    sweep: ReportedSweep, frame: pd.DataFrame, refused: list[dict[str, str]] | None = None
+) -> str:
     rep = sweep.report
     runs = frame["cell"].nunique() if "cell" in frame else len(frame)
     attacked = any(str(c).startswith("attack.") for c in frame.columns)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from flowerbed.server.sweep_layout import Goal, ReportConfig, markdown_table
+from flowerbed.server.sweep_layout import Goal, ReportConfig, ReportedSweep, markdown_table
 from flowerbed.server.sweep_stats import (
     ARM_KEY,
     NONE,
@@ -172,7 +172,7 @@ def pareto_md(rep: ReportConfig, panel: Panel) -> list[str]:
     return lines + ([""] + dominated if dominated else [])
 
 
-def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
+def study_md(sweep: ReportedSweep, frame: pd.DataFrame) -> list[str]:
     rep = sweep.report
     arrow = "higher" if rep.utility_goal == Goal.max else "lower"
     lines = []
@@ -209,7 +209,7 @@ def study_md(sweep: Any, frame: pd.DataFrame) -> list[str]:
     return lines + ["Frontier plot: `frontier.png`.", ""]
 
 
-def is_study(sweep: Any, ok: pd.DataFrame) -> bool:
+def is_study(sweep: ReportedSweep, ok: pd.DataFrame) -> bool:
     """A privacy-utility study: defense settings as rows, a utility (the report's or an arm's) and
     an attack metric present."""
     rep = sweep.report

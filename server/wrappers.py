@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app.typing import MetricRecordValues
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import strategy_utils
+from flwr.serverapp.strategy import Strategy, strategy_utils
 
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.common import Attack, AttackContext
+from flowerbed.attacks.protocols import Answer, Scorer
 from flowerbed.attacks.truth import TruthSource
-from flowerbed.clients.core.capabilities import Capability, alternatives, offered
+from flowerbed.clients.core.capabilities import Capability, Needs, alternatives, offered
 from flowerbed.clients.core.config import Experiment
 from flowerbed.clients.core.seeding import client_seed
 from flowerbed.clients.core.wrapper import StrategyWrapper
@@ -52,11 +53,13 @@ class SeededSampling(StrategyWrapper):
     ``random``; it is swapped for the seeded instance while the round is configured.
     """
 
-    def __init__(self, inner: Any, seed: int) -> None:
+    def __init__(self, inner: Strategy, seed: int) -> None:
         super().__init__(inner)
         self.seed = seed
 
-    def _sampled(self, salt: int, server_round: int, configure: Callable[[], Any]) -> Any:
+    def _sampled(
+        self, salt: int, server_round: int, configure: Callable[[], Iterable[Message]]
+    ) -> Iterable[Message]:
         seed = client_seed(self.seed, 0, server_round, salt=salt)
         random.seed(seed)  # strategies that draw from ``random`` themselves
         module = strategy_utils.random
@@ -84,11 +87,11 @@ class MetricsTap(StrategyWrapper):
     strategy let into the aggregate (the summary's ``kept_partitions``; the rest were dropped).
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Strategy) -> None:
         super().__init__(inner)
-        self.train: dict[int, dict[str, Any]] = {}
-        self.evaluate: dict[int, dict[str, Any]] = {}
-        self.dp: dict[int, dict[str, Any]] = {}
+        self.train: dict[int, dict[str, MetricRecordValues]] = {}
+        self.evaluate: dict[int, dict[str, MetricRecordValues]] = {}
+        self.dp: dict[int, dict[str, float]] = {}
         self.comm: dict[int, dict[str, float]] = {}
         self.partitions: dict[int, list[int]] = {}
         #: partition ids a selecting strategy let into the aggregate (``kept-partitions``), per round
@@ -131,7 +134,7 @@ class MetricsTap(StrategyWrapper):
         return metrics
 
 
-def attack_capabilities(experiment: Experiment, workload: Workload, needs: Any) -> frozenset[Capability]:  # fmt: skip
+def attack_capabilities(experiment: Experiment, workload: Workload, needs: Needs) -> frozenset[Capability]:  # fmt: skip
     """What the workload offers (under its params) of the first alternative of ``needs`` it fits
     (resolution checked that one does)."""
     available, _ = offered(type(workload), experiment.workload.params)
@@ -140,7 +143,7 @@ def attack_capabilities(experiment: Experiment, workload: Workload, needs: Any) 
 
 
 def attack_context(
-    experiment: Experiment, workload: Workload, needs: Any,
+    experiment: Experiment, workload: Workload, needs: Needs,
     defenses: list[Defense] | None = None,
 ) -> AttackContext:  # fmt: skip
     """What the configured attack may know: the run's seed, rounds, clients and name, the public
@@ -169,7 +172,7 @@ def truth_source(
 
 def build_attack(
     experiment: Experiment, workload: Workload, defenses: list[Defense] | None = None
-) -> tuple[Attack, Any]:
+) -> tuple[Attack, Scorer[Answer] | None]:
     """The configured attack (its typed ``Params`` and ``AttackContext``, never the config) and
     its scorer (built from a ``TruthSource``: ground truth never reaches the attack)."""
     cls = ATTACKS.get(experiment.attack.name or "")
@@ -181,7 +184,7 @@ def build_attack(
     return attack, scorer
 
 
-def build_strategy(experiment: Experiment, writer: ResultsWriter, workload: Workload) -> Any:
+def build_strategy(experiment: Experiment, writer: ResultsWriter, workload: Workload) -> Strategy:
     """Base strategy (its typed params and a narrow context with the server's ``workload``),
     inner defense wrappers, the attack's observer, then outer (visibility) ones."""
     strategy = detection_tap(experiment, base_strategy(experiment, workload), writer)

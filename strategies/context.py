@@ -12,8 +12,8 @@ reaches the capability contract it ``needs`` (checked when the config is resolve
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -30,6 +30,16 @@ if TYPE_CHECKING:
     from flowerbed.clients.workloads import Workload
 
 P = TypeVar("P")
+
+
+class SamplingKwargs(TypedDict):
+    """Flower's client-sampling keyword arguments, as :meth:`Sampling.kwargs` passes them."""
+
+    fraction_train: float
+    fraction_evaluate: float
+    min_train_nodes: int
+    min_evaluate_nodes: int
+    min_available_nodes: int
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,12 @@ class Sampling:
             min_available_nodes=clients.num,
         )
 
-    def kwargs(self) -> dict[str, Any]:
-        return asdict(self)
+    def kwargs(self) -> SamplingKwargs:
+        return SamplingKwargs(
+            fraction_train=self.fraction_train, fraction_evaluate=self.fraction_evaluate,
+            min_train_nodes=self.min_train_nodes, min_evaluate_nodes=self.min_evaluate_nodes,
+            min_available_nodes=self.min_available_nodes,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,19 +125,19 @@ class StrategyEntry(Component[StrategyContext]):
         return None
 
 
-def strategy_context(experiment: Experiment, workload: Any = None) -> StrategyContext:
+def strategy_context(experiment: Experiment, workload: Workload | None = None) -> StrategyContext:
     return StrategyContext(
         experiment.seed, experiment.rounds, Sampling.of(experiment.clients), workload
     )
 
 
-def build_strategy(experiment: Experiment, workload: Any = None) -> Any:
+def build_strategy(experiment: Experiment, workload: Workload | None = None) -> Strategy:
     """The configured base strategy: ``cls(typed params, narrow context).strategy()``."""
     cls = STRATEGIES.get(experiment.strategy.name or "")
     return cls(experiment.strategy.params, strategy_context(experiment, workload)).strategy()
 
 
-def published_rule(experiment: Experiment) -> Any:
+def published_rule(experiment: Experiment) -> AggregationRule | None:
     """The configured strategy's published aggregation rule (``aggregation_rule(params)``, a
     ``flowerbed.clients.malicious.AggregationRule``), or ``None`` when it publishes none."""
     cls = STRATEGIES.get(experiment.strategy.name or "")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack, cast
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import choices, param
 from flowerbed.clients.runtime import PARTITION_KEY
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyEntry
+from flowerbed.strategies.context import SamplingKwargs, StrategyEntry
 
 if TYPE_CHECKING:
     from flowerbed.clients.workloads.fcm import ModelSpec
@@ -120,12 +120,22 @@ Aggregation = choices("Aggregation", ("concept", "fedavg"))
 Expansion = choices("Expansion", ("grow", "ignore", "restart"))
 
 
+class ConceptEntry(TypedDict):
+    """One concept of the registry clients receive (``registry_json``)."""
+
+    name: str
+    type: str
+    first_round: int
+    #: the round its task-head block starts training (a warm-up under ``expansion: grow``)
+    task_from: NotRequired[int]
+
+
 class FCMStrategy(FedAvg):
     """Flower Strategy (via FedAvg's sampling) with per-concept aggregation and a concept registry."""
 
     def __init__(
         self, spec: ModelSpec, seed: int = 0, aggregation: str = "concept", expansion: str = "grow",
-        warmup: int = 0, server_lr: float = 1.0, server_momentum: float = 0.0, **kwargs: Any,
+        warmup: int = 0, server_lr: float = 1.0, server_momentum: float = 0.0, **kwargs: Unpack[SamplingKwargs],
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec  # the concept model's spec (the workload's ``concept-registry`` contract)
@@ -136,7 +146,7 @@ class FCMStrategy(FedAvg):
         self.server_lr = server_lr
         self.server_momentum = server_momentum
         self.buffers: dict[str, np.ndarray] = {}  # server momentum per key (server_step)
-        self.registry: list[dict[str, Any]] = []
+        self.registry: list[ConceptEntry] = []
         self.version = 0
         self.current: dict[str, np.ndarray] = {}
 
@@ -159,7 +169,7 @@ class FCMStrategy(FedAvg):
         seed = self.seed
         first = server_round + 1
         for name in new:
-            entry = {"name": name, "type": "binary", "first_round": first}
+            entry: ConceptEntry = {"name": name, "type": "binary", "first_round": first}
             if self.expansion == "grow" and self.warmup:
                 # warm-up: the module is trained on its concept labels only, its (zero) task-head
                 # block is frozen until this round, so the task head never fits a random module

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -20,7 +20,7 @@ from flowerbed.clients.workloads.routing.kmeans import (
     server_kmeans_init,
 )
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyEntry
+from flowerbed.strategies.context import SamplingKwargs, StrategyEntry
 from flowerbed.strategies.routing import as_numpy, as_record, scalar_metrics, valid_replies
 
 
@@ -52,7 +52,9 @@ def aggregate_lloyd(
 class FedRouterKMeans(FedAvg):
     """Round 1 ``phase=init`` (local centroids -> global k-means++ start), then ``phase=lloyd``."""
 
-    def __init__(self, tables: KMeansConfig, init_iters: int, seed: int, **kwargs: Any) -> None:
+    def __init__(
+        self, tables: KMeansConfig, init_iters: int, seed: int, **kwargs: Unpack[SamplingKwargs]
+    ) -> None:
         super().__init__(**kwargs)
         self.tables = tables
         self.init_iters, self.seed = init_iters, seed

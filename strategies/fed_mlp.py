@@ -4,7 +4,7 @@ evaluators only; see ``strategies/routing.py``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Unpack, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -14,7 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.workloads.routing.mlp import HEAD_PREFIXES
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import StrategyEntry
+from flowerbed.strategies.context import SamplingKwargs, StrategyEntry
 from flowerbed.strategies.routing import (
     EVALS_KEY,
     as_numpy,
@@ -57,7 +57,7 @@ def aggregate_router_mlp(
 class FedRouterMLP(FedAvg):
     """FedAvg with per-model head rows averaged only over the clients that evaluated the model."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Unpack[SamplingKwargs]) -> None:
         super().__init__(**kwargs)
         self._global: dict[str, np.ndarray] | None = None
 

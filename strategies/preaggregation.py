@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
 from flwr.serverapp.strategy import Strategy
 
 from flowerbed.clients.core.params import choices, param
@@ -75,7 +75,7 @@ def _metrics(contents: list[RecordDict], partition: int) -> MetricRecord:
     """The example-weighted mean of numeric metrics, the summed ``num-examples``, a new id."""
     records = [next(iter(c.metric_records.values())) for c in contents]
     weights = np.array([float(r.get("num-examples", 1.0)) for r in records])  # type: ignore[arg-type]
-    out: dict[str, Any] = {}
+    out: dict[str, MetricRecordValues] = {}
     for name in records[0]:
         values = [r[name] for r in records]
         if all(isinstance(v, int | float) for v in values):

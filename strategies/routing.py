@@ -19,10 +19,11 @@ The math is in pure numpy functions over ``dict[str, ndarray]`` so tests call it
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app.typing import MetricRecordValues
 
 EVALS_KEY = "n-evals-per-model"
 
@@ -39,7 +40,7 @@ def scalar_metrics(replies: list[Message]) -> MetricRecord:
     """Example-weighted mean of the scalar metrics (list-valued ones are per-client data)."""
     records = [next(iter(r.content.metric_records.values())) for r in replies]
     weights = np.array([float(cast(int, r["num-examples"])) for r in records])
-    out: dict[str, Any] = {"num-examples": int(weights.sum())}
+    out: dict[str, MetricRecordValues] = {"num-examples": int(weights.sum())}
     keys = set.intersection(*(set(r.keys()) for r in records)) - {"num-examples", "partition-id"}
     for key in sorted(keys):
         if all(isinstance(r[key], int | float) for r in records):

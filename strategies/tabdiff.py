@@ -9,7 +9,7 @@ move the schedule.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Unpack, cast
 
 import numpy as np
 import torch
@@ -19,13 +19,13 @@ from flowerbed.clients.contracts import TabularDiffusionOffer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.tabdiff.model import k_from_raw, k_to_raw
 from flowerbed.strategies import STRATEGIES
-from flowerbed.strategies.context import RemembersSent, StrategyEntry
+from flowerbed.strategies.context import RemembersSent, SamplingKwargs, StrategyEntry
 
 K_KEY = "k_raw"
 
 
 class TabDiffFedAvg(RemembersSent):
-    def __init__(self, learnable_k: bool, **kwargs: Any) -> None:
+    def __init__(self, learnable_k: bool, **kwargs: Unpack[SamplingKwargs]) -> None:
         super().__init__(**kwargs)
         self.learnable_k = learnable_k
 

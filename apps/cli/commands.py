@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
@@ -20,6 +20,10 @@ from flowerbed.apps.cli.flower_log import _quiet_flower
 from flowerbed.apps.cli.orchestration import execute, prepare, raw_engine, raw_setting
 from flowerbed.apps.cli.render import summary_view
 from flowerbed.clients.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flowerbed.clients.core.values import JsonValue
+    from flowerbed.server.cells import Row
 
 KINDS = (
     "experiments",
@@ -79,9 +83,9 @@ def run(
     """Run one experiment and print its summary table."""
     from flowerbed.apps.progress import RunProgress
 
-    forced: dict[str, Any] = {"engine": engine, "seed": seed}
+    forced: dict[str, JsonValue] = {"engine": engine, "seed": seed}
     if superlink is not None:
-        deployment = {"superlink": superlink}
+        deployment: dict[str, JsonValue] = {"superlink": superlink}
         if root_certificates is not None:
             deployment["root_certificates"] = str(root_certificates.resolve())
         forced["deployment"] = deployment
@@ -284,7 +288,7 @@ def sweep(
         where = "Ray tasks" if ray_options is not None else f"{spec.engine} engine"
         progress.status(f"{where}: running {total - done} cells…")
 
-        def on_cell(row: dict) -> None:
+        def on_cell(row: Row) -> None:
             progress.update(task, advance=1)
             progress.status(f"last cell {row['id']}: {row['status']}")
             progress.metrics(row.get("metrics", {}))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Any
 
 import click
 import typer
@@ -38,7 +37,7 @@ def fail(message: str) -> None:
 class ErrorBoundary(TyperGroup):
     """Every command runs inside this: user errors are one line, internal errors a short traceback."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:  # the command's own return value
         try:
             return super().invoke(ctx)
         except ConfigError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from flowerbed.apps.cli.errors import console
 
@@ -32,7 +32,7 @@ def _log_warning(
     category: type[Warning],
     filename: str,
     lineno: int,
-    file: Any = None,
+    file: TextIO | None = None,
     line: str | None = None,
 ) -> None:
     """``warnings.showwarning`` that hands the warning to the ``py.warnings`` logger."""

@@ -8,18 +8,22 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flowerbed.apps.cli.flower_log import LogTail, _quiet_flower
 from flowerbed.clients.core.errors import ConfigError, RunFailed
 
 if TYPE_CHECKING:
+    from flowerbed.apps.engines import Engine
+    from flowerbed.apps.progress import RunProgress
     from flowerbed.clients.core.config import Experiment
+    from flowerbed.clients.core.values import JsonValue
+    from flowerbed.server.results import Summary
 
 
 def prepare(
     experiment: str, overrides: list[str], isolated: bool = False,
-    zygote: tuple[str, int] | None = None, **forced: Any,
+    zygote: tuple[str, int] | None = None, **forced: JsonValue,
 ) -> Experiment:  # fmt: skip
     """Resolve and pre-flight a config (dataset readable, workload constructible).
 
@@ -42,7 +46,7 @@ def raw_engine(experiment: str, overrides: list[str], engine: str | None) -> str
     return str(raw_setting(experiment, overrides, "engine") or "simulation")
 
 
-def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
+def raw_setting(experiment: str, overrides: list[str], dotted: str) -> object:
     """A key of a config (overrides first, then the preset or file), read without resolving it."""
     from flowerbed.clients.core.config import load_base, parse_overrides
     from flowerbed.clients.core.files import dotted_get
@@ -56,9 +60,9 @@ def raw_setting(experiment: str, overrides: list[str], dotted: str) -> Any:
 
 
 def execute(
-    experiment: Experiment, run_dir: Path, progress: Any = None, verbose: bool = False,
-    engine: Any = None,
-) -> dict:  # fmt: skip
+    experiment: Experiment, run_dir: Path, progress: RunProgress | None = None,
+    verbose: bool = False, engine: Engine | None = None,
+) -> Summary:  # fmt: skip
     """Run a resolved experiment on its engine; remove the run directory if the input was at
     fault.
 

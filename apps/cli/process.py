@@ -6,7 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 
 def _record_start() -> None:
@@ -36,7 +36,7 @@ def process_start() -> float:
 def _terminate_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so engines stop the processes they started."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     import threading

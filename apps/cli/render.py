@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Group
 from rich.table import Table as RichTable
 from rich.text import Text
 
+if TYPE_CHECKING:
+    from flowerbed.server.results import Summary
 
-def summary_view(summary: dict) -> Group:
+
+def summary_view(summary: Summary) -> Group:
     """The summary table, then one line of counts and timings (never a wrapped caption)."""
     table = RichTable(
         title=f"{summary['experiment']} ({summary['engine']}, seed {summary['seed']})"
@@ -21,7 +26,7 @@ def summary_view(summary: dict) -> Group:
     return Group(table, *shown, Text(summary_caption(summary)))
 
 
-def summary_caption(summary: dict) -> str:
+def summary_caption(summary: Summary) -> str:
     """``3 rounds, 10 clients; 24.1 s (start-up 9.2 s); failed replies: none``."""
     per_round = summary.get("failures_per_round", [])
     failed = [f"round {i}: {n}" for i, n in enumerate(per_round, start=1) if n]

@@ -9,7 +9,6 @@ chosen by ``attacks.adaptive.selection`` (prior guess, unaware or aware; ``attac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
@@ -19,7 +18,7 @@ from flowerbed.attacks.common import InversionAttack
 from flowerbed.attacks.goliath import GOLIATH, GoliathParams, TabularInversion, TruthScorer
 from flowerbed.attacks.inversion.types import DiffusionReplay
 from flowerbed.attacks.observer import AttackObserver
-from flowerbed.attacks.protocols import Scorer, Writer
+from flowerbed.attacks.protocols import Answer, Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 
@@ -46,7 +45,7 @@ class GoliathAdaptive(InversionAttack):
         return DefenseAwareInversion(self.ctx.replay_as(DiffusionReplay), self.budgeted(), self.ctx.mechanisms,
                                      self.params.average_rounds)  # fmt: skip
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         p = self.params
         replay = self.ctx.replay_as(DiffusionReplay)
         unaware = TabularInversion(replay, self.budgeted()) if p.compare_unaware else None

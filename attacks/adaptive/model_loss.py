@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from flwr.serverapp.strategy import Strategy
@@ -63,7 +63,7 @@ from flowerbed.attacks.inversion.types import (
     Reconstruction,
 )
 from flowerbed.attacks.observer import AttackObserver
-from flowerbed.attacks.protocols import Scorer, Writer
+from flowerbed.attacks.protocols import Answer, Scorer, Writer
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import GaussianNoise, Mechanism, Quantisation, Sparsification
 from flowerbed.clients.model_loss import ModelLoss
@@ -251,7 +251,7 @@ class ModelLossAdaptive(InversionAttack):
         return DefenseAwareModelLoss(replay, settings, self.registry_name,
                                      self.ctx.mechanisms, plain)  # fmt: skip
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         p, adaptive = self.params, self.engine()
         unaware = adaptive.plain if p.compare_unaware else None
         hooks = DefenseAware(adaptive, unaware, seed=self.ctx.seed)

@@ -17,7 +17,6 @@ attacker's best learning rate (an upper bound of what such an attacker gets).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from flwr.serverapp.strategy import Strategy
@@ -26,7 +25,7 @@ from torch import nn
 from flowerbed.attacks import ATTACKS
 from flowerbed.attacks.model_stealing import ModelStealing, Stealing, steal
 from flowerbed.attacks.observer import AttackObserver
-from flowerbed.attacks.protocols import Scorer, Writer
+from flowerbed.attacks.protocols import Answer, Scorer, Writer
 from flowerbed.clients.core.capabilities import Capability
 from flowerbed.clients.core.params import param
 from flowerbed.clients.defenses import WeightFlipping
@@ -111,7 +110,7 @@ class ModelStealingAdaptive(ModelStealing):
 
     params: Params
 
-    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Any] | None) -> Strategy:
+    def wrap(self, strategy: Strategy, writer: Writer, scorer: Scorer[Answer] | None) -> Strategy:
         params = self.params
         if not params.rho:  # the release's published flip fraction
             rhos = [m.rho for m in self.ctx.mechanisms if isinstance(m, WeightFlipping)]

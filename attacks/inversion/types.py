@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,9 @@ from flowerbed.clients.model_loss import ModelLoss
 from flowerbed.clients.tabdiff.model import Denoiser, DiffusionSpec, Rows, split_blocks
 from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
 from flowerbed.clients.tabdiff.training import Protocol as DiffusionProtocol
+
+if TYPE_CHECKING:
+    from flowerbed.clients.contracts import TabularDiffusionOffer
 
 Tensors = dict[str, torch.Tensor]
 #: a defense's public transform of an update, as a defense-aware attacker models it: a simulated
@@ -42,7 +45,7 @@ class DiffusionReplay:
     prep: TablePreprocessor
 
     @classmethod
-    def of(cls, workload: Any) -> DiffusionReplay:
+    def of(cls, workload: TabularDiffusionOffer) -> DiffusionReplay:
         """The public half of a tabular-diffusion ``workload`` (the server's own copy)."""
         return cls(workload.model, workload.protocol, workload.prep)
 

@@ -33,6 +33,7 @@ from flowerbed.server.processes import (
 from flowerbed.server.results import (
     METRICS_MARKER,
     SUMMARY_MARKER,
+    Summary,
     atomic_write,
     plot_curves,
     render_report,
@@ -78,7 +79,7 @@ def run_deployment(
     run_dir: Path,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Submit ``experiment`` with ``flwr run --stream``; rebuild ``run_dir`` from the streamed results.
 
     The ``flwr`` CLI runs in its own process group under a :class:`Reaper`: however this process
@@ -128,7 +129,7 @@ def run_deployment(
             f"the run ended without results (flwr run exit {proc.returncode}): "
             f"{_last_problem(log_path)} (Flower's log: {kept})"
         )
-    summary = dict(stream.summary, run_dir=str(run_dir))
+    summary: Summary = {**stream.summary, "run_dir": str(run_dir)}
     summary["serverapp_run_dir"] = stream.summary.get("run_dir")
     _rebuild(run_dir, stream.history, summary, experiment)
     return summary
@@ -141,7 +142,7 @@ class _Stream:
         self.on_round = on_round
         self.history: list[dict[str, Any]] = []
         self.final: dict[str, float] = {}
-        self.summary: dict[str, Any] | None = None
+        self.summary: Summary | None = None
         self.error: str | None = None
 
     def feed(self, line: str) -> None:
@@ -171,7 +172,7 @@ def _last_problem(log_path: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _rebuild(run_dir: Path, history: list[dict], summary: dict, experiment: Experiment) -> None:
+def _rebuild(run_dir: Path, history: list[dict], summary: Summary, experiment: Experiment) -> None:
     """Write the run directory from what the (possibly remote) ServerApp streamed."""
     atomic_write(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from flowerbed.clients.core.config import ClientsConfig, Experiment, encode_config, to_yaml
 from flowerbed.clients.core.errors import ConfigError
@@ -39,7 +39,10 @@ from flowerbed.server.processes import (
 )
 from flowerbed.server.ray_cluster import RayCluster
 from flowerbed.server.ray_local import HEAD_ENV, ZYGOTE_ENV, ZYGOTE_PID_ENV, head_command
-from flowerbed.server.results import atomic_write, read_history
+from flowerbed.server.results import Summary, atomic_write, read_history
+
+if TYPE_CHECKING:
+    from flowerbed.server.cells import Cell
 
 #: environment of ``flwr-simulation`` with the engine's own Ray head: Ray passes the ClientApp
 #: actors' runtime environment through ``apps/ray_warm.py`` (Ray's ``RAY_RUNTIME_ENV_HOOK``)
@@ -62,7 +65,7 @@ PHASES = [
 
 
 @contextlib.contextmanager
-def boot(ray_address: str | None = None) -> Iterator[Callable[..., dict[str, Any]]]:
+def boot(ray_address: str | None = None) -> Iterator[Callable[..., Summary]]:
     """The engine with what it needs started now (it boots while the CLI checks the config): its
     SuperLink, or with ``ray_address`` the connection to that Ray cluster (a wrong address is a
     ``ConfigError`` before anything runs); stopped when the block ends."""
@@ -97,7 +100,7 @@ def run_simulation(
     on_status: Callable[[str], None] | None = None,
     superlink: LocalSuperLink | None = None,
     cluster: RayCluster | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Run a resolved experiment on Ray through ``flwr run``; returns the summary.
 
     ``superlink``: a :class:`LocalSuperLink` started earlier (by default one is started here).
@@ -128,7 +131,7 @@ def _on_cluster(cluster: RayCluster, experiment: Experiment) -> str:
 def _run(
     experiment: Experiment, run_dir: Path, run_config: str, on_round, on_status,  # noqa: ANN001
     superlink: LocalSuperLink | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> Summary:  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(run_dir / "config.yaml", to_yaml(experiment))
     log_path = run_dir / "flower.log"
@@ -178,7 +181,7 @@ class _Phases:
 
 
 def run_simulation_sweep(
-    experiments: list[Experiment], cells: list[dict], out: Path, on_cell=None,  # noqa: ANN001
+    experiments: list[Experiment], cells: list[Cell], out: Path, on_cell=None,  # noqa: ANN001
 ) -> None:  # fmt: skip
     """All cells in one ``flwr run``: the ServerApp loops over them on one Ray cluster."""
     if any(e.simulation.ray_address for e in experiments):
