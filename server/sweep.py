@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from flowerbed.clients.core.config import (
     parse_overrides,
     validate_structured,
 )
+from flowerbed.clients.core.diskcache import CACHE_ENV
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.cells import finished_ids, run_cells
 from flowerbed.server.experiment import resolve
@@ -239,6 +241,23 @@ def run_sweep(
             "each cell has its own)"
         )
     out.mkdir(parents=True, exist_ok=True)
+    # what cells share is built once per machine (e.g. a tabdiff warm start, once per seed)
+    owned = CACHE_ENV not in os.environ
+    if owned:
+        os.environ[CACHE_ENV] = str(out / ".cache")
+    try:
+        _run_todo(sweep, out, cells, todo, nums, make_grid, ray, on_cell)
+    finally:
+        if owned:
+            os.environ.pop(CACHE_ENV, None)
+    return out
+
+
+def _run_todo(
+    sweep: SweepConfig, out: Path, cells: list[dict[str, Any]], todo: list[Any], nums: set[int],
+    make_grid: Callable[[int], Any], ray: RayOptions | None,
+    on_cell: Callable[[dict[str, Any]], None] | None,
+) -> None:  # fmt: skip
     (out / "sweep.json").write_text(
         json.dumps({"name": sweep.name, "spec": spec_hash(sweep), "cells": cells}, default=str,
                    indent=1)
@@ -255,7 +274,6 @@ def run_sweep(
 
             run_simulation_sweep([e for _, e in todo], [c for c, _ in todo], out, on_cell)
     write_outputs(sweep, out, [cell["id"] for cell in cells_of(sweep)])
-    return out
 
 
 __all__ = ["Arm", "SweepConfig", "load_sweep", "run_sweep", "cells_of"]
