@@ -59,12 +59,6 @@ class Pretraining:
     batch_size: int
     lr: float
 
-    def describe(self) -> str:
-        return (
-            f"warm start: pretrained on {self.rows} public Adult-split rows disjoint from the "
-            f"clients' ({self.epochs} epochs of Adam, batch {self.batch_size}, lr {self.lr:g})"
-        )
-
 
 def public_table_key(dataset_json: str) -> tuple[str, int]:
     """The dataset key of the whole table (``max_rows`` lifted) and the clients' row count.
