@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 
 LOCAL = "local"
 ADDRESS_FORMS = "local, auto, ray://HOST:PORT, HOST:PORT"
-#: environment passed from the driver to every worker (same kernels on every machine)
-PASSED_ENV = ("ATEN_CPU_CAPABILITY",)
+#: environment passed from the driver to every worker (same kernels on every machine; the
+#: disk cache of what cells share, ``clients.core.diskcache``)
+PASSED_ENV = ("ATEN_CPU_CAPABILITY", "FLOWERBED_CACHE_DIR")
 POLL_S = 0.5
 
 

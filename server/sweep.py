@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from flowerbed.clients.core.config import (
     parse_overrides,
     validate_structured,
 )
+from flowerbed.clients.core.diskcache import CACHE_ENV
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.cells import Cell, Row, finished_ids, label, run_cells
 from flowerbed.server.experiment import resolve
@@ -298,6 +300,23 @@ def run_sweep(
             "each cell has its own)"
         )
     out.mkdir(parents=True, exist_ok=True)
+    # what cells share is built once per machine (e.g. a tabdiff warm start, once per seed)
+    owned = CACHE_ENV not in os.environ
+    if owned:
+        os.environ[CACHE_ENV] = str(out / ".cache")
+    try:
+        _run_todo(sweep, out, cells, todo, nums, make_grid, ray, on_cell)
+    finally:
+        if owned:
+            os.environ.pop(CACHE_ENV, None)
+    return out
+
+
+def _run_todo(
+    sweep: SweepConfig, out: Path, cells: list[Cell], todo: list[tuple[Cell, Experiment]],
+    nums: set[int], make_grid: Callable[[int], Grid], ray: RayOptions | None,
+    on_cell: Callable[[Row], None] | None,
+) -> None:  # fmt: skip
     held = {"name": sweep.name, "spec": spec_hash(sweep), "cells": cells,
             "cannot_combine": cannot_combine(sweep)}  # fmt: skip
     (out / "sweep.json").write_text(json.dumps(held, default=str, indent=1))
@@ -313,7 +332,6 @@ def run_sweep(
 
             run_simulation_sweep([e for _, e in todo], [c for c, _ in todo], out, on_cell)
     write_outputs(sweep, out, [cell["id"] for cell in cells_of(sweep)])
-    return out
 
 
 __all__ = ["Arm", "SweepConfig", "cannot_combine", "cells_of", "load_sweep", "run_sweep"]

@@ -42,6 +42,7 @@ from flowerbed.clients.tabdiff.model import (
     sample_latents,
 )
 from flowerbed.clients.tabdiff.preprocess import TablePreprocessor
+from flowerbed.clients.tabdiff.pretrain import Pretraining, pretrained_params, public_table_key
 from flowerbed.clients.tabdiff.quality import quality_report
 from flowerbed.clients.tabdiff.sampler import DivergedModel, sample_rows
 from flowerbed.clients.tabdiff.training import (
@@ -199,6 +200,12 @@ class TabDiff(Workload):
         eval_rows: int = param(1024, ge=1)
         quality_rows: int = param(0, ge=0)
         sample_steps: int = param(50, ge=1)
+        #: warm start: the server pretrains the initial model on this many public train rows
+        #: outside the clients' ``dataset.max_rows`` (0 = from scratch; clients.tabdiff.pretrain)
+        pretrain_rows: int = param(0, ge=0)
+        pretrain_epochs: int = param(20, ge=1)
+        pretrain_batch_size: int = param(256, ge=1)
+        pretrain_lr: float = param(2e-3, gt=0)
 
     params: Params
 
@@ -216,6 +223,11 @@ class TabDiff(Workload):
             p.protocol, p.batch_size, p.lr, p.local_epochs, p.optimizer, p.max_steps
         )
         self.model = build_model(self.spec, self.ctx.seed)
+        self.pretraining = Pretraining(
+            p.pretrain_rows, p.pretrain_epochs, p.pretrain_batch_size, p.pretrain_lr
+        )
+        if p.pretrain_rows:  # refuse a config with no public split before anything starts
+            public_table_key(self._key)
 
     @property
     def prep(self) -> TablePreprocessor:
@@ -236,8 +248,12 @@ class TabDiff(Workload):
         }
 
     def init_arrays(self) -> ArrayRecord:
+        """The seed's initial denoiser, pretrained on the public split when warm-started."""
         model = build_model(self.spec, self.ctx.seed)
-        return to_arrays(model, dict(model.named_parameters()))
+        if not self.pretraining.rows:
+            return to_arrays(model, dict(model.named_parameters()))
+        params = pretrained_params(self._key, self.prep, self.spec, self.pretraining, self.ctx.seed)
+        return to_arrays(model, params)
 
     # -- local step -----------------------------------------------------------------------------
     def fit(
@@ -321,6 +337,9 @@ class TabDiff(Workload):
         data = encoded(self._key)
         out = self._heldout_loss(to_params(arrays), data.test_num, data.test_codes)
         out.pop("num-examples")
+        if self.pretraining.rows:  # the summary says the run is warm-started, and from what
+            out["warm_start_rows"] = float(self.pretraining.rows)
+            out["warm_start_epochs"] = float(self.pretraining.epochs)
         if self.params.quality_rows and server_round == self.ctx.rounds:
             try:
                 synth = self.synthesize(arrays, self.params.quality_rows, self.ctx.seed)

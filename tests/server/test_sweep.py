@@ -1,6 +1,7 @@
 """Sweeps: one engine start, SIGKILL + --resume runs every cell exactly once, crashes recorded."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from flowerbed.apps.inline import inline_grid
+from flowerbed.clients.core.diskcache import CACHE_ENV
 from flowerbed.clients.core.errors import ConfigError
 from flowerbed.server.sweep import finished_ids, load_sweep, run_sweep
 
@@ -131,13 +133,22 @@ def test_cells_csv_keeps_every_seed_client_and_round_paired_across_defenses(seed
     assert row.count("[") >= 2  # utility and leakage with intervals
 
 
-def test_resume_with_more_seeds_runs_only_the_new_cell_seed_pairs(seeded):
+def test_resume_with_more_seeds_runs_only_the_new_cell_seed_pairs(seeded, monkeypatch):
     root, out = seeded
     spec = dict(SEEDED, seeds=[0, 1, 2, 3])
     (root / "more.yaml").write_text(yaml.safe_dump(spec))
-    ran = []
-    run_sweep(load_sweep(root / "more.yaml"), out, inline_grid, resume=True, on_cell=ran.append)
+    ran, caches = [], []
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+
+    def record(cell: dict) -> None:
+        ran.append(cell)
+        caches.append(os.environ.get(CACHE_ENV))
+
+    run_sweep(load_sweep(root / "more.yaml"), out, inline_grid, resume=True, on_cell=record)
     assert sorted(r["params"]["seed"] for r in ran) == ["3", "3"]  # one per setting
+    # the cells share one disk cache (a tabdiff warm start is built once per seed), the
+    # sweep's own, and the caller's environment is left as it was
+    assert caches == [str(out.resolve() / ".cache")] * 2 and CACHE_ENV not in os.environ
     ids = _valid_ids(out)
     assert len(ids) == len(set(ids)) == 8
 
@@ -186,11 +197,17 @@ def test_each_arm_gets_its_own_base_and_overrides():
         assert experiment.workload.name == workload[name.split("-")[0]], name
         assert params.protocol == name.split("-")[-1], name
         assert experiment.attack.params.rounds == [1, experiment.rounds], name
-        assert experiment.attack.params.target_clients == [0, 1, 2, 3], name
+        # the tabdiff arms (width 256, warm-started) attack fewer clients: the grid's time budget
+        fewer = {"tabdiff-fedsgd": [0], "tabdiff-fedavg": [0, 1]}
+        clients = fewer.get(name, [0, 1, 2, 3])
+        assert experiment.attack.params.target_clients == clients, name
+        if name.startswith("tabdiff"):
+            assert params.hidden == 256 and params.layers == 3 and params.pretrain_rows > 0
         if name.endswith("fedavg"):
             assert params.batch_size >= 32
             assert params.local_epochs >= 2
-    assert len(cells_of(sweep)) == 6 * 13 * 3
+    # tabdiff-fedavg runs undefended only (its ``without:``)
+    assert len(cells_of(sweep)) == 5 * 13 * 3 + 3
 
 
 def test_an_arm_without_secagg_is_not_crossed_with_it_and_the_full_grid_resolves():
