@@ -232,7 +232,20 @@ def main() -> None:
     ap.add_argument("--attacked", type=int, default=4, help="clients attacked per cell")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--workers", type=int, default=1, help="processes running cells at once")
+    ap.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="CSV",
+        help="re-render the table and heatmap from saved leakage_map.csv files",
+    )
     args = ap.parse_args()
+    if args.report:
+        missing = [str(p) for p in args.report if not p.is_file()]
+        if missing:
+            ap.error(f"--report: no such file: {', '.join(missing)}")
+        render(pd.concat([pd.read_csv(p) for p in args.report], ignore_index=True), args.out)
+        return
     if args.quick:
         args.rows, args.epochs, args.optimizers = [8], [1], ["adam"]
         args.trained, args.seeds, args.clients, args.attacked, args.iterations = 1, 1, 4, 1, 3
@@ -251,9 +264,13 @@ def main() -> None:
             records += out
             print(f"{job[0]} rows={job[2]} epochs={job[3]} {job[4]} round={job[5]} "
                   f"seed={job[1]}: strongest {out[-1]['strongest']:+.3f}", flush=True)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame(records)
-    frame.to_csv(args.out / "leakage_map.csv", index=False)
+    render(pd.DataFrame(records), args.out, args.workers)
+
+
+def render(frame: pd.DataFrame, out: Path, workers: int | None = None) -> None:
+    """``leakage_map.csv``, ``leakage_map.md`` (the table, CPU footer) and ``leakage_map.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "leakage_map.csv", index=False)
     summary = table(frame)
     lines = ["| workload | optimizer | round | rows | epochs | strongest advantage [95 %] | "
              "mean per attack | repeats |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -262,10 +279,12 @@ def main() -> None:
         lines.append(f"| {r['workload']} | {r['optimizer']} | {r['round']} | {r['rows']} | "
                      f"{r['epochs']} | {r['advantage']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
                      f"{each} | {r['repeats']} |")  # fmt: skip
-    cpu = float(frame["cpu_s"].sum())
-    lines.append(f"\nCPU: {cpu:.0f} s in the cells (sum over processes; {args.workers} worker(s))")
-    (args.out / "leakage_map.md").write_text("\n".join(lines) + "\n")
-    heatmap(summary, args.out / "leakage_map.png")
+    if "cpu_s" in frame:
+        how = f"; {workers} worker(s)" if workers else ""
+        lines.append(f"\nCPU: {float(frame['cpu_s'].sum()):.0f} s in the cells (sum over "
+                     f"processes{how})")  # fmt: skip
+    (out / "leakage_map.md").write_text("\n".join(lines) + "\n")
+    heatmap(summary, out / "leakage_map.png")
     print("\n".join(lines))
 
 
