@@ -195,7 +195,8 @@ def heatmap(summary: pd.DataFrame, path: Path) -> None:
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, ((workload, optimizer, rnd), part) in zip(axes.flat, panels, strict=False):
-        rows, epochs = sorted(part["rows"].unique()), sorted(part["epochs"].unique())
+        mine = summary[summary["workload"] == workload]  # one set of axes per workload
+        rows, epochs = sorted(mine["rows"].unique()), sorted(mine["epochs"].unique())
         grid = np.full((len(rows), len(epochs)), np.nan)
         for _, r in part.iterrows():
             i, j = rows.index(r["rows"]), epochs.index(r["epochs"])
@@ -203,6 +204,8 @@ def heatmap(summary: pd.DataFrame, path: Path) -> None:
             band = "" if np.isnan(r["lo"]) else f"\n[{r['lo']:.2f}, {r['hi']:.2f}]"
             ax.text(j, i, f"{r['advantage']:.2f}{band}", ha="center", va="center", fontsize=9,
                     color="white" if r["advantage"] < 0.5 else "black")  # fmt: skip
+        for i, j in zip(*np.nonzero(np.isnan(grid)), strict=True):
+            ax.text(j, i, "not run", ha="center", va="center", fontsize=8, color="grey")
         image = ax.imshow(grid, vmin=-0.2, vmax=1.0, cmap="viridis", origin="lower")
         ax.set_xticks(range(len(epochs)), [str(e) for e in epochs])
         ax.set_yticks(range(len(rows)), [str(r) for r in rows])
