@@ -28,6 +28,7 @@ from flowerbed.attacks.goliath.closed_forms import (
     analytic_time,
     closed_form,
     closed_form_local_sgd,
+    group_visits,
     timesteps_from_embedding,
 )
 from flowerbed.attacks.goliath.knowledge import GOLIATH, prior_rows
@@ -40,7 +41,7 @@ from flowerbed.clients.core.params import param
 __all__ = [
     "GOLIATH", "GoliathParams", "TabularInversion", "TruthScorer", "aggregate_rounds", "align_and_vote",
     "analytic_b1", "analytic_mixed", "analytic_time", "closed_form", "closed_form_local_sgd",
-    "invert", "prior_rows", "timesteps_from_embedding",
+    "group_visits", "invert", "prior_rows", "timesteps_from_embedding",
 ]  # fmt: skip
 
 

@@ -9,7 +9,7 @@ signature search; FedAvg with local SGD as a FedSGD update of E x B row visits.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -406,18 +406,65 @@ def closed_form(
     return best, best_score
 
 
-def closed_form_local_sgd(know: Knowledge[DiffusionReplay]) -> tuple[Rows, float] | None:
+def group_visits(cost: np.ndarray, epochs: int, balanced: bool = True) -> np.ndarray:
+    """Group row visits into rows: ``cost`` (V x V, symmetric) between recovered visits, each row
+    visited once per epoch, so V / ``epochs`` groups of exactly ``epochs`` visits.
+
+    ``balanced`` (epoch alignment): for a power-of-two ``epochs``, minimum-cost perfect matching
+    of visits into pairs, then of pairs into fours (mean cost between the members), and so on --
+    every group gets exactly one visit per epoch, as the client's loop made them. Otherwise (or
+    ``balanced=False``) agglomerative clustering (average linkage) into V / ``epochs`` clusters,
+    which leaves some rows with one visit and others with three. Returns each visit's group."""
+    import networkx as nx
+
+    n = len(cost)
+    rows = n // epochs
+    if not balanced or epochs & (epochs - 1) or n % epochs:
+        clustering = AgglomerativeClustering(n_clusters=rows, metric="precomputed",
+                                             linkage="average")  # fmt: skip
+        return clustering.fit_predict(cost)
+    groups = [[i] for i in range(n)]
+    while len(groups) > rows:
+        graph = nx.Graph()
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                graph.add_edge(a, b, weight=float(cost[np.ix_(groups[a], groups[b])].mean()))
+        pairs = nx.min_weight_matching(graph)
+        groups = [groups[a] + groups[b] for a, b in sorted(pairs)]
+    label = np.empty(n, dtype=np.int64)
+    for g, members in enumerate(groups):
+        label[members] = g
+    return label
+
+
+@dataclass(frozen=True)
+class LocalSgdForm:
+    """The local-SGD closed form's answer: the rows, its gradient-match score at the visit level
+    (FedSGD of the visits), and -- when each epoch is one minibatch of all rows -- every local
+    step's latents (t, eps, and the mixed regime's mask: (steps, B, ...)), one visit per step."""
+
+    rows: Rows
+    score: float
+    t: torch.Tensor | None = None
+    eps: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+def closed_form_local_sgd(
+    know: Knowledge[DiffusionReplay], balanced: bool = True
+) -> LocalSgdForm | None:
     """FedAvg with plain local SGD: delta / lr is the sum of the local steps' minibatch-mean
     gradients, and at FL learning rates lr x curvature stays below the float32 rounding of the
     update, so all of them can be taken at the global model. That is a FedSGD update of E x B row
     *visits* (each row once per epoch, with fresh latents): invert the visits through the time
-    embedding, then group them into the B rows (agglomerative clustering on the TabLeak cell
-    cost) and vote per cell. Adam is out of reach: its normalised steps keep ~sign(g) only."""
+    embedding, then group them into the B rows (``group_visits``: E visits each, one per epoch)
+    and vote per cell. Adam is out of reach: its normalised steps keep ~sign(g) only."""
     p, spec, batch = know.replay.protocol, know.replay.spec, know.batch
     per = min(p.batch_size, batch)
     if p.kind != "fedavg" or p.optimizer != "sgd" or batch % per:
         return None
-    visits = local_steps(p, batch) * per
+    steps = local_steps(p, batch)
+    visits = steps * per
     grad = {k: v / p.lr for k, v in know.update.items()}
     try:
         out = analytic_time(replace(know, update=grad, batch=visits), norm=per)
@@ -429,16 +476,25 @@ def closed_form_local_sgd(know: Knowledge[DiffusionReplay]) -> tuple[Rows, float
     sim = loss_grad(know.replay.model, know.params, rows, Latents(t, eps, mask))
     score = float(match_loss(sim, grad, spec, GOLIATH))
     if visits == batch:
-        return rows, score
+        return LocalSgdForm(rows, score, t[None], eps[None], None if mask is None else mask[None])
     num, cat = rows.num.numpy(), rows.cat.numpy()
     split = lambda c: np.split(c, np.cumsum(spec.cat_sizes)[:-1], axis=1)  # noqa: E731
     cost = soft_cost(num, split(cat), num, split(cat))
-    clustering = AgglomerativeClustering(n_clusters=batch, metric="precomputed", linkage="average")
-    groups = clustering.fit_predict((cost + cost.T) / 2)
+    groups = group_visits((cost + cost.T) / 2, visits // batch, balanced)
     out_num = np.stack([np.median(num[groups == g], 0) for g in range(batch)])
     blocks = []
     for block in split(cat):
         votes = [np.eye(block.shape[1])[block[groups == g].argmax(1)].sum(0) for g in range(batch)]
         blocks.append(np.eye(block.shape[1])[np.stack(votes).argmax(1)])
     out_cat = np.concatenate(blocks, 1) if blocks else np.zeros((batch, 0))
-    return Rows(torch.from_numpy(out_num).float(), torch.from_numpy(out_cat).float()), score
+    grouped = Rows(torch.from_numpy(out_num).float(), torch.from_numpy(out_cat).float())
+    if per != batch:  # several minibatches an epoch: which visit fed which step is not known
+        return LocalSgdForm(grouped, score)
+    # one minibatch of all rows per epoch: the k-th visit of row g is row g's latent at step k
+    # (within a group the order is free: the steps are read at the global model)
+    slot = torch.zeros(steps, batch, dtype=torch.long)
+    for g in range(batch):
+        members = np.flatnonzero(groups == g)
+        for k in range(steps):
+            slot[k, g] = int(members[min(k, len(members) - 1)])
+    return LocalSgdForm(grouped, score, t[slot], eps[slot], None if mask is None else mask[slot])

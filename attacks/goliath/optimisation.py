@@ -242,10 +242,19 @@ def invert(know: Knowledge[DiffusionReplay], cfg: InversionSettings, oracle: lis
     adam = protocol.kind == "fedavg" and protocol.optimizer == "adam"
     if use_closed and adam and knobs.adam_as_signs and know.replay.spec.regime == "mixed":
         return _finish(know, invert(sign_surrogate(know), cfg, oracle, start), began)
-    if use_closed and protocol.kind == "fedavg":
-        local = closed_form_local_sgd(know)
-        if local is not None and local[1] < LOCAL_SGD_ACCEPT:
-            return _finish(know, Reconstruction(*local), began)
+    local = closed_form_local_sgd(know) if use_closed and protocol.kind == "fedavg" else None
+    if local is not None and (knobs.keep_local_sgd or local.score < LOCAL_SGD_ACCEPT):
+        # exact (score under LOCAL_SGD_ACCEPT), or past exactness but within the visits it
+        # separates: still the answer (issue 50, docs/goliath.md: at 32 rows x 2 epochs, width
+        # 256, its rows hold 0.85-0.90 of the cells, while the loop -- from a random start or
+        # from these rows -- lowers the gradient match with latents it over-fits and lands its
+        # rows at 0.64 (the prior) or 0.85-0.86)
+        t = mask = eps = None
+        if local.t is not None:
+            t, eps = local.t[0].float().numpy(), local.eps[0].float().numpy()
+            mask = None if local.mask is None else local.mask[0].float().numpy()
+        rec = Reconstruction(local.rows, local.score, t=t, mask=mask, eps=eps)
+        return _finish(know, rec, began)
     if use_closed and protocol.kind == "fedsgd":
         closed, score = closed_form(know)
         if closed is not None and score < CLOSED_FORM_ACCEPT:  # every row separated: exact

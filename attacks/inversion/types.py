@@ -193,6 +193,9 @@ class DiffusionKnobs:
     t_grid: int = 24
     label_recovery: bool = True  # restrict categories to the support the gradient reveals
     adam_as_signs: bool = True  # FedAvg-Adam, mixed: the update as a sign-compressed gradient
+    #: FedAvg-SGD: the local-SGD closed form's rows are the answer wherever it runs (within
+    #: h/2 visits), not only where it is exact (else the cyclic loop takes over)
+    keep_local_sgd: bool = True
 
 
 @dataclass(frozen=True)

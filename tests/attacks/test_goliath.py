@@ -372,3 +372,33 @@ def test_goliath_per_round_metrics_of_a_federated_preset(tmp_path, monkeypatch) 
     moved = [float((a - models[0]).norm() / models[0].norm()) for a in models[1:]]
     # relative change of the sent arrays vs round 1: 2.6e-4 (r5) / 6.0e-4 (r10) on seeds 0-2
     assert min(moved) > 1e-4, moved
+
+
+def test_fedavg_local_sgd_rows_kept_past_exactness_and_visits_grouped_one_per_epoch() -> None:
+    """FedAvg, 2 epochs of SGD, 12 rows = 24 visits at width 48 (its h/2): seeds 0, 4 and 8 are
+    the first three of 0-29 whose local-SGD closed form is *not* exact by its own gradient match
+    (the attacker's test, asserted). Its rows are still most of the cells: kept, they beat the
+    cyclic loop that used to take over (``keep_local_sgd=False``) by > 0.15; and grouping the
+    visits one per epoch (perfect matching) beats agglomerative clustering on the same visits."""
+    from flowerbed.attacks.goliath import closed_form_local_sgd
+    from flowerbed.attacks.goliath.knowledge import LOCAL_SGD_ACCEPT
+
+    cfg = experiment("adult", "mixed", "fedavg", ["workload.params.optimizer=sgd",
+                                                  "workload.params.hidden=48",
+                                                  "workload.params.layers=2"])  # fmt: skip
+    kept, loop, matched, clustered = [], [], [], []
+    for seed in (0, 4, 8):
+        case = make_case(cfg, 12, seed=seed)[0]
+        assert case.know.replay.protocol.local_epochs == 2
+        budget = replace(GOLIATH, restarts=1, iterations=10, seed=seed).on_diffusion(cycles=1)
+        kept.append(_acc(case, invert(case.know, budget)))
+        loop.append(_acc(case, invert(case.know, budget.on_diffusion(keep_local_sgd=False))))
+        clustered_form = closed_form_local_sgd(case.know, balanced=False)  # score: pre-grouping
+        assert clustered_form is not None and clustered_form.score > LOCAL_SGD_ACCEPT
+        rows = clustered_form.rows
+        matched.append(kept[-1])
+        decoded = case.know.replay.decode(rows.num, rows.cat)
+        clustered.append(_acc(case, Reconstruction(rows, 0.0, decoded=decoded)))
+    assert min(kept) > 0.7
+    assert np.mean(kept) > np.mean(loop) + 0.15
+    assert np.mean(matched) > np.mean(clustered) + 0.03
