@@ -425,7 +425,7 @@ def group_visits(cost: np.ndarray, epochs: int, balanced: bool = True) -> np.nda
         return clustering.fit_predict(cost)
     groups = [[i] for i in range(n)]
     while len(groups) > rows:
-        graph = nx.Graph()
+        graph: nx.Graph[int] = nx.Graph()
         for a in range(len(groups)):
             for b in range(a + 1, len(groups)):
                 graph.add_edge(a, b, weight=float(cost[np.ix_(groups[a], groups[b])].mean()))

@@ -250,7 +250,7 @@ def invert(know: Knowledge[DiffusionReplay], cfg: InversionSettings, oracle: lis
         # from these rows -- lowers the gradient match with latents it over-fits and lands its
         # rows at 0.64 (the prior) or 0.85-0.86)
         t = mask = eps = None
-        if local.t is not None:
+        if local.t is not None and local.eps is not None:
             t, eps = local.t[0].float().numpy(), local.eps[0].float().numpy()
             mask = None if local.mask is None else local.mask[0].float().numpy()
         rec = Reconstruction(local.rows, local.score, t=t, mask=mask, eps=eps)
