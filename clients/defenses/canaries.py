@@ -137,7 +137,7 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
 
 def encode(values: np.ndarray) -> Array:
     """``Array(values)``'s bytes, without ``np.save``."""
-    arr = np.ascontiguousarray(values)
+    arr = np.asarray(values, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
     shape = tuple(int(n) for n in arr.shape)
     data = _npy_header(arr.dtype.str, shape) + arr.tobytes()
     return WireArray(dtype=str(arr.dtype), shape=shape, stype=SType.NUMPY, data=data)

@@ -254,3 +254,21 @@ def test_canary_clients_leave_the_run_untouched_and_canaries_zero_turns_it_off(i
     assert "dp.epsilon_audit" not in without and "dp.epsilon_audit" in with_audit
     run_metrics = [k for k in without if not k.startswith(("dp.", "time.")) or k == "dp.epsilon"]
     assert {k: with_audit[k] for k in run_metrics} == {k: without[k] for k in run_metrics}
+
+
+def test_canary_arrays_hold_flowers_bytes_and_decode_like_flower():
+    """The auditor's own arrays (``encode`` / ``decode``, no np.save / np.load) are byte for byte
+    what Flower's ``Array(ndarray)`` holds, and any Flower array decodes to Flower's own values."""
+    from flwr.app import Array
+
+    from flowerbed.clients.defenses.canaries import decode, encode
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5), np.arange(6),
+              np.array(2.5), rng.normal(size=(4, 3)).T]  # fmt: skip
+    for a in arrays:
+        if a.flags.c_contiguous:
+            assert encode(a).data == Array(a).data
+        for array in (encode(a), Array(a)):
+            out = decode(array)
+            assert out.dtype == a.dtype and np.array_equal(out, a) and out.flags.writeable
