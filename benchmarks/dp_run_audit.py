@@ -125,7 +125,7 @@ def timed(preset: str, overrides: list[str]) -> tuple[dict, float]:
         return metrics, time.process_time() - start
 
 
-def cost(quick: bool, repeats: int) -> None:
+def cost(quick: bool, repeats: int, only: str = "") -> None:
     """Per DP path: CPU seconds with the default canaries (32: per client for dp-sgd, canary
     clients for local and central DP) and with ``canaries: 0``, interleaved, ``repeats`` times;
     the ratio of the medians (the issue's target: <= 1.20)."""
@@ -133,6 +133,8 @@ def cost(quick: bool, repeats: int) -> None:
     print("|---|---|---|---|---|---|")
     timed("quickstart", [*QUICK["quickstart"], "defenses=" + DP_SGD % 0])  # warm-up, not counted
     for label, (preset, overrides, defenses) in COST.items():
+        if only not in label:
+            continue
         size = [*overrides, *QUICK[preset]] if quick else overrides
         seconds: dict[int, list[float]] = {0: [], 32: []}
         utility: dict[int, tuple[float, float]] = {}
@@ -162,6 +164,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cost", action="store_true", help="only the CPU cost per DP path")
     parser.add_argument("--repeats", type=int, default=3, help="cost: interleaved repeats")
+    parser.add_argument("--path", default="", help="cost: only the DP paths whose label has this")
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -169,7 +172,7 @@ def main() -> None:
     if not args.cost:
         tightness(args.quick, 1 if args.quick else args.seeds)
     if args.cost or args.quick:
-        cost(args.quick, 1 if args.quick else args.repeats)
+        cost(args.quick, 1 if args.quick else args.repeats, args.path)
 
 
 if __name__ == "__main__":

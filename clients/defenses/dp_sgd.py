@@ -54,6 +54,15 @@ def clip_scale(norms: torch.Tensor, clip: float) -> torch.Tensor:
     return (clip / (norms + 1e-6)).clamp(max=1.0)
 
 
+def slot_batch_size(rows: int, steps: int) -> int | None:
+    """A batch size that splits ``rows`` (a client's examples plus its canary slots) into exactly
+    ``steps`` batches (Opacus' Poisson rate is 1 / batches): with it the canary slots leave the
+    run's sampling rate, steps and accountant as without them. None where none does (tiny
+    datasets cut into many batches)."""
+    batch = -(-rows // steps)
+    return batch if -(-rows // batch) == steps else None
+
+
 def _norms(per_sample: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each row's gradient norm over every parameter."""
     rows = next(iter(per_sample.values())).shape[0]
@@ -147,10 +156,14 @@ class DpSgd(Defense):
     def make_private(self, model, optimizer, loader, state: RecordDict) -> tuple:  # noqa: ANN001
         self._engine = PrivacyEngine(accountant="rdp")
         self._engine.accountant = load_accountant(state, self.namespace)
-        slots = None
+        slots, expected = None, None
         if self.params.canaries and self._training is not None:  # the run audit's canary slots
             slots = CanarySlots(loader.dataset, self.params.canaries)
-            loader = DataLoader(slots, batch_size=loader.batch_size, shuffle=True,
+            steps = len(loader)  # the run's steps per epoch: Opacus samples at rate 1 / steps
+            batch = slot_batch_size(len(slots), steps)
+            if batch is not None:  # same steps and rate; normalised by the run's own batch
+                expected = int(len(loader.dataset) / steps)
+            loader = DataLoader(slots, batch_size=batch or loader.batch_size, shuffle=True,
                                 generator=loader.generator)  # fmt: skip
             names = {id(p): name for name, p in model.named_parameters()}
             layout = layout_of(dict(model.named_parameters()))
@@ -164,6 +177,8 @@ class DpSgd(Defense):
             grads = canary_gradients(self.ctx.seed, unit, server_round, self.params.canaries,
                                      layout, self.params.max_grad_norm)  # fmt: skip
             dp_optimizer = private[1]
+            if expected is not None:  # the canaries are extra examples, not a larger batch
+                dp_optimizer.expected_batch_size = expected
             pre_step = dp_optimizer.pre_step
 
             def planted(closure: Any = None) -> Any:  # the canaries' gradients, then Opacus
