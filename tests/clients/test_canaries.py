@@ -272,3 +272,17 @@ def test_canary_arrays_hold_flowers_bytes_and_decode_like_flower():
         for array in (encode(a), Array(a)):
             out = decode(array)
             assert out.dtype == a.dtype and np.array_equal(out, a) and out.flags.writeable
+
+
+def test_dp_sgd_canary_slots_keep_the_runs_sampling_rate_steps_and_epsilon(inline_cfg):
+    """Canary slots are extra examples drawn at the run's own Poisson rate: the slot loader is cut
+    into the run's number of batches (FedSGD: still one), so the accountant's epsilon is the one
+    of the run without canaries (digits at 2 clients, one round)."""
+    from flowerbed.clients.defenses.dp_sgd import slot_batch_size
+
+    assert [slot_batch_size(rows, steps) for rows, steps in ((40, 1), (607, 18), (5, 4))] == [40, 34, None]  # fmt: skip
+    with_canaries = _metrics(inline_cfg, "dp-sgd/digits-classifier", "rounds=1")
+    without = _metrics(inline_cfg, "dp-sgd/digits-classifier", "rounds=1",
+                       RUNS["dp-sgd/digits-classifier"][1][-1].replace("canaries: 32", "canaries: 0"))  # fmt: skip
+    assert "dp.epsilon_audit" in with_canaries and "dp.epsilon_audit" not in without
+    assert with_canaries["dp.epsilon"] == without["dp.epsilon"]
