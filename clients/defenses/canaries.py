@@ -199,9 +199,10 @@ class UnitScores:
         proj = self.sign * (dirs @ update if update.ndim == 1 else np.einsum("ij,ij->i", dirs, update))  # fmt: skip
         if self.plain is None or self.directions is None or self.updates is None:
             self.plain, self.directions, self.updates = proj, dirs.copy(), update.copy()
-        else:
-            self.plain, self.directions = self.plain + proj, self.directions + dirs
-            self.updates = self.updates + update
+        else:  # in place: the (m, d) sum is the largest array of the audit
+            self.plain = self.plain + proj
+            self.directions += dirs
+            self.updates += update
         self.rounds += 1
 
     def scores(self) -> dict[str, np.ndarray]:
