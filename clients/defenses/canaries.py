@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import io
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
+from flwr.common.constant import SType
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from torch.utils.data import Dataset
@@ -91,12 +94,19 @@ def flat(arrays: Mapping[str, np.ndarray], layout: Layout) -> np.ndarray:
 
 
 def directions(seed: int, unit: int, server_round: int, count: int, layout: Layout) -> np.ndarray:
-    """``(count, d)`` unit vectors: canary i's direction in ``server_round`` (isotropic)."""
+    """``(count, d)`` unit vectors: canary i's direction in ``server_round``, random signs
+    ``+-1 / sqrt(d)`` (Rademacher: a projection of isotropic noise on one is the same Gaussian as on
+    an isotropic direction, and its bits cost a tenth of normal draws -- drawn for every client and
+    round, on the client and again on the server)."""
     d = sum(int(np.prod(shape)) for _, shape in layout)
-    out = np.empty((count, d))
+    packed = np.empty((count, (d + 7) // 8), np.uint8)
     for i in range(count):
-        out[i] = np.random.default_rng([seed, DIRECTIONS, unit, i, server_round]).standard_normal(d)  # fmt: skip
-    return out / np.linalg.norm(out, axis=1, keepdims=True)
+        rng = np.random.default_rng([seed, DIRECTIONS, unit, i, server_round])
+        packed[i] = np.frombuffer(rng.bytes(packed.shape[1]), np.uint8)
+    out = np.unpackbits(packed, axis=1, count=d).astype(np.float64)
+    out *= 2 / np.sqrt(d)
+    out -= 1 / np.sqrt(d)
+    return out
 
 
 def unflat(vector: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
@@ -106,6 +116,66 @@ def unflat(vector: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
         out[key] = vector[start : start + size].reshape(shape)
         start += size
     return out
+
+
+# -- the auditor's own Flower arrays ----------------------------------------------------------
+class WireArray(Array):
+    """A Flower ``Array`` holding exactly the bytes ``Array(ndarray)`` holds (``np.save``'s npy
+    format), built from a cached header and read back as a copy of its bytes: ``np.save`` and
+    ``np.load`` of every array of every canary client were most of the audit's cost. Only the
+    messages the auditor builds carry these (the canary clients' model and trained arrays, the
+    second release's copies of the real replies); the mods and wrappers run unchanged on them and
+    build plain Arrays for what they output."""
+
+    def numpy(self) -> np.ndarray:
+        return decode(self)
+
+
+@functools.lru_cache(maxsize=512)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The npy header ``np.save`` writes before an array of ``dtype`` and ``shape``."""
+    zeros = np.zeros(shape, np.dtype(dtype))
+    buffer = io.BytesIO()
+    np.save(buffer, zeros, allow_pickle=False)
+    data = buffer.getvalue()
+    return data[: len(data) - zeros.nbytes]
+
+
+def encode(values: np.ndarray) -> Array:
+    """``Array(values)``'s bytes, without ``np.save``."""
+    arr = np.asarray(values, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+    shape = tuple(int(n) for n in arr.shape)
+    data = _npy_header(arr.dtype.str, shape) + arr.tobytes()
+    return WireArray(dtype=str(arr.dtype), shape=shape, stype=SType.NUMPY, data=data)
+
+
+def decode(array: Array) -> np.ndarray:
+    """``array.numpy()`` (a writable copy), without ``np.load`` when the bytes are the npy format
+    of a C-ordered array of the declared dtype and shape (else Flower's own decoding)."""
+    data, dtype = array.data, np.dtype(array.dtype)
+    header = _npy_header(dtype.str, tuple(array.shape))
+    if array.stype != SType.NUMPY or data[: len(header)] != header:
+        return Array.numpy(array)
+    return np.frombuffer(data, dtype, offset=len(header)).reshape(array.shape).copy()
+
+
+def wire_record(arrays: Mapping[str, Array]) -> ArrayRecord:
+    """An ArrayRecord keeping these Array objects (``ArrayRecord(dict)`` rebuilds plain ones)."""
+    record = ArrayRecord()
+    for key, array in arrays.items():
+        record[key] = array
+    return record
+
+
+def rewired(record: ArrayRecord) -> ArrayRecord:
+    """The same arrays (the same bytes, not copied) as ``WireArray``s."""
+    return wire_record({k: _rewire(record[k]) for k in record})
+
+
+def _rewire(array: Array) -> Array:
+    return WireArray(
+        dtype=array.dtype, shape=tuple(array.shape), stype=array.stype, data=array.data
+    )
 
 
 # -- scoring ------------------------------------------------------------------------------------
@@ -135,9 +205,10 @@ class UnitScores:
         proj = self.sign * (dirs @ update if update.ndim == 1 else np.einsum("ij,ij->i", dirs, update))  # fmt: skip
         if self.plain is None or self.directions is None or self.updates is None:
             self.plain, self.directions, self.updates = proj, dirs.copy(), update.copy()
-        else:
-            self.plain, self.directions = self.plain + proj, self.directions + dirs
-            self.updates = self.updates + update
+        else:  # in place: the (m, d) sum is the largest array of the audit
+            self.plain = self.plain + proj
+            self.directions += dirs
+            self.updates += update
         self.rounds += 1
 
     def scores(self) -> dict[str, np.ndarray]:
@@ -204,7 +275,7 @@ class CanaryAudit:
 
 
 def _numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: arrays[k].numpy() for k in arrays}
+    return {k: decode(arrays[k]) for k in arrays}
 
 
 class DpSgdCanaries(CanaryAudit):
@@ -338,7 +409,9 @@ def through_mods(mods: Sequence[Mod], msg: Message, trained: Mapping[str, np.nda
     ``clients.runtime.handle_train``)."""
 
     def train(m: Message, _: Context) -> Message:
-        arrays = ArrayRecord({k: Array(np.asarray(trained[k])) for k in m.content["arrays"].keys()})  # fmt: skip
+        arrays = wire_record(
+            {k: encode(np.asarray(trained[k])) for k in m.content["arrays"].keys()}
+        )
         metrics = MetricRecord({"num-examples": weight})
         return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=m)
 
@@ -379,7 +452,7 @@ class LocalDpCanaries(CanaryAudit):
         dirs = directions(self.seed, CANARY_CLIENTS, server_round, self.count, self.layout)
         fill = directions(self.seed, CANARY_CLIENTS + 1, server_round, self.count, self.layout)
         half = min(p.clipping_norm, p.sensitivity) / (2 * p.clipping_norm)
-        mods, base = self.defense.mods(), flat(before, self.layout)
+        mods, base, wire = self.defense.mods(), flat(before, self.layout), rewired(sent)
         got = np.empty_like(dirs)
         with _audit_rng(self.seed, NOISE, server_round):
             for i in range(self.count):
@@ -387,7 +460,7 @@ class LocalDpCanaries(CanaryAudit):
                 other /= np.linalg.norm(other)
                 sign = 1.0 if unit.included[i] else -1.0
                 vec = (sign * half * dirs[i] + np.sqrt(1 - half**2) * other) * CANARY * p.clipping_norm  # fmt: skip
-                msg = train_message(sent, ConfigRecord(), i + 1)
+                msg = train_message(wire, ConfigRecord(), i + 1)
                 reply = through_mods(mods, msg, _plus(before, unflat(vec, self.layout)), 1.0, i + 1)
                 got[i] = flat(_numpy(reply.content.array_records["arrays"]), self.layout) - base
         unit.observe(got, dirs)
@@ -432,7 +505,7 @@ class CentralDpCanaries(CanaryAudit):
                                                min_train_nodes=n, min_available_nodes=n), _Discard())  # fmt: skip
         mods = shadow.mods()
         with _audit_rng(self.seed, NOISE, server_round):
-            messages = list(strategy.configure_train(server_round, sent, ConfigRecord(), cast(Grid, AuditGrid(n))))  # fmt: skip
+            messages = list(strategy.configure_train(server_round, rewired(sent), ConfigRecord(), cast(Grid, AuditGrid(n))))  # fmt: skip
             copies = [_copy_reply(r, m) for r, m in zip(ok, messages, strict=False)]
             canaries = []
             for i, msg in enumerate(messages[len(ok) :]):
@@ -453,7 +526,7 @@ class CentralDpCanaries(CanaryAudit):
 
 def _copy_reply(reply: Message, to: Message) -> Message:
     """A copy of a real reply (the wrapper clips in place; the run's reply stays as received)."""
-    arrays = ArrayRecord({k: Array(np.array(reply.content.array_records["arrays"][k].numpy())) for k in reply.content["arrays"]})  # fmt: skip
+    arrays = rewired(reply.content.array_records["arrays"])  # the same bytes: Arrays are immutable
     metrics = MetricRecord(
         {"num-examples": cast(int, reply.content["metrics"].get("num-examples", 1))}
     )

@@ -10,6 +10,8 @@ exceeds the epsilon its accountant still reports. Numbers: docs/methods/dp-audit
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import importlib
 from typing import Any
 
@@ -19,6 +21,8 @@ import torch
 
 from flowerbed.apps.inline import run_inline
 from flowerbed.clients.core.dp_audit import one_run_audit, one_run_epsilon, one_run_p_value
+from flowerbed.clients.defenses import DEFENSES, Defense
+from flowerbed.clients.workloads import WORKLOADS
 
 SMALL = ["clients.num=2", "dataset.max_rows=1000", "output.plots=false"]
 DP_SGD = "[{name: dp-sgd, params: {noise_multiplier: 4.0, audit_trials: 0, canaries: %d}}]"
@@ -26,21 +30,52 @@ LOCAL = "[{name: local-dp, params: {epsilon: 0.5, audit_trials: 0, canaries: %d}
 CENTRAL = "[{name: central-dp, params: {noise_multiplier: 4.0, clipping: %s, audit_trials: 0, canaries: %d}}]"  # fmt: skip
 TABDIFF = ["workload.params.hidden=32", "workload.params.layers=2", "workload.params.batch_size=32",
            "workload.params.quality_rows=0", "workload.params.eval_rows=64"]  # fmt: skip
-# path -> the run's overrides (defenses last)
+# path -> (preset, the run's overrides, defenses last); a path is "dp-sgd/<workload>" for each
+# workload offering private training, or a DP defense per variant (``dp_paths``)
 RUNS = {
-    "dp-sgd/opacus": ["rounds=3", *SMALL, "defenses=" + DP_SGD % 32],
-    "local-dp": ["rounds=2", *SMALL, "defenses=" + LOCAL % 64],
-    "central-dp/client": ["rounds=2", *SMALL, "clients.num=3", "defenses=" + CENTRAL % ("client", 64)],
-    "central-dp/server": ["rounds=2", *SMALL, "clients.num=3", "defenses=" + CENTRAL % ("server", 64)],
+    "dp-sgd/tabular-mlp": ("quickstart", ["rounds=3", *SMALL, "defenses=" + DP_SGD % 32]),
+    # digits at toy size: 2 clients (~720 images each), one local epoch, 3 rounds
+    "dp-sgd/digits-classifier": ("digits-classifier", ["rounds=3", "clients.num=2", "output.plots=false",
+                                 "workload.params.local_epochs=1", "defenses=" + DP_SGD % 32]),
     # tabular diffusion (privatize): its preset at toy size, ~3 batches of 32 a round
-    "dp-sgd/per-sample": ["rounds=2", "clients.num=2", "dataset.max_rows=240", *TABDIFF,
-                          "defenses=" + DP_SGD % 32],
+    "dp-sgd/tabdiff": ("tabdiff-adult-mixed", ["rounds=2", "clients.num=2", "dataset.max_rows=240",
+                       *TABDIFF, "defenses=" + DP_SGD % 32]),
+    "local-dp": ("quickstart", ["rounds=2", *SMALL, "defenses=" + LOCAL % 64]),
+    "central-dp/client": ("quickstart", ["rounds=2", *SMALL, "clients.num=3", "defenses=" + CENTRAL % ("client", 64)]),
+    "central-dp/server": ("quickstart", ["rounds=2", *SMALL, "clients.num=3", "defenses=" + CENTRAL % ("server", 64)]),
 }  # fmt: skip
 
 
 def _metrics(inline_cfg, path: str, *extra: str) -> dict[str, float]:
-    preset = "tabdiff-adult-mixed" if path == "dp-sgd/per-sample" else "quickstart"
-    return run_inline(inline_cfg(preset, *RUNS[path], *extra))["metrics"]
+    preset, overrides = RUNS[path]
+    return run_inline(inline_cfg(preset, *overrides, *extra))["metrics"]
+
+
+def dp_paths() -> set[str]:
+    """Every DP path the registries offer: each defense that claims a DP guarantee (it audits
+    itself: ``Defense.audit`` overridden) on each workload offering what it needs (dp-sgd: every
+    workload offering private training), and per value of each of its enum params (central-dp:
+    clipping on the client or the server). Adaptive clipping is not audited (its norm moves:
+    docs/methods/dp-audit.md)."""
+    paths = set()
+    for name, cls in DEFENSES.items():
+        if cls.audit is Defense.audit:
+            continue
+        if cls.needs:
+            paths |= {f"{name}/{w}" for w, wc in WORKLOADS.items() if cls.needs <= wc.offers}
+            continue
+        enums = [
+            f.default for f in dataclasses.fields(cls.Params) if isinstance(f.default, enum.Enum)
+        ]
+        paths |= {f"{name}/{v.value}" for e in enums for v in type(e)} or {name}
+    return paths
+
+
+def test_every_dp_path_of_the_registries_is_audited_in_a_run():
+    """Each DP path the registries offer is a run below (``test_run_audit_stays_below_the_
+    accountant`` asserts its ``dp.epsilon_audit``): a new workload offering private training or a
+    new DP defense without one fails here."""
+    assert dp_paths() == set(RUNS), "DP paths without a run-level audit test: add them to RUNS"
 
 
 # -- the decision rule --------------------------------------------------------------------------
@@ -73,6 +108,9 @@ def test_no_mechanism_that_separates_its_canaries_sits_outside_the_rule():
 def test_run_audit_stays_below_the_accountant(inline_cfg, path):
     for seed in (0, 1, 2):
         m = _metrics(inline_cfg, path, f"seed={seed}")
+        print(
+            f"{path} | seed {seed} | epsilon {m['dp.epsilon']:.3f} | audit {m['dp.epsilon_audit']:.3f}"
+        )
         assert m["dp.epsilon_audit"] <= m["dp.epsilon"], (path, seed, m)
         assert m["dp.audit_canaries"] == 64  # dp-sgd: 32 per client, 2 clients
         assert m["dp.epsilon_audit_max"] > m["dp.epsilon"]  # it could have exposed the run
@@ -163,13 +201,15 @@ def _flower(module: str, name: str, fault: str) -> Any:
 LOCAL_MOD, WRAPPER = "flwr.clientapp.mod.localdp_mod", "flwr.serverapp.strategy.dp_fixed_clipping"
 NOISE, CLIP = "add_gaussian_noise_inplace", "compute_clip_model_update"
 FAULTS = {
-    ("dp-sgd/opacus", "noise x 0.01"): lambda: _opacus_noise(0.01),
-    ("dp-sgd/opacus", "noise reused"): _opacus_reused,
-    ("dp-sgd/opacus", "clipping off"): _opacus_unclipped,
-    ("dp-sgd/opacus", "every example every step"): _opacus_full_batches,
-    ("dp-sgd/per-sample", "noise x 0.01"): lambda: _privatize("noise x 0.01"),
-    ("dp-sgd/per-sample", "noise reused"): lambda: _privatize("noise reused"),
-    ("dp-sgd/per-sample", "clipping off"): lambda: _privatize("clipping off"),
+    ("dp-sgd/tabular-mlp", "noise x 0.01"): lambda: _opacus_noise(0.01),
+    ("dp-sgd/tabular-mlp", "noise reused"): _opacus_reused,
+    ("dp-sgd/tabular-mlp", "clipping off"): _opacus_unclipped,
+    ("dp-sgd/tabular-mlp", "every example every step"): _opacus_full_batches,
+    ("dp-sgd/digits-classifier", "noise x 0.01"): lambda: _opacus_noise(0.01),
+    ("dp-sgd/digits-classifier", "clipping off"): _opacus_unclipped,
+    ("dp-sgd/tabdiff", "noise x 0.01"): lambda: _privatize("noise x 0.01"),
+    ("dp-sgd/tabdiff", "noise reused"): lambda: _privatize("noise reused"),
+    ("dp-sgd/tabdiff", "clipping off"): lambda: _privatize("clipping off"),
     ("local-dp", "noise x 0.01"): lambda: _flower(LOCAL_MOD, NOISE, "noise x 0.01"),
     ("local-dp", "noise reused"): lambda: _flower(LOCAL_MOD, NOISE, "noise reused"),
     ("local-dp", "clipping off"): lambda: _flower(LOCAL_MOD, CLIP, "clipping off"),
@@ -189,8 +229,8 @@ FAULTS = {
 FAULT_RUNS = {
     # tabdiff's preset trains with Adam, which mixes the reused noise into its moments: plain SGD
     # here (with Adam this size exposes it only to 0.39 < 0.72 -- docs/methods/dp-audit.md)
-    ("dp-sgd/per-sample", "noise reused"): ["workload.params.optimizer=sgd"],
-    ("dp-sgd/opacus", "every example every step"): ["rounds=2", "dataset.max_rows=1100", "workload.params.batch_size=32",
+    ("dp-sgd/tabdiff", "noise reused"): ["workload.params.optimizer=sgd"],
+    ("dp-sgd/tabular-mlp", "every example every step"): ["rounds=2", "dataset.max_rows=1100", "workload.params.batch_size=32",
                                  "defenses=" + DP_SGD.replace("4.0", "2.0") % 32],
 }  # fmt: skip
 
@@ -200,6 +240,7 @@ def test_run_audit_exposes_a_fault_in_the_runs_own_path(inline_cfg, monkeypatch,
     target, name, replacement = FAULTS[path, fault]()
     monkeypatch.setattr(target, name, replacement)
     m = _metrics(inline_cfg, path, *FAULT_RUNS.get((path, fault), []))
+    print(f"{path} | {fault} | epsilon {m['dp.epsilon']:.3f} | audit {m['dp.epsilon_audit']:.3f}")
     assert m["dp.epsilon_audit"] > m["dp.epsilon"], (path, fault, m)
 
 
@@ -209,7 +250,39 @@ def test_canary_clients_leave_the_run_untouched_and_canaries_zero_turns_it_off(i
     """Local and central DP canary clients live in a second release (their own seeded noise): the
     run's model and metrics are exactly those of the run without the audit."""
     with_audit = _metrics(inline_cfg, path)
-    without = _metrics(inline_cfg, path, RUNS[path][-1].replace("canaries: 64", "canaries: 0"))
+    without = _metrics(inline_cfg, path, RUNS[path][1][-1].replace("canaries: 64", "canaries: 0"))
     assert "dp.epsilon_audit" not in without and "dp.epsilon_audit" in with_audit
     run_metrics = [k for k in without if not k.startswith(("dp.", "time.")) or k == "dp.epsilon"]
     assert {k: with_audit[k] for k in run_metrics} == {k: without[k] for k in run_metrics}
+
+
+def test_canary_arrays_hold_flowers_bytes_and_decode_like_flower():
+    """The auditor's own arrays (``encode`` / ``decode``, no np.save / np.load) are byte for byte
+    what Flower's ``Array(ndarray)`` holds, and any Flower array decodes to Flower's own values."""
+    from flwr.app import Array
+
+    from flowerbed.clients.defenses.canaries import decode, encode
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5), np.arange(6),
+              np.array(2.5), rng.normal(size=(4, 3)).T]  # fmt: skip
+    for a in arrays:
+        if a.flags.c_contiguous:
+            assert encode(a).data == Array(a).data
+        for array in (encode(a), Array(a)):
+            out = decode(array)
+            assert out.dtype == a.dtype and np.array_equal(out, a) and out.flags.writeable
+
+
+def test_dp_sgd_canary_slots_keep_the_runs_sampling_rate_steps_and_epsilon(inline_cfg):
+    """Canary slots are extra examples drawn at the run's own Poisson rate: the slot loader is cut
+    into the run's number of batches (FedSGD: still one), so the accountant's epsilon is the one
+    of the run without canaries (digits at 2 clients, one round)."""
+    from flowerbed.clients.defenses.dp_sgd import slot_batch_size
+
+    assert [slot_batch_size(rows, steps) for rows, steps in ((40, 1), (607, 18), (5, 4))] == [40, 34, None]  # fmt: skip
+    with_canaries = _metrics(inline_cfg, "dp-sgd/digits-classifier", "rounds=1")
+    without = _metrics(inline_cfg, "dp-sgd/digits-classifier", "rounds=1",
+                       RUNS["dp-sgd/digits-classifier"][1][-1].replace("canaries: 32", "canaries: 0"))  # fmt: skip
+    assert "dp.epsilon_audit" in with_canaries and "dp.epsilon_audit" not in without
+    assert with_canaries["dp.epsilon"] == without["dp.epsilon"]
