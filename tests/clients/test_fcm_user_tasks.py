@@ -113,3 +113,42 @@ def test_fcm_learns_lacked_and_late_concepts_on_a_user_task(tmp_path) -> None:
         mean("fcm", "central.concept_accuracy") >= mean("fixed", "central.concept_accuracy") + 0.1
     )
     assert mean("fcm", "central.task_accuracy") >= mean("fixed", "central.task_accuracy") - 0.02
+
+
+# -- lacked-concept self-distillation (``workload.params.keep_lacked``, issue 54) -------------------
+
+
+def test_keep_lacked_distils_only_lacked_trained_modules_and_reads_no_lacked_label() -> None:
+    """``keep_lacked`` adds a loss on the concepts a client lacks (their logits against the
+    round's global model's own probabilities), never on a module added this round (``fresh``),
+    never on a held one, and reads no label of a lacked concept: flipping those labels leaves the
+    trained model bit-identical. Off (0) it is the plain local step."""
+    from flowerbed.clients.workloads.fcm import ModelSpec, init_params, local_train
+    from flowerbed.clients.workloads.fcm_data import ConceptData
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    c = (x[:, :3] > 0).astype(np.float32)
+    data = ConceptData(x, c, (c.sum(1) >= 2).astype(np.int64), ("a", "b", "d"), 2)
+    spec = ModelSpec(6, 8, 4, 4, 2)
+    params = init_params(spec, ("a", "b", "d"), 0)
+
+    def train(held, weight, fresh=(), labels=c):
+        d = ConceptData(x, labels, data.y, data.concept_names, 2)
+        out, _ = local_train(params, spec, d, held, train_lacked=False, epochs=2, lr=0.01,
+                             batch_size=16, concept_weight=1.0, rand_int=0.25, seed=3,
+                             keep_lacked=weight, fresh=fresh)  # fmt: skip
+        return out
+
+    def same(p, q):
+        return all(torch.equal(p[k], q[k]) for k in p)
+
+    plain = train(("a",), 0.0)
+    kept = train(("a",), 1.0)
+    assert not same(plain, kept)  # the lacked concepts b, d add a loss on the encoder
+    assert same(train(("a", "b", "d"), 1.0), train(("a", "b", "d"), 0.0))  # nothing lacked
+    assert same(train(("a",), 1.0, fresh=("b", "d")), plain)  # fresh modules are not distilled
+    assert not same(train(("a",), 1.0, fresh=("b",)), plain)
+    flipped = c.copy()
+    flipped[:, 1:] = 1 - flipped[:, 1:]  # every label of the lacked concepts b and d
+    assert same(train(("a",), 1.0, labels=flipped), kept)
