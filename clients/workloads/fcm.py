@@ -236,6 +236,15 @@ def local_train(
     return {k: v.detach() for k, v in params.items()}, total / max(steps, 1)
 
 
+def grew_recently(registry: list[dict[str, Any]], server_round: int, rounds: int) -> bool:
+    """Whether a concept grown mid-run (registry ``first_round`` > 1) has its first round within
+    the last ``rounds`` rounds, ``server_round`` included (the catch-up window of growth_epochs)."""
+    return any(
+        1 < int(e.get("first_round", 0)) <= server_round < int(e.get("first_round", 0)) + rounds
+        for e in registry
+    )
+
+
 # -- metrics ------------------------------------------------------------------------------------
 def concept_accuracy(
     params: Params, spec: ModelSpec, data: ConceptData
@@ -351,6 +360,10 @@ class FCM(Workload):
         rand_int: float = param(0.25, ge=0, le=1)
         # weight of the self-distillation of lacked concepts (``local_train``'s keep_lacked)
         keep_lacked: float = param(0.0, ge=0)
+        # local epochs in the growth_rounds rounds from a grown concept's first round (0: off,
+        # local_epochs throughout): catch-up, so the federation integrates a late concept in time
+        growth_epochs: int = param(0, ge=0)
+        growth_rounds: int = param(5, ge=1)
         # baselines
         train_lacked: bool = False  # True: FedAvg-style, lacked modules trained and sent
         initial_concepts: InitialConcepts = InitialConcepts(
@@ -456,9 +469,10 @@ class FCM(Workload):
         cols = [self.scenario.concept_names.index(n) for n in held]
         if mask is not None and mask[:, cols].all():  # every pooled example labels every held
             mask = None  # concept: the plain loss (so all labels reproduce 'central' bit for bit)
+        catch_up = p.growth_epochs and grew_recently(registry, rnd, p.growth_rounds)
         trained, loss = local_train(
             params, self.spec, data, held,
-            train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
+            train_lacked=p.train_lacked, epochs=p.growth_epochs if catch_up else p.local_epochs, lr=p.lr,
             batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
             seed=client_seed(self.ctx.seed, pid, rnd), frozen=frozen, label_mask=mask,
             keep_lacked=p.keep_lacked, fresh=fresh,

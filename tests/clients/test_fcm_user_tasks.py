@@ -152,3 +152,43 @@ def test_keep_lacked_distils_only_lacked_trained_modules_and_reads_no_lacked_lab
     flipped = c.copy()
     flipped[:, 1:] = 1 - flipped[:, 1:]  # every label of the lacked concepts b and d
     assert same(train(("a",), 1.0, labels=flipped), kept)
+
+
+def test_growth_epochs_run_more_local_epochs_only_in_the_rounds_after_a_growth() -> None:
+    """``growth_epochs`` (catch-up, issue 54) replaces ``local_epochs`` in the ``growth_rounds``
+    rounds from a grown concept's first round (registry ``first_round`` > 1) and nowhere else;
+    concepts present from round 1 open no window; off (0) the registry changes nothing."""
+    import json
+
+    from flwr.app import RecordDict
+
+    from flowerbed.clients.core.config import decode
+    from flowerbed.clients.defenses import DEFENSES
+    from flowerbed.clients.workloads import WORKLOADS, build_workload
+    from flowerbed.clients.workloads.fcm import grew_recently
+
+    grown = [{"name": "a", "first_round": 1}, {"name": "b", "first_round": 4}]
+    assert [grew_recently(grown, r, 2) for r in range(1, 8)] == [0, 0, 0, 1, 1, 0, 0]
+    assert not any(grew_recently(grown[:1], r, 5) for r in range(1, 8))
+
+    def fit(rnd: int, registry: list, **params: object) -> dict[str, np.ndarray]:
+        data = {"seed": 0, "rounds": 8, "clients": {"num": 2}, "workload": {"name": "fcm",
+                "params": {"data": "trig", "scenario": "full", "n_train": 40, **params}}}  # fmt: skip
+        workload = build_workload(decode(data, workloads=WORKLOADS, defenses=DEFENSES))
+        config = {"partition-id": 0, "server-round": rnd,
+                  "fcm-registry": json.dumps({"version": 1, "concepts": registry})}  # fmt: skip
+        sent, _ = workload.fit(workload.init_arrays(), workload.load_partition(0, 2), config,
+                               RecordDict())  # fmt: skip
+        return {k: v.numpy() for k, v in sent.items()}
+
+    def same(p: dict, q: dict) -> bool:
+        return all(np.array_equal(p[k], q[k]) for k in p)
+
+    names = [{"name": n, "first_round": 1} for n in ("a_pos", "b_pos", "z_pos")]
+    late = [*names[:2], {"name": "z_pos", "first_round": 4}]
+    plain = fit(5, names)
+    assert same(fit(5, names, growth_epochs=3), plain)  # no growth: local_epochs
+    assert same(fit(5, late), plain)  # off: the registry changes nothing
+    assert not same(fit(5, late, growth_epochs=3), plain)  # in the window: 3 epochs
+    assert same(fit(5, late, growth_epochs=3), fit(5, names, local_epochs=3))
+    assert same(fit(9, late, growth_epochs=3), fit(9, names))  # window over (rounds 4-8)
