@@ -166,6 +166,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        if self.server_lr != 1.0 or self.server_momentum != 0.0:  # default: plain averaging\n",
         "        if False:\n",
     ),
+    "catch-up ignored (growth_epochs has no effect)": (
+        "clients/workloads/fcm.py",
+        "        catch_up = p.growth_epochs and grew_recently(registry, rnd, p.growth_rounds)\n",
+        "        catch_up = False\n",
+    ),
+    "lacked-concept distillation reads the true labels": (
+        "clients/workloads/fcm.py",
+        "                target = torch.sigmoid(teacher[:, keep])\n",
+        "                target = c[b][:, keep]\n",
+    ),
 }
 CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_fcm_matches_centralised_task_accuracy_on_a_generated_dag",
@@ -175,6 +185,8 @@ CLAIM_TESTS = [
     "tests/clients/test_fcm.py::test_server_momentum_raises_task_accuracy_on_the_worst_generated_tasks",
     "tests/strategies/test_fcm.py",
     "tests/clients/test_fcm_user_tasks.py::test_fcm_learns_lacked_and_late_concepts_on_a_user_task",
+    "tests/clients/test_fcm_user_tasks.py::test_keep_lacked_distils_only_lacked_trained_modules_and_reads_no_lacked_label",
+    "tests/clients/test_fcm_user_tasks.py::test_growth_epochs_run_more_local_epochs_only_in_the_rounds_after_a_growth",
 ]
 
 

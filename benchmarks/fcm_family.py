@@ -56,6 +56,7 @@ DIAGNOSTICS = (
     "F-CMs, no growth", "F-CMs, all labels", "Centralised, same steps", "F-CMs, warm-up",
     "Centralised, federated labels", "Centralised, arrivals", "Centralised, pooled all labels",
     "F-CMs, server momentum", "FedAvg full arch, server momentum", "Centralised, equal epochs",
+    "F-CMs, keep lacked", "F-CMs, catch-up",
 )  # fmt: skip
 #: the pooled arms (``workload.params.pooled``): one client with every client's data, each example
 #: keeping its own client's labels (federated labels), or every example labelling every concept at
@@ -77,6 +78,10 @@ DECOMPOSITION_ALT = (
 )
 #: rounds a grown concept's task-head block stays frozen in the "F-CMs, warm-up" arm
 WARMUP = 3
+#: weight of the lacked-concept self-distillation of the "F-CMs, keep lacked" arm
+KEEP_LACKED = 1.0
+#: local epochs of the "F-CMs, catch-up" arm in the 5 rounds from each grown concept's first round
+CATCH_UP_EPOCHS = 3
 #: server momentum (FedAvgM on the aggregated update) of the "..., server momentum" arms
 SERVER_MOMENTUM = 0.5
 #: local work per round (``--budget``): ``epochs``: every arm one epoch over its data per round
@@ -143,6 +148,12 @@ def run_family_one(
     elif method == "F-CMs, warm-up":  # a grown concept's task-head block frozen WARMUP rounds
         base = "F-CMs"
         extra.append(f"strategy.params.warmup={WARMUP}")
+    elif method == "F-CMs, keep lacked":  # lacked concepts distilled from the global model
+        base = "F-CMs"
+        extra.append(f"workload.params.keep_lacked={KEEP_LACKED}")
+    elif method == "F-CMs, catch-up":  # more local epochs in the rounds after a growth
+        base = "F-CMs"
+        extra.append(f"workload.params.growth_epochs={CATCH_UP_EPOCHS}")
     elif method.endswith(", server momentum"):  # FedAvgM on the aggregated update
         base = {"F-CMs": "F-CMs", "FedAvg full arch": "FedAvg full arch, masked loss"}[
             method.removesuffix(", server momentum")

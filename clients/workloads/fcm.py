@@ -173,14 +173,21 @@ def local_train(
     seed: int,
     frozen: tuple[str, ...] = (),
     label_mask: np.ndarray | None = None,
+    keep_lacked: float = 0.0,
+    fresh: tuple[str, ...] = (),
 ) -> tuple[Params, float]:
     """Joint training: task CE + concept BCE masked to ``held``. Modules of lacked concepts are
     frozen (``train_lacked=False``, F-CMs) or trained by the task gradient only (FedAvg baselines).
     ``frozen``: concepts in warm-up, whose task-head block ``task.in.<name>`` is not trained.
     ``label_mask`` [n, data concepts]: which (example, concept) labels exist (pooled data with
     per-example labels); the BCE is the mean over the labelled pairs of ``held`` concepts and
-    RandInt uses a true label only where it exists. ``None``: every example labels ``held``."""
+    RandInt uses a true label only where it exists. ``None``: every example labels ``held``.
+    ``keep_lacked`` > 0: the concepts this client lacks (except the ``fresh`` ones, added this
+    round) are distilled from the round's global model: BCE of their logits against the global
+    model's own probabilities on this client's inputs, weighted by ``keep_lacked`` (no labels read;
+    keeps the shared encoder readable by modules the client cannot train)."""
     concepts = concepts_of(params)
+    global_model = {k: v.detach() for k, v in params.items()}  # the round's, for keep_lacked
     params = {k: v.detach().clone() for k, v in params.items()}
     trainable = [
         k for k in params
@@ -196,6 +203,8 @@ def local_train(
     c = torch.from_numpy(data.c[:, cols])
     mask = torch.tensor([n in held for n in concepts], dtype=torch.bool)
     labelled = None if label_mask is None else torch.from_numpy(label_mask[:, cols]) & mask
+    distil = keep_lacked > 0 and not train_lacked
+    keep = torch.tensor([distil and n not in held and n not in fresh for n in concepts])
     total, steps = 0.0, 0
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=gen)
@@ -215,12 +224,27 @@ def local_train(
             elif mask.any():
                 bce = F.binary_cross_entropy_with_logits(concept_logits[:, mask], c[b][:, mask])
                 loss = loss + concept_weight * bce
+            if keep.any():
+                with torch.no_grad():
+                    _, teacher = forward(global_model, spec, x[b], concepts)
+                target = torch.sigmoid(teacher[:, keep])
+                kept = F.binary_cross_entropy_with_logits(concept_logits[:, keep], target)
+                loss = loss + keep_lacked * kept
             opt.zero_grad()
             loss.backward()
             opt.step()
             total += float(loss.detach())
             steps += 1
     return {k: v.detach() for k, v in params.items()}, total / max(steps, 1)
+
+
+def grew_recently(registry: list[dict[str, Any]], server_round: int, rounds: int) -> bool:
+    """Whether a concept grown mid-run (registry ``first_round`` > 1) has its first round within
+    the last ``rounds`` rounds, ``server_round`` included (the catch-up window of growth_epochs)."""
+    return any(
+        1 < int(e.get("first_round", 0)) <= server_round < int(e.get("first_round", 0)) + rounds
+        for e in registry
+    )
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -336,6 +360,12 @@ class FCM(Workload):
         local_epochs: int = param(1, ge=0)
         concept_weight: float = param(1.0, ge=0)
         rand_int: float = param(0.25, ge=0, le=1)
+        # weight of the self-distillation of lacked concepts (``local_train``'s keep_lacked)
+        keep_lacked: float = param(0.0, ge=0)
+        # local epochs in the growth_rounds rounds from a grown concept's first round (0: off,
+        # local_epochs throughout): catch-up, so the federation integrates a late concept in time
+        growth_epochs: int = param(0, ge=0)
+        growth_rounds: int = param(5, ge=1)
         # baselines
         train_lacked: bool = False  # True: FedAvg-style, lacked modules trained and sent
         initial_concepts: InitialConcepts = InitialConcepts(
@@ -436,15 +466,18 @@ class FCM(Workload):
         held = tuple(n for n in available if n in concepts_of(params))
         registry = json.loads(str(config.get(REGISTRY_KEY, "{}"))).get("concepts", [])
         frozen = tuple(e["name"] for e in registry if e.get("task_from", 0) > rnd)
+        fresh = tuple(e["name"] for e in registry if e.get("first_round", 0) >= rnd)
         mask = self.label_mask(rnd)
         cols = [self.scenario.concept_names.index(n) for n in held]
         if mask is not None and mask[:, cols].all():  # every pooled example labels every held
             mask = None  # concept: the plain loss (so all labels reproduce 'central' bit for bit)
+        catch_up = p.growth_epochs and grew_recently(registry, rnd, p.growth_rounds)
         trained, loss = local_train(
             params, self.spec, data, held,
-            train_lacked=p.train_lacked, epochs=p.local_epochs, lr=p.lr,
+            train_lacked=p.train_lacked, epochs=p.growth_epochs if catch_up else p.local_epochs, lr=p.lr,
             batch_size=p.batch_size, concept_weight=p.concept_weight, rand_int=p.rand_int,
             seed=client_seed(self.ctx.seed, pid, rnd), frozen=frozen, label_mask=mask,
+            keep_lacked=p.keep_lacked, fresh=fresh,
         )  # fmt: skip
         local_scores = {}
         if p.local_only:  # the evaluate hook gets no client state, so score the local model here
