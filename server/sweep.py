@@ -46,7 +46,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,10 +179,15 @@ def cells_of(sweep: SweepConfig) -> list[Cell]:
     return cells
 
 
+def _grid_defenses(values: Mapping[str, object]) -> object:
+    """A grid's (or a cell's) raw ``defenses`` value: the one read of a sweep file's grid by key."""
+    return values.get("defenses")
+
+
 def _left_out(sweep: SweepConfig, params: dict[str, object]) -> bool:
     """The cell's arm is not crossed with one of the cell's defenses (``Arm.without``)."""
     arm = next((a for a in sweep.arms if a.name == params.get(ARM_KEY)), None)
-    defenses = params.get("defenses") or []
+    defenses = _grid_defenses(params) or []
     if arm is None or not arm.without or not isinstance(defenses, list):
         return False
     return any(isinstance(d, dict) and d.get("name") in arm.without for d in defenses)
@@ -196,7 +201,7 @@ def cannot_combine(sweep: SweepConfig) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     seen: set[tuple[str, str]] = set()
     for grid in (sweep.grid, *sweep.grids):
-        settings = grid.get("defenses")
+        settings = _grid_defenses(grid)
         if not isinstance(settings, list):
             continue
         first = {k: v[0] for k, v in grid.items() if k != "defenses"}
