@@ -11,11 +11,12 @@ client counts), never the experiment config."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from flwr.app import ArrayRecord
+from flwr.clientapp.typing import Mod
 
 from flowerbed.clients.core.params import param
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.defenses import DEFENSES, Defense, update_mod
 
 
@@ -31,10 +32,10 @@ class {cls}(Defense):
     #: capabilities the workload must offer (flowerbed.clients.core.capabilities.Capability)
     needs = frozenset()
 
-    def mods(self) -> list[Any]:
+    def mods(self) -> list[Mod]:
         return [update_mod(self.transform)]
 
-    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: dict[str, Any]) -> ArrayRecord:
+    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: RoundConfig) -> ArrayRecord:
         """What the server receives instead of ``trained`` (``config["partition-id"]`` and
         ``config["server-round"]`` seed per-client randomness).
 
@@ -297,19 +298,19 @@ clients, device, the shared data settings it ``reads``), never the experiment co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from flowerbed.clients.core.params import param
 from flowerbed.clients.core.seeding import client_seed
+from flowerbed.clients.core.values import RoundConfig
 from flowerbed.clients.workloads import Workload, WORKLOADS
 
 # -- 1. data -------------------------------------------------------------------------------------
 
 
-def generate_client(experiment_seed: int, seed: int, params: Any) -> tuple[np.ndarray, np.ndarray]:
+def generate_client(experiment_seed: int, seed: int, params: {cls}.Params) -> tuple[np.ndarray, np.ndarray]:
     """A client's rows ``y = x @ w* + noise``: its own inputs (``seed``), the experiment's ``w*``."""
     w_star = np.random.default_rng([experiment_seed, 0]).normal(size=params.features)
     rng = np.random.default_rng(seed)
@@ -353,12 +354,14 @@ class {cls}(Workload):
     def init_arrays(self) -> ArrayRecord:
         return ArrayRecord({{"w": Array(np.zeros(self.params.features))}})
 
-    def fit(self, arrays: ArrayRecord, data: Any, config: dict[str, Any], state: Any):
+    def fit(
+        self, arrays: ArrayRecord, data: tuple[np.ndarray, np.ndarray], config: RoundConfig, state: RecordDict
+    ) -> tuple[ArrayRecord, dict[str, float]]:
         x, y = data
         w = local_step(arrays["w"].numpy(), x, y, self.params.lr, self.params.local_steps)
         return ArrayRecord({{"w": Array(w)}}), {{"num-examples": len(y), "loss": mse(w, x, y)}}
 
-    def evaluate(self, arrays: ArrayRecord, data: Any, config: dict[str, Any]) -> dict[str, float]:
+    def evaluate(self, arrays: ArrayRecord, data: tuple[np.ndarray, np.ndarray], config: RoundConfig) -> dict[str, float]:
         x, y = data
         return {{"num-examples": len(y), "mse": mse(arrays["w"].numpy(), x, y)}}
 

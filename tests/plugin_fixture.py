@@ -29,7 +29,7 @@ RUN = [
 ]  # fmt: skip
 
 CLIP_NOISE = '''
-    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: dict[str, Any]) -> ArrayRecord:
+    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: RoundConfig) -> ArrayRecord:
         """The update clipped to L2 norm ``clip``, plus N(0, (noise * clip)^2) per entry."""
         import numpy as np
         from flwr.app import Array
@@ -50,7 +50,7 @@ CLIP_NOISE = '''
         })
 '''
 SKELETON = '''
-    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: dict[str, Any]) -> ArrayRecord:
+    def transform(self, sent: ArrayRecord, trained: ArrayRecord, config: RoundConfig) -> ArrayRecord:
         """What the server receives instead of ``trained`` (``config["partition-id"]`` and
         ``config["server-round"]`` seed per-client randomness).
 
